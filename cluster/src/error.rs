@@ -1,0 +1,27 @@
+/// Errors of the cluster layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A job cannot get the slots it needs.
+    #[error("job needs {needed} slots but the cluster has {total} ({free} free)")]
+    NotEnoughSlots {
+        needed: usize,
+        total: usize,
+        free: usize,
+    },
+    #[error("job {0} not found")]
+    UnknownJob(u64),
+    #[error("job {job} failed: {error}")]
+    JobFailed { job: u64, error: String },
+    #[error("task manager {0} is not registered")]
+    UnknownTaskManager(String),
+    #[error(transparent)]
+    Exec(#[from] executor::ExecError),
+    #[error(transparent)]
+    Storage(#[from] storage::StorageError),
+    #[error(transparent)]
+    Plan(#[from] planner::PlanError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = ClusterError> = std::result::Result<T, E>;

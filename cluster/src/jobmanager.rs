@@ -1,0 +1,179 @@
+//! The JobManager's Dispatcher: receives jobs from the SQL front end, starts
+//! a JobMaster for each, and answers questions about all of them (`FLUSH`,
+//! EXPLAIN's slot preview, job listings).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use planner::execution_graph::{ExecutionGraph, ExecutionState};
+use planner::job_graph::JobGraph;
+
+use crate::config::ClusterConfig;
+use crate::gateway::ResourceManagerGateway;
+use crate::jobmaster::{JobMaster, JobState};
+use crate::{ClusterError, Result};
+
+/// A job as `SHOW JOBS` lists it.
+#[derive(Debug, Clone)]
+pub struct JobStatus {
+    pub job: u64,
+    pub state: String,
+    pub last_checkpoint: u64,
+    /// (vertex name, subtask, slot, state).
+    pub subtasks: Vec<(String, usize, String, ExecutionState)>,
+}
+
+/// The Dispatcher.
+pub struct JobManager {
+    rm: Arc<dyn ResourceManagerGateway>,
+    config: ClusterConfig,
+    jobs: Mutex<BTreeMap<u64, Arc<JobMaster>>>,
+}
+
+impl std::fmt::Debug for JobManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobManager").finish_non_exhaustive()
+    }
+}
+
+fn poisoned() -> ClusterError {
+    ClusterError::Internal("job manager lock poisoned".into())
+}
+
+impl JobManager {
+    pub fn new(rm: Arc<dyn ResourceManagerGateway>, config: ClusterConfig) -> Self {
+        Self {
+            rm,
+            config,
+            jobs: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn resource_manager(&self) -> &Arc<dyn ResourceManagerGateway> {
+        &self.rm
+    }
+
+    /// Starts a job; returns once its subtasks are deployed.
+    pub async fn submit_job(&self, job: u64, graph: JobGraph) -> Result<()> {
+        let jm = JobMaster::start(job, graph, self.rm.clone(), self.config.clone()).await?;
+        self.jobs.lock().map_err(|_| poisoned())?.insert(job, jm);
+        Ok(())
+    }
+
+    /// Stops a job; with `drop_state` its state is deleted too.
+    pub async fn cancel_job(&self, job: u64, drop_state: bool) -> Result<()> {
+        let jm = self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
+        match jm {
+            Some(jm) => jm.stop(drop_state).await,
+            None => Err(ClusterError::UnknownJob(job)),
+        }
+    }
+
+    /// Stops every job, keeping their state (server shutdown).
+    pub async fn shutdown(&self) {
+        let jobs: Vec<_> = match self.jobs.lock() {
+            Ok(mut j) => std::mem::take(&mut *j).into_values().collect(),
+            Err(_) => return,
+        };
+        for jm in jobs {
+            let _ = jm.stop(false).await;
+        }
+    }
+
+    /// The ExecutionGraph `graph` would get now (for EXPLAIN).
+    pub fn preview(&self, graph: JobGraph) -> Result<ExecutionGraph> {
+        let slots = self
+            .rm
+            .preview_slots(ExecutionGraph::slots_needed(&graph))?;
+        Ok(ExecutionGraph::build(graph, &slots)?)
+    }
+
+    /// Waits until every job reading one of `targets`' tables has completed a
+    /// checkpoint past the given log position (`FLUSH`).
+    pub async fn flush(&self, targets: &HashMap<u64, u64>) -> Result<()> {
+        let jobs: Vec<Arc<JobMaster>> = self
+            .jobs
+            .lock()
+            .map_err(|_| poisoned())?
+            .values()
+            .cloned()
+            .collect();
+        let waits = jobs.into_iter().filter_map(|jm| {
+            let needed: HashMap<u64, u64> = jm
+                .source_tables()
+                .into_iter()
+                .filter_map(|t| targets.get(&t).filter(|seq| **seq > 0).map(|seq| (t, *seq)))
+                .collect();
+            (!needed.is_empty()).then(|| Self::wait_for(jm, needed))
+        });
+        for r in futures::future::join_all(waits).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    async fn wait_for(jm: Arc<JobMaster>, needed: HashMap<u64, u64>) -> Result<()> {
+        let mut completed = jm.completed();
+        loop {
+            let done = {
+                let c = completed.borrow_and_update();
+                needed
+                    .iter()
+                    .all(|(t, seq)| c.positions.get(t).is_some_and(|p| p >= seq))
+            };
+            if done {
+                return Ok(());
+            }
+            match jm.state() {
+                JobState::Failed(error) => {
+                    return Err(ClusterError::JobFailed { job: jm.job, error });
+                }
+                JobState::Canceled => return Ok(()),
+                JobState::Running | JobState::Restarting => {}
+            }
+            jm.trigger_now();
+            // Re-check the job state now and then, in case it fails meanwhile.
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_millis(500), completed.changed())
+                    .await;
+        }
+    }
+
+    /// Every job with its subtasks.
+    pub fn jobs(&self) -> Vec<JobStatus> {
+        let Ok(jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        jobs.values()
+            .map(|jm| {
+                let subtasks = jm
+                    .execution_graph()
+                    .map(|eg| {
+                        eg.all()
+                            .map(|ev| {
+                                (
+                                    eg.job.vertex_name(ev.vertex),
+                                    ev.subtask,
+                                    ev.slot.to_string(),
+                                    ev.state,
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let state = match jm.state() {
+                    JobState::Running => "RUNNING".to_string(),
+                    JobState::Restarting => "RESTARTING".to_string(),
+                    JobState::Failed(e) => format!("FAILED: {e}"),
+                    JobState::Canceled => "CANCELED".to_string(),
+                };
+                JobStatus {
+                    job: jm.job,
+                    state,
+                    last_checkpoint: jm.completed().borrow().id,
+                    subtasks,
+                }
+            })
+            .collect()
+    }
+}

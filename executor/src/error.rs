@@ -1,0 +1,22 @@
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+
+/// Errors of a running task.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Storage(#[from] storage::StorageError),
+    #[error(transparent)]
+    DataFusion(#[from] DataFusionError),
+    #[error("arrow: {0}")]
+    Arrow(#[from] ArrowError),
+    /// A broken protocol invariant (barrier order, schema): a bug.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("channel closed")]
+    ChannelClosed,
+}
+
+pub type Result<T, E = ExecError> = std::result::Result<T, E>;

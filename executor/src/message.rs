@@ -1,0 +1,53 @@
+//! What travels on a channel between subtasks: data and control, in order.
+
+use storage::chunk::Chunk;
+
+/// A message on a channel.
+#[derive(Debug, Clone)]
+pub enum Message {
+    Chunk(Chunk),
+    Barrier(Barrier),
+    Watermark(Watermark),
+}
+
+/// Kind of snapshot a barrier asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarrierKind {
+    Checkpoint,
+    Savepoint,
+}
+
+/// A change to the job that takes effect at the barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    None,
+    Stop,
+    Pause,
+    Resume,
+}
+
+/// Flink's `CheckpointBarrier`: everything before it belongs to checkpoint
+/// `checkpoint_id`, everything after to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Barrier {
+    pub checkpoint_id: u64,
+    pub kind: BarrierKind,
+    pub mutation: Mutation,
+}
+
+impl Barrier {
+    pub fn checkpoint(checkpoint_id: u64) -> Self {
+        Self {
+            checkpoint_id,
+            kind: BarrierKind::Checkpoint,
+            mutation: Mutation::None,
+        }
+    }
+}
+
+/// Event time has reached `timestamp` (microseconds) on `column`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermark {
+    pub column: usize,
+    pub timestamp: i64,
+}

@@ -1,0 +1,97 @@
+//! The operator contract, push-style as Arroyo's `ArrowOperator`.
+//!
+//! A StreamTask owns a chain of operators and calls them directly, one
+//! message at a time, never concurrently. Barrier alignment happens in the
+//! task before an operator sees `handle_checkpoint`, so an operator never
+//! needs to know how many channels feed it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use storage::chunk::Chunk;
+use storage::state::{StateEntry, StateWrite};
+
+use crate::Result;
+use crate::message::{Barrier, Watermark};
+
+/// Where an operator reads its committed state from when it starts.
+pub trait StateReader: Send + Sync {
+    /// The committed entries of `table` in `key_groups`.
+    fn scan(&self, table: u64, key_groups: Range<u16>) -> Result<Vec<StateEntry>>;
+}
+
+/// What an operator knows about where it runs.
+#[derive(Clone)]
+pub struct OperatorContext {
+    pub job_id: u64,
+    pub subtask: usize,
+    pub parallelism: usize,
+    /// The key groups this subtask owns.
+    pub key_groups: Range<u16>,
+    pub state: Arc<dyn StateReader>,
+}
+
+impl std::fmt::Debug for OperatorContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorContext")
+            .field("job_id", &self.job_id)
+            .field("subtask", &self.subtask)
+            .field("parallelism", &self.parallelism)
+            .finish()
+    }
+}
+
+/// Output of one call: the chunks an operator emits.
+pub type Collector = Vec<Chunk>;
+
+/// A streaming operator.
+pub trait Operator: Send {
+    /// Name for logs and EXPLAIN.
+    fn name(&self) -> &'static str;
+
+    /// State tables this operator writes, known before it runs.
+    fn tables(&self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// Called once before any message. Restores state from the last committed
+    /// checkpoint (empty on a fresh job). May emit initial output, which the
+    /// task sends before any input is processed.
+    fn on_start(&mut self, _ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        Ok(())
+    }
+
+    /// Processes one chunk from input `input` (0, or 1 for the right side of
+    /// a two-input operator). Must not block.
+    fn process_batch(&mut self, input: usize, chunk: Chunk, out: &mut Collector) -> Result<()>;
+
+    /// Event time advanced; returns the watermark to forward, if any.
+    fn handle_watermark(
+        &mut self,
+        watermark: Watermark,
+        _out: &mut Collector,
+    ) -> Result<Option<Watermark>> {
+        Ok(Some(watermark))
+    }
+
+    /// The barrier has arrived on every input: write every state key changed
+    /// since the previous barrier into `writes`. The writes become visible
+    /// when the checkpoint completes.
+    fn handle_checkpoint(
+        &mut self,
+        _barrier: &Barrier,
+        _writes: &mut Vec<StateWrite>,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// Checkpoint `checkpoint_id` has completed and its state is committed.
+    fn handle_commit(&mut self, _checkpoint_id: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// The task is shutting down.
+    fn on_close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

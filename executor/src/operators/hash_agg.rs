@@ -1,0 +1,384 @@
+//! HashAgg: grouped aggregation that stays correct under deletes and updates.
+//!
+//! Input arrives hash-partitioned on the group keys. For every chunk the
+//! operator updates each touched group's accumulators by the row's sign, then
+//! emits one change per touched group: `+I` for a new group, `-D` for a group
+//! whose last row went away, `-U`/`+U` when its output changed. A query
+//! without `GROUP BY` has one group that always exists, so the view holds one
+//! row even over an empty table, as in Postgres.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::PhysicalExpr;
+use planner::spec::AggCall;
+use storage::chunk::{Chunk, Op};
+use storage::codec::RowCodec;
+use storage::state::StateWrite;
+
+use super::accumulator::{AccState, Aggregate, encoding};
+use crate::message::Barrier;
+use crate::operator::{Collector, Operator, OperatorContext};
+use crate::{Result, expr};
+
+const STATE_VERSION: u8 = 1;
+
+struct Group {
+    /// Input rows in the group (inserts minus retractions).
+    rows: i64,
+    accs: Vec<AccState>,
+}
+
+pub struct HashAgg {
+    group_exprs: Vec<Arc<dyn PhysicalExpr>>,
+    aggs: Vec<Aggregate>,
+    key_codec: RowCodec,
+    schema: SchemaRef,
+    state_table: u64,
+    global: bool,
+    groups: HashMap<Vec<u8>, Group>,
+    /// Group keys changed since the last barrier, with their key group.
+    dirty: HashMap<Vec<u8>, u16>,
+}
+
+impl HashAgg {
+    pub fn new(
+        group_exprs: &[Expr],
+        aggs: &[AggCall],
+        input_schema: &DFSchema,
+        output: &DFSchema,
+        state_table: u64,
+    ) -> Result<Self> {
+        let schema = expr::output_schema(output);
+        let key_types = schema
+            .fields()
+            .iter()
+            .take(group_exprs.len())
+            .map(|f| f.data_type().clone())
+            .collect();
+        Ok(Self {
+            group_exprs: expr::compile(group_exprs, input_schema)?,
+            aggs: aggs
+                .iter()
+                .map(|a| Aggregate::new(a, input_schema))
+                .collect::<Result<_>>()?,
+            key_codec: RowCodec::new(key_types)?,
+            schema,
+            state_table,
+            global: group_exprs.is_empty(),
+            groups: HashMap::new(),
+            dirty: HashMap::new(),
+        })
+    }
+
+    fn new_group(&self) -> Group {
+        Group {
+            rows: 0,
+            accs: self.aggs.iter().map(|a| a.init()).collect(),
+        }
+    }
+
+    fn visible(&self, g: &Group) -> bool {
+        self.global || g.rows > 0
+    }
+
+    fn outputs(&self, g: &Group) -> Result<Vec<ScalarValue>> {
+        self.aggs
+            .iter()
+            .zip(&g.accs)
+            .map(|(a, s)| a.output(s))
+            .collect()
+    }
+
+    fn encode(g: &Group) -> Vec<u8> {
+        let mut out = vec![STATE_VERSION];
+        out.extend_from_slice(&g.rows.to_be_bytes());
+        for acc in &g.accs {
+            encoding::put(&mut out, acc);
+        }
+        out
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Group> {
+        let mut r = encoding::Reader(bytes);
+        let version = r.u8()?;
+        if version != STATE_VERSION {
+            return Err(storage::StorageError::Corrupt(format!(
+                "aggregate state version {version}"
+            ))
+            .into());
+        }
+        let rows = r.i64()?;
+        let accs = (0..self.aggs.len())
+            .map(|_| encoding::get(&mut r))
+            .collect::<Result<_>>()?;
+        Ok(Group { rows, accs })
+    }
+
+    /// Builds the output chunk from (op, group key, aggregate values).
+    fn emit(&self, rows: Vec<(Op, &[u8], Vec<ScalarValue>)>, out: &mut Collector) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let n = rows.len();
+        let mut columns: Vec<ArrayRef> = if self.group_exprs.is_empty() {
+            vec![]
+        } else {
+            self.key_codec.decode(rows.iter().map(|(_, k, _)| *k))?
+        };
+        for i in 0..self.aggs.len() {
+            let values = rows.iter().map(|(_, _, v)| v[i].clone());
+            columns.push(ScalarValue::iter_to_array(values)?);
+        }
+        let ops: Vec<Op> = rows.iter().map(|(op, _, _)| *op).collect();
+        out.push(Chunk::with_ops(
+            &ops,
+            expr::batch(&self.schema, columns, n)?,
+        ));
+        Ok(())
+    }
+}
+
+impl Operator for HashAgg {
+    fn name(&self) -> &'static str {
+        "HashAgg"
+    }
+
+    fn tables(&self) -> Vec<u64> {
+        vec![self.state_table]
+    }
+
+    fn on_start(&mut self, ctx: &OperatorContext, out: &mut Collector) -> Result<()> {
+        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
+            let g = self.decode(&e.value)?;
+            self.groups.insert(e.key, g);
+        }
+        if self.global && self.groups.is_empty() {
+            // The one row of an aggregate without GROUP BY, over no rows.
+            let g = self.new_group();
+            let values = self.outputs(&g)?;
+            self.groups.insert(Vec::new(), g);
+            self.dirty.insert(Vec::new(), 0);
+            self.emit(vec![(Op::Insert, &[], values)], out)?;
+        }
+        Ok(())
+    }
+
+    fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
+        let n = chunk.num_rows();
+        let data = chunk.data();
+        let keys = expr::evaluate(&self.group_exprs, data)?;
+        let key_groups = expr::key_groups(&keys, n)?;
+        let key_bytes = if self.global {
+            vec![Vec::new(); n]
+        } else {
+            self.key_codec.encode(&keys)?
+        };
+        let args = self
+            .aggs
+            .iter()
+            .map(|a| a.prepare(data))
+            .collect::<Result<Vec<_>>>()?;
+
+        // Each touched group's output before this chunk, in first-touch order.
+        let mut touched: Vec<(Vec<u8>, Option<Vec<ScalarValue>>)> = Vec::new();
+        let mut seen: HashMap<&[u8], ()> = HashMap::new();
+        for row in 0..n {
+            let key = &key_bytes[row];
+            if seen.insert(key.as_slice(), ()).is_none() {
+                let old = match self.groups.get(key) {
+                    Some(g) if self.visible(g) => Some(self.outputs(g)?),
+                    _ => None,
+                };
+                touched.push((key.clone(), old));
+            }
+            let sign = chunk.op(row).sign();
+            if !self.groups.contains_key(key) {
+                let g = self.new_group();
+                self.groups.insert(key.clone(), g);
+            }
+            let g = self.groups.get_mut(key).expect("inserted above");
+            g.rows += sign;
+            for (i, agg) in self.aggs.iter().enumerate() {
+                agg.update(&mut g.accs[i], &args[i], row, sign);
+            }
+            self.dirty.insert(key.clone(), key_groups[row]);
+        }
+
+        let mut rows = Vec::with_capacity(touched.len() * 2);
+        let mut gone = Vec::new();
+        for (key, old) in &touched {
+            let g = &self.groups[key];
+            if g.rows < 0 {
+                tracing::error!(
+                    state_table = self.state_table,
+                    rows = g.rows,
+                    "group retracted below zero rows"
+                );
+            }
+            let new = if self.visible(g) {
+                Some(self.outputs(g)?)
+            } else {
+                None
+            };
+            if new.is_none() {
+                gone.push(key.clone());
+            }
+            match (old.clone(), new) {
+                (None, Some(n)) => rows.push((Op::Insert, key.as_slice(), n)),
+                (Some(o), None) => rows.push((Op::Delete, key.as_slice(), o)),
+                (Some(o), Some(n)) if o != n => {
+                    rows.push((Op::UpdateDelete, key.as_slice(), o));
+                    rows.push((Op::UpdateInsert, key.as_slice(), n));
+                }
+                _ => {}
+            }
+        }
+        self.emit(rows, out)?;
+        for key in gone {
+            self.groups.remove(&key);
+        }
+        Ok(())
+    }
+
+    fn handle_checkpoint(
+        &mut self,
+        _barrier: &Barrier,
+        writes: &mut Vec<StateWrite>,
+    ) -> Result<()> {
+        for (key, key_group) in self.dirty.drain() {
+            let value = self.groups.get(&key).map(Self::encode);
+            writes.push(StateWrite {
+                table: self.state_table,
+                key_group,
+                key,
+                value,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::test_util::*;
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::col;
+    use planner::spec::AggKind;
+
+    fn agg(kind: AggKind, arg: &str, output_type: DataType) -> AggCall {
+        AggCall {
+            kind,
+            arg: col(arg),
+            output_type,
+        }
+    }
+
+    fn op(global: bool) -> HashAgg {
+        let input = int_schema(&["a", "b"]);
+        let mut names = vec!["a", "cnt", "sum", "min", "max", "avg"];
+        if global {
+            names.remove(0);
+        }
+        let mut output = int_schema(&names);
+        if let Some(f) = output.fields().last() {
+            let mut fields: Vec<_> = output.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let last = fields.len() - 1;
+            fields[last] = f.as_ref().clone().with_data_type(DataType::Float64);
+            output = DFSchema::try_from(datafusion::arrow::datatypes::Schema::new(fields)).unwrap();
+        }
+        let groups = if global { vec![] } else { vec![col("a")] };
+        HashAgg::new(
+            &groups,
+            &[
+                agg(AggKind::Count, "b", DataType::Int64),
+                agg(AggKind::Sum, "b", DataType::Int64),
+                agg(AggKind::Min, "b", DataType::Int64),
+                agg(AggKind::Max, "b", DataType::Int64),
+                agg(AggKind::Avg, "b", DataType::Float64),
+            ],
+            &input,
+            &output,
+            7,
+        )
+        .unwrap()
+    }
+
+    fn feed(a: &mut HashAgg, ops: &[Op], x: &[i64], y: &[Option<i64>]) -> Vec<String> {
+        let (c, _) = chunk(
+            ops,
+            vec![
+                ints(&x.iter().map(|v| Some(*v)).collect::<Vec<_>>()),
+                ints(y),
+            ],
+        );
+        let mut out = vec![];
+        a.process_batch(0, c, &mut out).unwrap();
+        pretty(&out)
+    }
+
+    #[test]
+    fn min_and_max_survive_deleting_the_extreme() {
+        let mut a = op(false);
+        assert_eq!(
+            feed(
+                &mut a,
+                &[Op::Insert, Op::Insert, Op::Insert],
+                &[1, 1, 2],
+                &[Some(5), Some(9), None]
+            ),
+            vec!["+I 1 2 14 5 9 7.0", "+I 2 0 NULL NULL NULL NULL"]
+        );
+        assert_eq!(
+            feed(&mut a, &[Op::Delete], &[1], &[Some(9)]),
+            vec!["-U 1 2 14 5 9 7.0", "+U 1 1 5 5 5 5.0"]
+        );
+        assert_eq!(
+            feed(&mut a, &[Op::Delete], &[1], &[Some(5)]),
+            vec!["-D 1 1 5 5 5 5.0"]
+        );
+    }
+
+    #[test]
+    fn state_round_trips_through_checkpoint() {
+        let mut a = op(false);
+        feed(
+            &mut a,
+            &[Op::Insert, Op::Insert],
+            &[1, 1],
+            &[Some(5), Some(9)],
+        );
+        let mut writes = vec![];
+        a.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        let state = Arc::new(MemState(std::sync::Mutex::new(writes)));
+        let mut b = op(false);
+        b.on_start(&ctx(state), &mut vec![]).unwrap();
+        assert_eq!(
+            feed(&mut b, &[Op::Delete], &[1], &[Some(5)]),
+            vec!["-U 1 2 14 5 9 7.0", "+U 1 1 9 9 9 9.0"]
+        );
+    }
+
+    #[test]
+    fn global_aggregate_has_a_row_when_empty() {
+        let mut a = op(true);
+        let mut out = vec![];
+        a.on_start(&ctx(Arc::new(MemState::default())), &mut out)
+            .unwrap();
+        assert_eq!(pretty(&out), vec!["+I 0 NULL NULL NULL NULL"]);
+        assert_eq!(
+            feed(&mut a, &[Op::Insert], &[1], &[Some(3)]),
+            vec!["-U 0 NULL NULL NULL NULL", "+U 1 3 3 3 3.0"]
+        );
+        assert_eq!(
+            feed(&mut a, &[Op::Delete], &[1], &[Some(3)]),
+            vec!["-U 1 3 3 3 3.0", "+U 0 NULL NULL NULL NULL"]
+        );
+    }
+}

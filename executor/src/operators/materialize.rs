@@ -1,0 +1,135 @@
+//! Materialize: the last operator of every view's job. It keeps the view's
+//! rows as a multiset (row → count) and writes the changed rows at every
+//! checkpoint; the committed state table *is* the view that `SELECT` reads
+//! (see [`read_view`]).
+
+use std::collections::HashMap;
+
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::DFSchema;
+use storage::chunk::Chunk;
+use storage::codec::RowCodec;
+use storage::keys::MAX_PARALLELISM;
+use storage::state::{StateStore, StateWrite};
+
+use crate::message::Barrier;
+use crate::operator::{Collector, Operator, OperatorContext};
+use crate::{Result, expr};
+
+pub struct Materialize {
+    codec: RowCodec,
+    state_table: u64,
+    /// Row → (key group, count).
+    rows: HashMap<Vec<u8>, (u16, i64)>,
+    dirty: HashMap<Vec<u8>, u16>,
+}
+
+fn codec_for(schema: &SchemaRef) -> Result<RowCodec> {
+    Ok(RowCodec::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect(),
+    )?)
+}
+
+impl Materialize {
+    pub fn new(schema: &DFSchema, state_table: u64) -> Result<Self> {
+        Ok(Self {
+            codec: codec_for(&expr::output_schema(schema))?,
+            state_table,
+            rows: HashMap::new(),
+            dirty: HashMap::new(),
+        })
+    }
+}
+
+impl Operator for Materialize {
+    fn name(&self) -> &'static str {
+        "Materialize"
+    }
+
+    fn tables(&self) -> Vec<u64> {
+        vec![self.state_table]
+    }
+
+    fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
+            let count = i64::from_be_bytes(
+                e.value
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| storage::StorageError::Corrupt("view row count".into()))?,
+            );
+            self.rows.insert(e.key, (e.key_group, count));
+        }
+        Ok(())
+    }
+
+    fn process_batch(&mut self, _input: usize, chunk: Chunk, _out: &mut Collector) -> Result<()> {
+        let data = chunk.data();
+        let key_groups = expr::key_groups(data.columns(), chunk.num_rows())?;
+        let encoded = self.codec.encode(data.columns())?;
+        for (r, row) in encoded.into_iter().enumerate() {
+            let sign = chunk.op(r).sign();
+            let entry = self.rows.entry(row.clone()).or_insert((key_groups[r], 0));
+            entry.1 += sign;
+            if entry.1 <= 0 {
+                if entry.1 < 0 {
+                    tracing::error!(
+                        state_table = self.state_table,
+                        "view row retracted below zero"
+                    );
+                }
+                self.rows.remove(&row);
+            }
+            self.dirty.insert(row, key_groups[r]);
+        }
+        Ok(())
+    }
+
+    fn handle_checkpoint(
+        &mut self,
+        _barrier: &Barrier,
+        writes: &mut Vec<StateWrite>,
+    ) -> Result<()> {
+        for (key, key_group) in self.dirty.drain() {
+            let value = self.rows.get(&key).map(|(_, c)| c.to_be_bytes().to_vec());
+            writes.push(StateWrite {
+                table: self.state_table,
+                key_group,
+                key,
+                value,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The committed rows of a view, each repeated by its count.
+pub fn read_view(
+    state: &StateStore,
+    state_table: u64,
+    schema: &SchemaRef,
+) -> Result<Vec<RecordBatch>> {
+    let entries = state.scan(state_table, 0..MAX_PARALLELISM)?;
+    let codec = codec_for(schema)?;
+    let mut batches = Vec::new();
+    for page in entries.chunks(8192) {
+        let unique = codec.decode_batch(schema, page.iter().map(|e| e.key.as_slice()))?;
+        let mut indices = Vec::with_capacity(page.len());
+        for (i, e) in page.iter().enumerate() {
+            let count = i64::from_be_bytes(e.value.as_slice().try_into().unwrap_or_default());
+            indices.extend(std::iter::repeat_n(i as u32, count.max(0) as usize));
+        }
+        if indices.len() == page.len() {
+            batches.push(unique);
+        } else {
+            batches.push(take_record_batch(&unique, &UInt32Array::from(indices))?);
+        }
+    }
+    Ok(batches)
+}

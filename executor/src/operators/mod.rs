@@ -1,0 +1,160 @@
+//! One operator per file. [`build`] turns a planner spec into a running
+//! operator for one subtask.
+
+mod accumulator;
+mod filter;
+mod hash_agg;
+mod hash_join;
+pub mod materialize;
+mod project;
+pub mod table_source;
+
+use planner::spec::OperatorSpec;
+use planner::stream_graph::StreamNode;
+
+pub use filter::Filter;
+pub use hash_agg::HashAgg;
+pub use hash_join::HashJoin;
+pub use materialize::Materialize;
+pub use project::Project;
+
+use crate::operator::Operator;
+use crate::{ExecError, Result};
+
+/// Builds the operator for a (non-source) StreamGraph node.
+pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
+    Ok(match &node.spec {
+        OperatorSpec::Filter {
+            predicate,
+            input_schema,
+        } => Box::new(Filter::new(predicate, input_schema)?),
+        OperatorSpec::Project {
+            exprs,
+            input_schema,
+        } => Box::new(Project::new(exprs, input_schema, &node.schema)?),
+        OperatorSpec::HashAgg {
+            group_exprs,
+            aggs,
+            input_schema,
+            state_table,
+        } => Box::new(HashAgg::new(
+            group_exprs,
+            aggs,
+            input_schema,
+            &node.schema,
+            *state_table,
+        )?),
+        OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
+        OperatorSpec::Materialize { state_table, .. } => {
+            Box::new(Materialize::new(&node.schema, *state_table)?)
+        }
+        OperatorSpec::TableSource { .. } => {
+            return Err(ExecError::Protocol(
+                "a table source is a task head, not a chained operator".into(),
+            ));
+        }
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    //! Readable batches for operator tests.
+
+    use std::sync::{Arc, Mutex};
+
+    use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    use datafusion::common::DFSchema;
+    use storage::chunk::{Chunk, Op};
+    use storage::state::{StateEntry, StateWrite};
+
+    use crate::operator::{OperatorContext, StateReader};
+
+    pub(crate) fn ints(v: &[Option<i64>]) -> ArrayRef {
+        Arc::new(Int64Array::from(v.to_vec()))
+    }
+
+    /// A chunk with columns a, b, c, … and its logical schema.
+    pub(crate) fn chunk(ops: &[Op], cols: Vec<ArrayRef>) -> (Chunk, DFSchema) {
+        let names = ["a", "b", "c", "d", "e"];
+        let fields: Vec<Field> = cols
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Field::new(names[i], c.data_type().clone(), true))
+            .collect();
+        let schema = Arc::new(Schema::new(fields));
+        let batch = RecordBatch::try_new(schema.clone(), cols).unwrap();
+        (
+            Chunk::with_ops(ops, batch),
+            DFSchema::try_from(schema.as_ref().clone()).unwrap(),
+        )
+    }
+
+    /// Int64 schema with the given column names.
+    pub(crate) fn int_schema(names: &[&str]) -> DFSchema {
+        let fields: Vec<Field> = names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Int64, true))
+            .collect();
+        DFSchema::try_from(Schema::new(fields)).unwrap()
+    }
+
+    /// "+I 1 2" per row.
+    pub(crate) fn pretty(chunks: &[Chunk]) -> Vec<String> {
+        let mut out = vec![];
+        for c in chunks {
+            for r in 0..c.num_rows() {
+                let vals: Vec<String> = c
+                    .data()
+                    .columns()
+                    .iter()
+                    .map(|col| {
+                        let opts = FormatOptions::default().with_null("NULL");
+                        ArrayFormatter::try_new(col.as_ref(), &opts)
+                            .unwrap()
+                            .value(r)
+                            .to_string()
+                    })
+                    .collect();
+                out.push(format!("{} {}", c.op(r).symbol(), vals.join(" ")));
+            }
+        }
+        out
+    }
+
+    /// Committed state held in memory.
+    #[derive(Default)]
+    pub(crate) struct MemState(pub(crate) Mutex<Vec<StateWrite>>);
+
+    impl StateReader for MemState {
+        fn scan(&self, table: u64, kgs: std::ops::Range<u16>) -> crate::Result<Vec<StateEntry>> {
+            let mut map = std::collections::BTreeMap::new();
+            for w in self.0.lock().unwrap().iter() {
+                if w.table == table && kgs.contains(&w.key_group) {
+                    map.insert((w.key_group, w.key.clone()), w.value.clone());
+                }
+            }
+            Ok(map
+                .into_iter()
+                .filter_map(|((key_group, key), v)| {
+                    v.map(|value| StateEntry {
+                        key_group,
+                        key,
+                        value,
+                    })
+                })
+                .collect())
+        }
+    }
+
+    pub(crate) fn ctx(state: Arc<MemState>) -> OperatorContext {
+        OperatorContext {
+            job_id: 1,
+            subtask: 0,
+            parallelism: 1,
+            key_groups: 0..128,
+            state,
+        }
+    }
+}

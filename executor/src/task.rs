@@ -1,0 +1,391 @@
+//! The StreamTask: one subtask of one JobVertex, running its operator chain.
+//!
+//! Kinds as in Flink: a *source task* is headed by a [`TableSource`] and
+//! takes checkpoint triggers from the JobMaster; a *one-input* or *two-input
+//! task* is headed by an [`InputGate`] whose aligned barriers trigger the
+//! checkpoint. Either way the checkpoint runs here, once: snapshot every
+//! operator of the chain, forward the barrier on every output, acknowledge
+//! with the state writes.
+
+use std::sync::Arc;
+
+use planner::execution_graph::ExecutionState;
+use planner::job_graph::JobGraph;
+use planner::spec::{OperatorSpec, Partitioner};
+use storage::chunk::Chunk;
+use storage::keys::key_group_range;
+use storage::state::StateWrite;
+use storage::table::TableStore;
+use tokio::sync::mpsc;
+
+use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
+use crate::message::{Barrier, Message};
+use crate::operator::{Operator, OperatorContext, StateReader};
+use crate::operators::{self, table_source::TableSource};
+use crate::{ExecError, Result};
+
+/// Which subtask.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskId {
+    pub job: u64,
+    pub vertex: usize,
+    pub subtask: usize,
+}
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "job {} vertex {} subtask {}",
+            self.job, self.vertex, self.subtask
+        )
+    }
+}
+
+/// A source's read position at a checkpoint: table id and log sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourcePosition {
+    pub table: u64,
+    pub seq: u64,
+}
+
+/// Commands from the TaskManager to a running task.
+#[derive(Debug, Clone)]
+pub enum TaskCommand {
+    /// Sources only: emit this barrier after the data read so far.
+    TriggerCheckpoint(Barrier),
+    /// The checkpoint is complete and committed.
+    NotifyCheckpointComplete(u64),
+    Cancel,
+}
+
+/// How a task reports to its TaskManager (implemented in `cluster/`).
+pub trait TaskReporter: Send + Sync {
+    /// The task has taken its part of checkpoint `checkpoint_id`.
+    fn acknowledge_checkpoint(
+        &self,
+        task: &TaskId,
+        checkpoint_id: u64,
+        writes: Vec<StateWrite>,
+        positions: Vec<SourcePosition>,
+    );
+
+    /// The task's execution state changed.
+    fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>);
+}
+
+/// What a TaskManager provides to the tasks it runs.
+#[derive(Clone)]
+pub struct TaskEnvironment {
+    pub tables: Arc<TableStore>,
+    pub state: Arc<dyn StateReader>,
+    pub shuffle: Arc<LocalShuffle>,
+    pub reporter: Arc<dyn TaskReporter>,
+}
+
+/// Everything needed to start one subtask (Flink's
+/// `TaskDeploymentDescriptor`).
+#[derive(Debug, Clone)]
+pub struct TaskDeployment {
+    pub id: TaskId,
+    pub attempt: u64,
+    pub graph: Arc<JobGraph>,
+}
+
+enum Head {
+    Source(TableSource),
+    Gate(InputGate),
+}
+
+/// A running subtask.
+pub struct StreamTask {
+    id: TaskId,
+    head: Head,
+    chain: Vec<Box<dyn Operator>>,
+    outputs: Vec<OutputWriter>,
+    commands: mpsc::UnboundedReceiver<TaskCommand>,
+    reporter: Arc<dyn TaskReporter>,
+    ctx: OperatorContext,
+}
+
+impl std::fmt::Debug for StreamTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamTask").field("id", &self.id).finish()
+    }
+}
+
+/// Builds a subtask: its head, its chain, its channels.
+pub fn build_task(
+    dep: &TaskDeployment,
+    env: &TaskEnvironment,
+) -> Result<(StreamTask, mpsc::UnboundedSender<TaskCommand>)> {
+    let graph = &dep.graph;
+    let vertex = graph
+        .vertices
+        .get(dep.id.vertex)
+        .ok_or_else(|| ExecError::Protocol(format!("no vertex {}", dep.id.vertex)))?;
+    let subtask = dep.id.subtask;
+    let channel = |edge: usize, from: usize, to: usize| ChannelId {
+        job: dep.id.job,
+        attempt: dep.attempt,
+        edge,
+        from,
+        to,
+    };
+    let head_node = &graph.stream.nodes[vertex.nodes[0]];
+    let (head, chain_nodes) = match &head_node.spec {
+        OperatorSpec::TableSource {
+            table_id,
+            projection,
+            state_table,
+            ..
+        } => {
+            let source = TableSource::new(
+                *table_id,
+                projection.clone(),
+                *state_table,
+                &head_node.schema,
+                env.tables.clone(),
+            )?;
+            (Head::Source(source), &vertex.nodes[1..])
+        }
+        _ => {
+            let mut inputs = Vec::new();
+            for (e, edge) in graph
+                .edges
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.to == vertex.id)
+            {
+                let upstream = graph.vertices[edge.from].parallelism;
+                if matches!(edge.partitioner, Partitioner::Forward) {
+                    inputs.push((
+                        edge.input,
+                        env.shuffle.receiver(channel(e, subtask, subtask))?,
+                    ));
+                } else {
+                    for from in 0..upstream {
+                        inputs.push((edge.input, env.shuffle.receiver(channel(e, from, subtask))?));
+                    }
+                }
+            }
+            (Head::Gate(InputGate::new(inputs)), &vertex.nodes[..])
+        }
+    };
+    let chain = chain_nodes
+        .iter()
+        .map(|n| operators::build(&graph.stream.nodes[*n]))
+        .collect::<Result<Vec<_>>>()?;
+    let mut outputs = Vec::new();
+    for (e, edge) in graph
+        .edges
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.from == vertex.id)
+    {
+        let downstream = graph.vertices[edge.to].parallelism;
+        let senders = if matches!(edge.partitioner, Partitioner::Forward) {
+            vec![env.shuffle.sender(channel(e, subtask, subtask))?]
+        } else {
+            (0..downstream)
+                .map(|to| env.shuffle.sender(channel(e, subtask, to)))
+                .collect::<Result<_>>()?
+        };
+        outputs.push(OutputWriter::new(&edge.partitioner, senders)?);
+    }
+    let (tx, commands) = mpsc::unbounded_channel();
+    let ctx = OperatorContext {
+        job_id: dep.id.job,
+        subtask,
+        parallelism: vertex.parallelism,
+        key_groups: key_group_range(subtask, vertex.parallelism),
+        state: env.state.clone(),
+    };
+    Ok((
+        StreamTask {
+            id: dep.id.clone(),
+            head,
+            chain,
+            outputs,
+            commands,
+            reporter: env.reporter.clone(),
+            ctx,
+        },
+        tx,
+    ))
+}
+
+/// Why the main loop ended.
+enum Exit {
+    Cancelled,
+    InputsClosed,
+}
+
+impl StreamTask {
+    pub fn id(&self) -> &TaskId {
+        &self.id
+    }
+
+    /// Runs until cancelled or failed, reporting state changes.
+    pub async fn run(mut self) {
+        self.reporter
+            .state_changed(&self.id, ExecutionState::Running, None);
+        let result = self.run_inner().await;
+        for op in &mut self.chain {
+            let _ = op.on_close();
+        }
+        let (state, error) = match result {
+            Ok(Exit::Cancelled) => (ExecutionState::Canceled, None),
+            Ok(Exit::InputsClosed) => (ExecutionState::Finished, None),
+            // Downstream went away: the job is being torn down.
+            Err(ExecError::ChannelClosed) => (ExecutionState::Canceled, None),
+            Err(e) => {
+                tracing::error!(task = %self.id, error = %e, "task failed");
+                (ExecutionState::Failed, Some(e.to_string()))
+            }
+        };
+        self.reporter.state_changed(&self.id, state, error);
+    }
+
+    async fn run_inner(&mut self) -> Result<Exit> {
+        for i in 0..self.chain.len() {
+            let mut initial = Vec::new();
+            self.chain[i].on_start(&self.ctx, &mut initial)?;
+            for chunk in initial {
+                self.push(i + 1, 0, chunk).await?;
+            }
+        }
+        let mut head = std::mem::replace(&mut self.head, Head::Gate(InputGate::new(vec![])));
+        let result = match &mut head {
+            Head::Source(source) => self.run_source(source).await,
+            Head::Gate(gate) => self.run_gate(gate).await,
+        };
+        self.head = head;
+        result
+    }
+
+    async fn run_source(&mut self, source: &mut TableSource) -> Result<Exit> {
+        source.restore(&self.ctx)?;
+        for chunk in source.backfill()? {
+            self.push(0, 0, chunk).await?;
+        }
+        loop {
+            let has_more = source.has_more();
+            tokio::select! {
+                biased;
+                cmd = self.commands.recv() => match cmd {
+                    Some(TaskCommand::TriggerCheckpoint(barrier)) => {
+                        // Everything written before the trigger belongs to this checkpoint.
+                        while source.has_more() {
+                            for chunk in source.poll()? {
+                                self.push(0, 0, chunk).await?;
+                            }
+                        }
+                        let mut writes = Vec::new();
+                        source.snapshot(&mut writes);
+                        let position = SourcePosition { table: source.table_id(), seq: source.position() };
+                        self.checkpoint(barrier, writes, vec![position]).await?;
+                    }
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
+                    Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
+                },
+                _ = std::future::ready(()), if has_more => {
+                    for chunk in source.poll()? {
+                        self.push(0, 0, chunk).await?;
+                    }
+                }
+                _ = source.changed(), if !has_more => {}
+            }
+        }
+    }
+
+    async fn run_gate(&mut self, gate: &mut InputGate) -> Result<Exit> {
+        loop {
+            tokio::select! {
+                biased;
+                cmd = self.commands.recv() => match cmd {
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
+                    Some(TaskCommand::TriggerCheckpoint(b)) => {
+                        return Err(ExecError::Protocol(format!(
+                            "checkpoint {} triggered on a non-source task", b.checkpoint_id
+                        )));
+                    }
+                    Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
+                },
+                event = gate.next() => match event? {
+                    GateEvent::Chunk(input, chunk) => self.push(0, input, chunk).await?,
+                    GateEvent::Barrier(barrier) => self.checkpoint(barrier, Vec::new(), Vec::new()).await?,
+                    GateEvent::Watermark(mut wm) => {
+                        for op in &mut self.chain {
+                            let mut out = Vec::new();
+                            match op.handle_watermark(wm, &mut out)? {
+                                Some(next) => wm = next,
+                                None => break,
+                            }
+                        }
+                        for o in &mut self.outputs {
+                            o.broadcast(Message::Watermark(wm)).await?;
+                        }
+                    }
+                    GateEvent::End => return Ok(Exit::InputsClosed),
+                },
+            }
+        }
+    }
+
+    /// Sends `chunk` through the chain from operator `from` on, then out.
+    async fn push(&mut self, from: usize, input: usize, chunk: Chunk) -> Result<()> {
+        let mut pending = vec![chunk];
+        for (i, op) in self.chain.iter_mut().enumerate().skip(from) {
+            let port = if i == from { input } else { 0 };
+            let mut out = Vec::new();
+            for c in pending {
+                op.process_batch(port, c, &mut out)?;
+            }
+            pending = out;
+            if pending.is_empty() {
+                return Ok(());
+            }
+        }
+        for c in pending {
+            if c.is_empty() {
+                continue;
+            }
+            let n = self.outputs.len();
+            for (i, o) in self.outputs.iter_mut().enumerate() {
+                if i + 1 == n {
+                    o.send_chunk(c).await?;
+                    break;
+                }
+                o.send_chunk(c.clone()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The barrier is aligned: snapshot the chain, forward, acknowledge.
+    async fn checkpoint(
+        &mut self,
+        barrier: Barrier,
+        mut writes: Vec<StateWrite>,
+        positions: Vec<SourcePosition>,
+    ) -> Result<()> {
+        for op in &mut self.chain {
+            op.handle_checkpoint(&barrier, &mut writes)?;
+        }
+        for o in &mut self.outputs {
+            o.broadcast(Message::Barrier(barrier)).await?;
+        }
+        tracing::trace!(task = %self.id, checkpoint = barrier.checkpoint_id, writes = writes.len(), "acknowledge");
+        self.reporter
+            .acknowledge_checkpoint(&self.id, barrier.checkpoint_id, writes, positions);
+        Ok(())
+    }
+
+    fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
+        for op in &mut self.chain {
+            op.handle_commit(checkpoint_id)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,22 @@
+//! Weir's planner: pure functions from a DataFusion logical plan to the three
+//! graphs of Flink's runtime.
+//!
+//! ```text
+//! LogicalPlan ──lower──► StreamGraph ──chain──► JobGraph ──expand──► ExecutionGraph
+//!  (DataFusion)          one node per operator   one vertex per chain  one subtask per
+//!                        edges carry partitioners                      vertex × parallelism
+//! ```
+//!
+//! Nothing here does I/O or knows about the cluster: the server hands in an
+//! optimised logical plan, the JobMaster hands in the slots it got.
+
+mod error;
+pub mod execution_graph;
+pub mod job_graph;
+mod lower;
+pub mod source;
+pub mod spec;
+pub mod stream_graph;
+
+pub use error::{PlanError, Result};
+pub use lower::{StreamPlanOptions, lower, view_state_table};

@@ -1,0 +1,330 @@
+//! Lowering: an optimised DataFusion [`LogicalPlan`] becomes a [`StreamGraph`].
+//!
+//! Every relational node maps to one streaming operator that keeps its result
+//! correct under inserts, updates and deletes. Parallelism follows Flink's
+//! habits: a table source reads its log as one subtask; stateless operators
+//! take their input's parallelism (so they chain with it); stateful operators
+//! (aggregation, join) run at the session's `streaming_parallelism` behind a
+//! hash exchange on their keys; the final Materialize follows its input.
+//!
+//! Anything without a streaming operator yet is refused with
+//! [`PlanError::Unsupported`] naming the feature, never planned wrongly.
+
+use datafusion::common::NullEquality;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::logical_expr::{Expr, JoinType, LogicalPlan};
+
+use crate::source::as_stream_source;
+use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner};
+use crate::stream_graph::StreamGraph;
+use crate::{PlanError, Result};
+
+/// What the session decides about a new job.
+#[derive(Debug, Clone)]
+pub struct StreamPlanOptions {
+    /// `streaming_parallelism`: parallelism of stateful operators.
+    pub parallelism: usize,
+    /// `streaming_chaining`: whether operators may be chained.
+    pub chaining: bool,
+    /// The catalog id of the view; state table ids derive from it.
+    pub view_id: u64,
+}
+
+/// The state table in which the Materialize operator of view `view_id` keeps
+/// its rows: what `SELECT` reads.
+pub fn view_state_table(view_id: u64) -> u64 {
+    view_id << 16
+}
+
+/// Lowers `plan` (the view's query) into a StreamGraph ending in a
+/// Materialize node for the view.
+pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph> {
+    if opts.parallelism == 0 {
+        return Err(PlanError::Internal("parallelism must be at least 1".into()));
+    }
+    let mut l = Lowering {
+        graph: StreamGraph {
+            chaining: opts.chaining,
+            ..Default::default()
+        },
+        opts,
+    };
+    let root = l.node(plan)?;
+    let p = l.graph.nodes[root].parallelism;
+    let mat = l.graph.add_node(
+        OperatorSpec::Materialize {
+            view_id: opts.view_id,
+            state_table: view_state_table(opts.view_id),
+        },
+        p,
+        plan.schema().clone(),
+    );
+    l.graph.connect(root, mat, 0, Partitioner::Forward);
+    Ok(l.graph)
+}
+
+struct Lowering<'a> {
+    graph: StreamGraph,
+    opts: &'a StreamPlanOptions,
+}
+
+fn unsupported<T>(what: impl Into<String>) -> Result<T> {
+    Err(PlanError::Unsupported(what.into()))
+}
+
+/// Refuses expressions the streaming operators cannot evaluate.
+fn check_expr(e: &Expr) -> Result<()> {
+    let mut bad = None;
+    e.apply(|e| {
+        let what = match e {
+            Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) => {
+                Some("subqueries in materialized views")
+            }
+            Expr::Placeholder(_) => Some("parameters in materialized views"),
+            Expr::OuterReferenceColumn(..) => Some("correlated subqueries in materialized views"),
+            Expr::WindowFunction(_) => Some("window functions in materialized views"),
+            Expr::ScalarFunction(f) if f.func.name() == "now" || f.func.name() == "random" => {
+                Some("non-deterministic functions (now, random) in materialized views")
+            }
+            _ => None,
+        };
+        if let Some(what) = what {
+            bad = Some(what);
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    })?;
+    match bad {
+        Some(what) => unsupported(what),
+        None => Ok(()),
+    }
+}
+
+impl Lowering<'_> {
+    fn state_table(&self, node: usize) -> u64 {
+        view_state_table(self.opts.view_id) + node as u64 + 1
+    }
+
+    fn node(&mut self, plan: &LogicalPlan) -> Result<usize> {
+        match plan {
+            LogicalPlan::TableScan(scan) => {
+                let Some(source) = as_stream_source(&scan.source) else {
+                    return unsupported(format!(
+                        "reading {} in a materialized view",
+                        scan.table_name
+                    ));
+                };
+                if !scan.filters.is_empty() || scan.fetch.is_some() {
+                    return Err(PlanError::Internal(
+                        "scan with pushed-down filters or limit".into(),
+                    ));
+                }
+                let projection = scan
+                    .projection
+                    .clone()
+                    .unwrap_or_else(|| (0..source.schema.fields().len()).collect());
+                let id = self.graph.nodes.len();
+                Ok(self.graph.add_node(
+                    OperatorSpec::TableSource {
+                        table_id: source.table_id,
+                        table_name: source.name.clone(),
+                        projection,
+                        state_table: self.state_table(id),
+                    },
+                    1,
+                    scan.projected_schema.clone(),
+                ))
+            }
+            LogicalPlan::Filter(filter) => {
+                check_expr(&filter.predicate)?;
+                let input = self.node(&filter.input)?;
+                Ok(self.stateless(
+                    input,
+                    OperatorSpec::Filter {
+                        predicate: filter.predicate.clone(),
+                        input_schema: filter.input.schema().clone(),
+                    },
+                    plan,
+                ))
+            }
+            LogicalPlan::Projection(p) => {
+                for e in &p.expr {
+                    check_expr(e)?;
+                }
+                let input = self.node(&p.input)?;
+                Ok(self.stateless(
+                    input,
+                    OperatorSpec::Project {
+                        exprs: p.expr.clone(),
+                        input_schema: p.input.schema().clone(),
+                    },
+                    plan,
+                ))
+            }
+            // An alias renames, a sort without a limit orders nothing in a view.
+            LogicalPlan::SubqueryAlias(a) => self.node(&a.input),
+            LogicalPlan::Sort(s) if s.fetch.is_none() => self.node(&s.input),
+            LogicalPlan::Aggregate(agg) => {
+                for e in &agg.group_expr {
+                    if matches!(e, Expr::GroupingSet(_)) {
+                        return unsupported("GROUPING SETS, ROLLUP and CUBE in materialized views");
+                    }
+                    check_expr(e)?;
+                }
+                let n_groups = agg.group_expr.len();
+                let mut aggs = Vec::with_capacity(agg.aggr_expr.len());
+                for (i, e) in agg.aggr_expr.iter().enumerate() {
+                    let Expr::AggregateFunction(f) = e.clone().unalias() else {
+                        return Err(PlanError::Internal(format!("not an aggregate: {e}")));
+                    };
+                    let name = f.func.name().to_string();
+                    let Some(kind) = AggKind::from_name(&name) else {
+                        return unsupported(format!(
+                            "aggregate function {name} in materialized views"
+                        ));
+                    };
+                    if f.params.distinct {
+                        return unsupported(format!("{name}(DISTINCT …) in materialized views"));
+                    }
+                    if f.params.filter.is_some() {
+                        return unsupported("FILTER (WHERE …) on aggregates in materialized views");
+                    }
+                    let [arg] = f.params.args.as_slice() else {
+                        return unsupported(format!(
+                            "{name} with {} arguments",
+                            f.params.args.len()
+                        ));
+                    };
+                    check_expr(arg)?;
+                    aggs.push(AggCall {
+                        kind,
+                        arg: arg.clone(),
+                        output_type: agg.schema.field(n_groups + i).data_type().clone(),
+                    });
+                }
+                let input = self.node(&agg.input)?;
+                let input_p = self.graph.nodes[input].parallelism;
+                let (p, partitioner) = if agg.group_expr.is_empty() {
+                    (
+                        1,
+                        if input_p == 1 {
+                            Partitioner::Forward
+                        } else {
+                            Partitioner::Global
+                        },
+                    )
+                } else {
+                    (
+                        self.opts.parallelism,
+                        Partitioner::Hash {
+                            exprs: agg.group_expr.clone(),
+                            schema: agg.input.schema().clone(),
+                        },
+                    )
+                };
+                let id = self.graph.nodes.len();
+                let node = self.graph.add_node(
+                    OperatorSpec::HashAgg {
+                        group_exprs: agg.group_expr.clone(),
+                        aggs,
+                        input_schema: agg.input.schema().clone(),
+                        state_table: self.state_table(id),
+                    },
+                    p,
+                    plan.schema().clone(),
+                );
+                self.graph.connect(input, node, 0, partitioner);
+                Ok(node)
+            }
+            LogicalPlan::Join(join) => {
+                let kind = match join.join_type {
+                    JoinType::Inner => None,
+                    JoinType::Left => Some("LEFT JOIN"),
+                    JoinType::Right => Some("RIGHT JOIN"),
+                    JoinType::Full => Some("FULL JOIN"),
+                    JoinType::LeftSemi | JoinType::RightSemi => {
+                        Some("semi joins (EXISTS, IN subqueries)")
+                    }
+                    JoinType::LeftAnti | JoinType::RightAnti => {
+                        Some("anti joins (NOT EXISTS, NOT IN)")
+                    }
+                    _ => Some("this join type"),
+                };
+                if let Some(kind) = kind {
+                    return unsupported(format!("{kind} in materialized views"));
+                }
+                if join.on.is_empty() {
+                    return unsupported(
+                        "joins without an equality condition (cross joins) in materialized views",
+                    );
+                }
+                let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) =
+                    join.on.iter().cloned().unzip();
+                for e in left_keys
+                    .iter()
+                    .chain(&right_keys)
+                    .chain(join.filter.iter())
+                {
+                    check_expr(e)?;
+                }
+                let left = self.node(&join.left)?;
+                let right = self.node(&join.right)?;
+                let id = self.graph.nodes.len();
+                let p = self.opts.parallelism;
+                let node = self.graph.add_node(
+                    OperatorSpec::HashJoin {
+                        left_keys: left_keys.clone(),
+                        right_keys: right_keys.clone(),
+                        filter: join.filter.clone(),
+                        left_schema: join.left.schema().clone(),
+                        right_schema: join.right.schema().clone(),
+                        null_equals_null: join.null_equality == NullEquality::NullEqualsNull,
+                        state_table: self.state_table(id),
+                    },
+                    p,
+                    plan.schema().clone(),
+                );
+                self.graph.connect(
+                    left,
+                    node,
+                    0,
+                    Partitioner::Hash {
+                        exprs: left_keys,
+                        schema: join.left.schema().clone(),
+                    },
+                );
+                self.graph.connect(
+                    right,
+                    node,
+                    1,
+                    Partitioner::Hash {
+                        exprs: right_keys,
+                        schema: join.right.schema().clone(),
+                    },
+                );
+                Ok(node)
+            }
+            LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => {
+                unsupported("ORDER BY … LIMIT (top-N) in materialized views")
+            }
+            LogicalPlan::Union(_) => unsupported("UNION in materialized views"),
+            LogicalPlan::Window(_) => unsupported("window functions (OVER) in materialized views"),
+            LogicalPlan::Distinct(_) => unsupported("DISTINCT ON in materialized views"),
+            LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
+                unsupported("materialized views without a table in FROM")
+            }
+            LogicalPlan::Unnest(_) => unsupported("UNNEST in materialized views"),
+            LogicalPlan::RecursiveQuery(_) => unsupported("recursive queries"),
+            other => unsupported(format!("{} in materialized views", other.display())),
+        }
+    }
+
+    /// A one-input operator without state: same parallelism as its input,
+    /// forward edge, so it can chain.
+    fn stateless(&mut self, input: usize, spec: OperatorSpec, plan: &LogicalPlan) -> usize {
+        let p = self.graph.nodes[input].parallelism;
+        let node = self.graph.add_node(spec, p, plan.schema().clone());
+        self.graph.connect(input, node, 0, Partitioner::Forward);
+        node
+    }
+}

@@ -1,0 +1,54 @@
+//! The table provider that stands for a user table while a streaming query is
+//! planned. It only carries the table's identity and schema; the lowering
+//! finds it behind each `TableScan` and turns it into a source operator.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, TableSource};
+use datafusion::physical_plan::ExecutionPlan;
+
+/// A table as the streaming planner sees it.
+#[derive(Debug, Clone)]
+pub struct StreamSourceTable {
+    pub table_id: u64,
+    pub name: String,
+    /// The user-visible columns (a prefix of the stored columns).
+    pub schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for StreamSourceTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        _projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Err(DataFusionError::Internal(format!(
+            "stream source {} cannot be scanned as a batch table",
+            self.name
+        )))
+    }
+}
+
+/// The [`StreamSourceTable`] behind a scan's source, if it is one.
+pub fn as_stream_source(source: &Arc<dyn TableSource>) -> Option<StreamSourceTable> {
+    let provider = datafusion::datasource::source_as_provider(source).ok()?;
+    let any: &dyn Any = provider.as_ref();
+    any.downcast_ref::<StreamSourceTable>().cloned()
+}

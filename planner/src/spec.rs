@@ -1,0 +1,210 @@
+//! The operator and edge descriptions that flow from the planner to the
+//! executor: every kind of streaming operator Weir has, in one place.
+//!
+//! Expressions are DataFusion logical [`Expr`]s over the operator's input
+//! schema; the executor turns them into physical expressions once, when a
+//! subtask is deployed, and evaluates them on whole batches.
+
+use std::fmt;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::DFSchemaRef;
+use datafusion::logical_expr::Expr;
+
+/// What one StreamGraph node does.
+#[derive(Debug, Clone)]
+pub enum OperatorSpec {
+    /// Reads a table: first its snapshot (backfill), then its change log.
+    TableSource {
+        table_id: u64,
+        table_name: String,
+        /// Indices into the table's stored columns that the query reads.
+        projection: Vec<usize>,
+        /// Where the source keeps its log position.
+        state_table: u64,
+    },
+    /// Keeps rows whose predicate is true.
+    Filter {
+        predicate: Expr,
+        input_schema: DFSchemaRef,
+    },
+    /// Computes new columns.
+    Project {
+        exprs: Vec<Expr>,
+        input_schema: DFSchemaRef,
+    },
+    /// Grouped aggregation that retracts: input hash-partitioned on the
+    /// group keys.
+    HashAgg {
+        group_exprs: Vec<Expr>,
+        aggs: Vec<AggCall>,
+        input_schema: DFSchemaRef,
+        state_table: u64,
+    },
+    /// Inner equi-join; both inputs hash-partitioned on their keys.
+    HashJoin {
+        left_keys: Vec<Expr>,
+        right_keys: Vec<Expr>,
+        /// Non-equi condition over the joined row, if any.
+        filter: Option<Expr>,
+        left_schema: DFSchemaRef,
+        right_schema: DFSchemaRef,
+        /// Whether a NULL key matches a NULL key.
+        null_equals_null: bool,
+        state_table: u64,
+    },
+    /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
+    Materialize { view_id: u64, state_table: u64 },
+}
+
+impl OperatorSpec {
+    /// Short name, as in EXPLAIN.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OperatorSpec::TableSource { .. } => "TableSource",
+            OperatorSpec::Filter { .. } => "Filter",
+            OperatorSpec::Project { .. } => "Project",
+            OperatorSpec::HashAgg { .. } => "HashAgg",
+            OperatorSpec::HashJoin { .. } => "HashJoin",
+            OperatorSpec::Materialize { .. } => "Materialize",
+        }
+    }
+
+    /// Number of inputs.
+    pub fn inputs(&self) -> usize {
+        match self {
+            OperatorSpec::TableSource { .. } => 0,
+            OperatorSpec::HashJoin { .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// State tables the operator owns, known before it runs.
+    pub fn state_tables(&self) -> Vec<u64> {
+        match self {
+            OperatorSpec::TableSource { state_table, .. }
+            | OperatorSpec::HashAgg { state_table, .. }
+            | OperatorSpec::HashJoin { state_table, .. }
+            | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
+            OperatorSpec::Filter { .. } | OperatorSpec::Project { .. } => vec![],
+        }
+    }
+}
+
+fn list(exprs: &[Expr]) -> String {
+    exprs
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl fmt::Display for OperatorSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OperatorSpec::TableSource { table_name, .. } => write!(f, "TableSource: {table_name}"),
+            OperatorSpec::Filter { predicate, .. } => write!(f, "Filter: {predicate}"),
+            OperatorSpec::Project { exprs, .. } => write!(f, "Project: {}", list(exprs)),
+            OperatorSpec::HashAgg {
+                group_exprs, aggs, ..
+            } => {
+                let aggs: Vec<String> = aggs.iter().map(|a| a.to_string()).collect();
+                write!(
+                    f,
+                    "HashAgg: group=[{}] aggs=[{}]",
+                    list(group_exprs),
+                    aggs.join(", ")
+                )
+            }
+            OperatorSpec::HashJoin {
+                left_keys,
+                right_keys,
+                filter,
+                ..
+            } => {
+                let on: Vec<String> = left_keys
+                    .iter()
+                    .zip(right_keys)
+                    .map(|(l, r)| format!("{l} = {r}"))
+                    .collect();
+                write!(f, "HashJoin: on=[{}]", on.join(", "))?;
+                if let Some(filter) = filter {
+                    write!(f, " filter={filter}")?;
+                }
+                Ok(())
+            }
+            OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
+        }
+    }
+}
+
+/// The aggregate functions a HashAgg can maintain under retractions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggKind {
+    Count,
+    Sum,
+    Avg,
+    Min,
+    Max,
+}
+
+impl AggKind {
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "count" => AggKind::Count,
+            "sum" => AggKind::Sum,
+            "avg" | "mean" => AggKind::Avg,
+            "min" => AggKind::Min,
+            "max" => AggKind::Max,
+            _ => return None,
+        })
+    }
+}
+
+/// One aggregate call of a HashAgg.
+#[derive(Debug, Clone)]
+pub struct AggCall {
+    pub kind: AggKind,
+    /// The argument over the input schema.
+    pub arg: Expr,
+    /// The type of the result, as DataFusion's logical plan says.
+    pub output_type: DataType,
+}
+
+impl fmt::Display for AggCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}({})",
+            format!("{:?}", self.kind).to_lowercase(),
+            self.arg
+        )
+    }
+}
+
+/// How records travel along an edge (Flink's `StreamPartitioner`).
+#[derive(Debug, Clone)]
+pub enum Partitioner {
+    /// Subtask i to subtask i; the only edge that can be chained.
+    Forward,
+    /// By hash of expressions over the sender's output, into key groups.
+    Hash {
+        exprs: Vec<Expr>,
+        schema: DFSchemaRef,
+    },
+    /// Everything to subtask 0.
+    Global,
+    /// Round robin.
+    Rebalance,
+}
+
+impl fmt::Display for Partitioner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Partitioner::Forward => write!(f, "FORWARD"),
+            Partitioner::Hash { exprs, .. } => write!(f, "HASH({})", list(exprs)),
+            Partitioner::Global => write!(f, "GLOBAL"),
+            Partitioner::Rebalance => write!(f, "REBALANCE"),
+        }
+    }
+}

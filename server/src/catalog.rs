@@ -1,0 +1,238 @@
+//! The catalog: tables, views and materialized views, persisted in the meta
+//! store as JSON (one entry per object, in id order, so that everything an
+//! object depends on is loaded before it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
+use storage::meta::MetaStore;
+use storage::table::{ROW_ID_COLUMN, TableDesc};
+
+use crate::error::{Result, ServerError};
+use crate::types;
+
+/// A table column.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Column {
+    pub name: String,
+    /// The type as declared, re-parsed on load.
+    pub sql_type: String,
+    pub not_null: bool,
+}
+
+/// One catalog object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    Table {
+        id: u64,
+        name: String,
+        columns: Vec<Column>,
+        primary_key: Vec<String>,
+    },
+    View {
+        id: u64,
+        name: String,
+        sql: String,
+        depends_on: Vec<u64>,
+    },
+    MaterializedView {
+        id: u64,
+        name: String,
+        sql: String,
+        parallelism: usize,
+        chaining: bool,
+        depends_on: Vec<u64>,
+    },
+}
+
+impl Entry {
+    pub fn id(&self) -> u64 {
+        match self {
+            Entry::Table { id, .. }
+            | Entry::View { id, .. }
+            | Entry::MaterializedView { id, .. } => *id,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Entry::Table { name, .. }
+            | Entry::View { name, .. }
+            | Entry::MaterializedView { name, .. } => name,
+        }
+    }
+
+    /// As Postgres names the kind in messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Entry::Table { .. } => "table",
+            Entry::View { .. } => "view",
+            Entry::MaterializedView { .. } => "materialized view",
+        }
+    }
+
+    pub fn depends_on(&self) -> &[u64] {
+        match self {
+            Entry::Table { .. } => &[],
+            Entry::View { depends_on, .. } | Entry::MaterializedView { depends_on, .. } => {
+                depends_on
+            }
+        }
+    }
+}
+
+/// How a table is stored, derived from its entry.
+pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
+    let Entry::Table {
+        id,
+        name,
+        columns,
+        primary_key,
+    } = entry
+    else {
+        return Err(ServerError::Internal(format!(
+            "{} is not a table",
+            entry.name()
+        )));
+    };
+    let mut fields = columns
+        .iter()
+        .map(|c| {
+            Ok(Field::new(
+                &c.name,
+                types::parse_type(&c.sql_type)?,
+                !c.not_null,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (key_columns, row_id) = if primary_key.is_empty() {
+        fields.push(Field::new(ROW_ID_COLUMN, DataType::Int64, false));
+        (vec![fields.len() - 1], true)
+    } else {
+        let keys = primary_key
+            .iter()
+            .map(|k| {
+                columns.iter().position(|c| &c.name == k).ok_or_else(|| {
+                    ServerError::UndefinedColumn(format!(
+                        "column \"{k}\" named in key does not exist"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        (keys, false)
+    };
+    Ok(TableDesc {
+        id: *id,
+        name: name.clone(),
+        schema: Arc::new(Schema::new(fields)),
+        key_columns,
+        row_id,
+    })
+}
+
+/// The user-visible schema of a table (without the hidden row id).
+pub fn user_schema(desc: &TableDesc) -> SchemaRef {
+    if desc.row_id {
+        let n = desc.schema.fields().len() - 1;
+        Arc::new(Schema::new(desc.schema.fields()[..n].to_vec()))
+    } else {
+        desc.schema.clone()
+    }
+}
+
+/// The catalog, in memory and in the meta store.
+#[derive(Debug)]
+pub struct Catalog {
+    meta: Arc<MetaStore>,
+    entries: RwLock<BTreeMap<u64, Entry>>,
+}
+
+fn poisoned() -> ServerError {
+    ServerError::Internal("catalog lock poisoned".into())
+}
+
+impl Catalog {
+    /// Loads every entry from the meta store.
+    pub fn load(meta: Arc<MetaStore>) -> Result<Self> {
+        let mut entries = BTreeMap::new();
+        for (id, bytes) in meta.load_catalog()? {
+            let entry: Entry = serde_json::from_slice(&bytes).map_err(|e| {
+                ServerError::Internal(format!("catalog entry {id} is unreadable: {e}"))
+            })?;
+            entries.insert(id, entry);
+        }
+        Ok(Self {
+            meta,
+            entries: RwLock::new(entries),
+        })
+    }
+
+    pub fn allocate_id(&self) -> Result<u64> {
+        Ok(self.meta.allocate_ids("catalog", 1)?)
+    }
+
+    /// Every entry in id order.
+    pub fn all(&self) -> Vec<Entry> {
+        self.entries
+            .read()
+            .map(|e| e.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn get(&self, id: u64) -> Option<Entry> {
+        self.entries.read().ok()?.get(&id).cloned()
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<Entry> {
+        self.entries
+            .read()
+            .ok()?
+            .values()
+            .find(|e| e.name() == name)
+            .cloned()
+    }
+
+    /// Adds an entry durably.
+    pub fn add(&self, entry: Entry) -> Result<()> {
+        let bytes = serde_json::to_vec(&entry).map_err(|e| ServerError::Internal(e.to_string()))?;
+        self.meta
+            .update_catalog(vec![(entry.id(), bytes)], vec![])?;
+        self.entries
+            .write()
+            .map_err(|_| poisoned())?
+            .insert(entry.id(), entry);
+        Ok(())
+    }
+
+    /// Removes entries durably.
+    pub fn remove(&self, ids: &[u64]) -> Result<()> {
+        self.meta.update_catalog(vec![], ids.to_vec())?;
+        let mut entries = self.entries.write().map_err(|_| poisoned())?;
+        for id in ids {
+            entries.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Every entry that depends on `id`, directly or not, dependents first.
+    pub fn dependents(&self, id: u64) -> Vec<Entry> {
+        let all = self.all();
+        let mut found: BTreeSet<u64> = BTreeSet::new();
+        let mut frontier = vec![id];
+        while let Some(cur) = frontier.pop() {
+            for e in &all {
+                if e.depends_on().contains(&cur) && found.insert(e.id()) {
+                    frontier.push(e.id());
+                }
+            }
+        }
+        // Higher ids were created later and depend on lower ones: drop them first.
+        all.into_iter()
+            .filter(|e| found.contains(&e.id()))
+            .rev()
+            .collect()
+    }
+}

@@ -1,0 +1,199 @@
+//! DataFusion contexts over Weir's catalog.
+//!
+//! Each statement gets a fresh `SessionContext` whose tables stand for the
+//! catalog in one of three ways:
+//! * **batch** (`SELECT`): tables read their current rows; materialized
+//!   views read their state at the latest committed checkpoint;
+//! * **stream** (`CREATE MATERIALIZED VIEW`): tables are stream sources and
+//!   views and materialized views are inlined as their queries, so the new
+//!   job computes from the tables' changelogs;
+//! * **dml**: like batch, but the target table shows its hidden row id.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{MemTable, Session, TableProvider};
+use datafusion::datasource::{TableType, ViewTable};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionConfig;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement;
+use planner::source::StreamSourceTable;
+
+use crate::catalog::{Entry, table_desc, user_schema};
+use crate::engine::Database;
+use crate::error::{Result, ServerError};
+use crate::stmt::{self, Stmt};
+
+/// How the catalog appears to a statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Batch,
+    Stream,
+    /// Batch, with the hidden row id of this table visible.
+    Dml(u64),
+}
+
+/// A table's current rows.
+#[derive(Debug)]
+struct TableRows {
+    db: Arc<Database>,
+    table: u64,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for TableRows {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let tables = self.db.cluster.tables.clone();
+        let table = self.table;
+        let (batches, _) = tokio::task::spawn_blocking(move || tables.snapshot(table))
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let n = self.schema.fields().len();
+        let batches = batches
+            .into_iter()
+            .map(|b| RecordBatch::try_new(self.schema.clone(), b.columns()[..n].to_vec()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        MemTable::try_new(self.schema.clone(), vec![batches])?
+            .scan(state, projection, filters, limit)
+            .await
+    }
+}
+
+/// A materialized view's rows at its latest committed checkpoint.
+#[derive(Debug)]
+struct ViewRows {
+    db: Arc<Database>,
+    state_table: u64,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for ViewRows {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let batches = self
+            .db
+            .cluster
+            .read_view(self.state_table, self.schema.clone())
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        MemTable::try_new(self.schema.clone(), vec![batches])?
+            .scan(state, projection, filters, limit)
+            .await
+    }
+}
+
+/// A fresh DataFusion context.
+pub fn new_context() -> SessionContext {
+    let mut config = SessionConfig::new()
+        .with_default_catalog_and_schema("weir", "public")
+        .with_create_default_catalog_and_schema(true)
+        .with_target_partitions(2)
+        .with_information_schema(false);
+    config.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
+    SessionContext::new_with_config(config)
+}
+
+/// Plans a query's SQL text in `ctx`, with Postgres column names.
+pub async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> {
+    let mut stmts = stmt::parse(sql)?;
+    let (Some(Stmt::Sql(s)), true) = (stmts.pop(), stmts.is_empty()) else {
+        return Err(ServerError::Syntax(format!("not a single query: {sql}")));
+    };
+    let Statement::Query(mut q) = *s else {
+        return Err(ServerError::Syntax(format!("not a query: {sql}")));
+    };
+    stmt::apply_pg_names(&mut q);
+    plan_statement(ctx, Statement::Query(q)).await
+}
+
+/// Plans any statement DataFusion knows.
+pub async fn plan_statement(ctx: &SessionContext, s: Statement) -> Result<LogicalPlan> {
+    Ok(ctx
+        .state()
+        .statement_to_plan(DfStatement::Statement(Box::new(s)))
+        .await?)
+}
+
+/// A context in which the catalog appears as `mode` says.
+pub async fn context(db: &Arc<Database>, mode: Mode) -> Result<SessionContext> {
+    let ctx = new_context();
+    for entry in db.catalog.all() {
+        let name = entry.name().to_string();
+        let provider: Arc<dyn TableProvider> = match &entry {
+            Entry::Table { id, .. } => {
+                let desc = table_desc(&entry)?;
+                match mode {
+                    Mode::Stream => Arc::new(StreamSourceTable {
+                        table_id: *id,
+                        name: name.clone(),
+                        schema: user_schema(&desc),
+                    }),
+                    Mode::Dml(t) if t == *id => Arc::new(TableRows {
+                        db: db.clone(),
+                        table: *id,
+                        schema: desc.schema,
+                    }),
+                    _ => Arc::new(TableRows {
+                        db: db.clone(),
+                        table: *id,
+                        schema: user_schema(&desc),
+                    }),
+                }
+            }
+            Entry::View { sql, .. } => Arc::new(ViewTable::new(
+                plan_query(&ctx, sql).await?,
+                Some(sql.clone()),
+            )),
+            Entry::MaterializedView { id, sql, .. } => {
+                let plan = plan_query(&ctx, sql).await?;
+                if mode == Mode::Stream {
+                    Arc::new(ViewTable::new(plan, Some(sql.clone())))
+                } else {
+                    Arc::new(ViewRows {
+                        db: db.clone(),
+                        state_table: planner::view_state_table(*id),
+                        schema: executor::expr::output_schema(plan.schema()),
+                    })
+                }
+            }
+        };
+        ctx.register_table(name.as_str(), provider)?;
+    }
+    Ok(ctx)
+}

@@ -1,0 +1,374 @@
+//! DDL: tables, views and materialized views. A materialized view is a
+//! catalog entry plus a job: its query is lowered into a StreamGraph,
+//! chained into a JobGraph and handed to the JobManager, and `CREATE`
+//! returns once the job has backfilled what the tables held.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{
+    ColumnOption, CreateTable, CreateView, Expr as SqlExpr, ObjectName, ObjectType, TableConstraint,
+};
+use planner::job_graph::JobGraph;
+use planner::spec::OperatorSpec;
+use planner::{StreamPlanOptions, lower};
+use storage::table::ROW_ID_COLUMN;
+
+use crate::catalog::{Column, Entry, table_desc};
+use crate::context::{Mode, context, plan_query};
+use crate::engine::{Database, QueryResult};
+use crate::error::{Result, ServerError};
+use crate::session::Session;
+use crate::stmt::{self, apply_pg_names, ident, object_name};
+use crate::types;
+
+fn already_exists(name: &str) -> ServerError {
+    ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
+}
+
+/// `CREATE TABLE`.
+pub async fn create_table(db: &Arc<Database>, ct: CreateTable) -> Result<QueryResult> {
+    let _ddl = db.ddl_lock.lock().await;
+    let name = object_name(&ct.name)?;
+    if ct.query.is_some() || ct.like.is_some() || ct.clone.is_some() {
+        return Err(ServerError::unsupported("CREATE TABLE … AS / LIKE / CLONE"));
+    }
+    if ct.external || ct.temporary {
+        return Err(ServerError::unsupported("EXTERNAL and TEMPORARY tables"));
+    }
+    if db.catalog.by_name(&name).is_some() {
+        if ct.if_not_exists {
+            return Ok(QueryResult::command("CREATE TABLE"));
+        }
+        return Err(already_exists(&name));
+    }
+    if ct.columns.is_empty() {
+        return Err(ServerError::unsupported("tables without columns"));
+    }
+    let mut columns = Vec::with_capacity(ct.columns.len());
+    let mut primary_key: Vec<String> = Vec::new();
+    for c in &ct.columns {
+        let col_name = ident(&c.name);
+        if col_name == ROW_ID_COLUMN {
+            return Err(ServerError::InvalidParameter(format!(
+                "column name \"{ROW_ID_COLUMN}\" is reserved"
+            )));
+        }
+        if columns.iter().any(|x: &Column| x.name == col_name) {
+            return Err(ServerError::DuplicateColumn(format!(
+                "column \"{col_name}\" specified more than once"
+            )));
+        }
+        types::arrow_type(&c.data_type)?;
+        let mut not_null = false;
+        for opt in &c.options {
+            match &opt.option {
+                ColumnOption::NotNull => not_null = true,
+                ColumnOption::Null => not_null = false,
+                ColumnOption::PrimaryKey(_) => {
+                    if !primary_key.is_empty() {
+                        return Err(ServerError::Syntax(format!(
+                            "multiple primary keys for table \"{name}\" are not allowed"
+                        )));
+                    }
+                    primary_key.push(col_name.clone());
+                    not_null = true;
+                }
+                other => return Err(ServerError::unsupported(format!("column option {other}"))),
+            }
+        }
+        columns.push(Column {
+            name: col_name,
+            sql_type: c.data_type.to_string(),
+            not_null,
+        });
+    }
+    for constraint in &ct.constraints {
+        match constraint {
+            TableConstraint::PrimaryKey(pk) => {
+                if !primary_key.is_empty() {
+                    return Err(ServerError::Syntax(format!(
+                        "multiple primary keys for table \"{name}\" are not allowed"
+                    )));
+                }
+                for ic in &pk.columns {
+                    let SqlExpr::Identifier(i) = &ic.column.expr else {
+                        return Err(ServerError::unsupported("primary keys on expressions"));
+                    };
+                    let k = ident(i);
+                    let Some(col) = columns.iter_mut().find(|c| c.name == k) else {
+                        return Err(ServerError::UndefinedColumn(format!(
+                            "column \"{k}\" named in key does not exist"
+                        )));
+                    };
+                    col.not_null = true;
+                    primary_key.push(k);
+                }
+            }
+            other => {
+                return Err(ServerError::unsupported(format!(
+                    "table constraint {other}"
+                )));
+            }
+        }
+    }
+    let entry = Entry::Table {
+        id: db.catalog.allocate_id()?,
+        name,
+        columns,
+        primary_key,
+    };
+    let desc = table_desc(&entry)?;
+    db.catalog.add(entry)?;
+    db.cluster.tables.open_table(desc)?;
+    Ok(QueryResult::command("CREATE TABLE"))
+}
+
+/// The view's query text, with Postgres column names and the optional
+/// column list applied.
+fn view_sql(cv: &CreateView) -> Result<String> {
+    let mut q = cv.query.clone();
+    apply_pg_names(&mut q);
+    if cv.columns.is_empty() {
+        return Ok(q.to_string());
+    }
+    let cols: Vec<String> = cv
+        .columns
+        .iter()
+        .map(|c| format!("\"{}\"", ident(&c.name)))
+        .collect();
+    Ok(format!(
+        "SELECT * FROM ({q}) AS __view({})",
+        cols.join(", ")
+    ))
+}
+
+/// Catalog entries the query names directly.
+fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
+    let Some(stmt::Stmt::Sql(s)) = stmt::parse(sql)?.pop() else {
+        return Ok(vec![]);
+    };
+    let (refs, _) =
+        datafusion::sql::resolve::resolve_table_references(&DfStatement::Statement(s), true)?;
+    let mut ids = BTreeSet::new();
+    for r in refs {
+        if let Some(e) = db.catalog.by_name(r.table()) {
+            ids.insert(e.id());
+        }
+    }
+    Ok(ids.into_iter().collect())
+}
+
+/// Lowers a view's query into the JobGraph of its job, and checks that
+/// every operator can be built.
+async fn job_graph(
+    db: &Arc<Database>,
+    sql: &str,
+    id: u64,
+    parallelism: usize,
+    chaining: bool,
+) -> Result<JobGraph> {
+    let ctx = context(db, Mode::Stream).await?;
+    let plan = plan_query(&ctx, sql).await?;
+    let plan = ctx.state().optimize(&plan)?;
+    let stream = lower(
+        &plan,
+        &StreamPlanOptions {
+            parallelism,
+            chaining,
+            view_id: id,
+        },
+    )?;
+    for node in &stream.nodes {
+        if !matches!(node.spec, OperatorSpec::TableSource { .. }) {
+            executor::operators::build(node)?;
+        }
+    }
+    Ok(JobGraph::from_stream_graph(stream))
+}
+
+/// Starts (or restarts) the job of a materialized view.
+pub async fn start_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
+    let Entry::MaterializedView {
+        id,
+        sql,
+        parallelism,
+        chaining,
+        ..
+    } = entry
+    else {
+        return Err(ServerError::Internal(format!(
+            "{} is not a materialized view",
+            entry.name()
+        )));
+    };
+    let graph = job_graph(db, sql, *id, *parallelism, *chaining).await?;
+    db.cluster.job_manager.submit_job(*id, graph).await?;
+    Ok(())
+}
+
+/// `CREATE [MATERIALIZED] VIEW`.
+pub async fn create_view(
+    db: &Arc<Database>,
+    session: &Session,
+    cv: CreateView,
+) -> Result<QueryResult> {
+    let _ddl = db.ddl_lock.lock().await;
+    let name = object_name(&cv.name)?;
+    let tag = if cv.materialized {
+        "CREATE MATERIALIZED VIEW"
+    } else {
+        "CREATE VIEW"
+    };
+    if cv.or_replace || cv.or_alter {
+        return Err(ServerError::unsupported("CREATE OR REPLACE VIEW"));
+    }
+    if db.catalog.by_name(&name).is_some() {
+        if cv.if_not_exists {
+            return Ok(QueryResult::command(tag));
+        }
+        return Err(already_exists(&name));
+    }
+    let sql = view_sql(&cv)?;
+    // Plan it once as a query: names, types and columns are checked here.
+    let batch = context(db, Mode::Batch).await?;
+    plan_query(&batch, &sql).await?;
+    let depends_on = dependencies(db, &sql)?;
+    let id = db.catalog.allocate_id()?;
+    if !cv.materialized {
+        db.catalog.add(Entry::View {
+            id,
+            name,
+            sql,
+            depends_on,
+        })?;
+        return Ok(QueryResult::command(tag));
+    }
+    let (parallelism, chaining) = (session.streaming_parallelism, session.streaming_chaining);
+    let graph = job_graph(db, &sql, id, parallelism, chaining).await?;
+    db.catalog.add(Entry::MaterializedView {
+        id,
+        name,
+        sql,
+        parallelism,
+        chaining,
+        depends_on,
+    })?;
+    if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
+        db.catalog.remove(&[id])?;
+        return Err(e.into());
+    }
+    // Return once the view holds the tables' current contents.
+    if let Err(e) = db.flush().await {
+        db.catalog.remove(&[id])?;
+        let _ = db.cluster.job_manager.cancel_job(id, true).await;
+        return Err(e);
+    }
+    Ok(QueryResult::command(tag))
+}
+
+/// `EXPLAIN CREATE MATERIALIZED VIEW`: the three graphs, with the slots the
+/// subtasks would get now.
+pub async fn explain_view(
+    db: &Arc<Database>,
+    session: &Session,
+    cv: CreateView,
+) -> Result<QueryResult> {
+    let sql = view_sql(&cv)?;
+    let id = db.catalog.allocate_id()?;
+    let graph = job_graph(
+        db,
+        &sql,
+        id,
+        session.streaming_parallelism,
+        session.streaming_chaining,
+    )
+    .await?;
+    let stream = graph.stream.explain();
+    let job = graph.explain();
+    let exec = db.cluster.job_manager.preview(graph)?.explain();
+    let lines = [stream, job, exec]
+        .iter()
+        .flat_map(|s| s.lines().map(str::to_string))
+        .collect();
+    QueryResult::text("QUERY PLAN", lines)
+}
+
+fn kind_of(t: &ObjectType) -> Result<&'static str> {
+    Ok(match t {
+        ObjectType::Table => "table",
+        ObjectType::View => "view",
+        ObjectType::MaterializedView => "materialized view",
+        other => return Err(ServerError::unsupported(format!("DROP {other}"))),
+    })
+}
+
+/// `DROP TABLE | VIEW | MATERIALIZED VIEW [IF EXISTS] … [CASCADE]`.
+pub async fn drop(
+    db: &Arc<Database>,
+    object_type: ObjectType,
+    if_exists: bool,
+    names: Vec<ObjectName>,
+    cascade: bool,
+) -> Result<QueryResult> {
+    let _ddl = db.ddl_lock.lock().await;
+    let kind = kind_of(&object_type)?;
+    let tag = format!("DROP {}", kind.to_uppercase());
+    // Check everything before dropping anything.
+    let mut targets = Vec::new();
+    for name in &names {
+        let name = object_name(name)?;
+        let Some(entry) = db.catalog.by_name(&name) else {
+            if if_exists {
+                continue;
+            }
+            return Err(ServerError::UndefinedTable(format!(
+                "{kind} \"{name}\" does not exist"
+            )));
+        };
+        if entry.kind() != kind {
+            return Err(ServerError::WrongObjectType(format!(
+                "\"{name}\" is not a {kind}"
+            )));
+        }
+        let dependents = db.catalog.dependents(entry.id());
+        if !dependents.is_empty() && !cascade {
+            let list: Vec<String> = dependents
+                .iter()
+                .map(|d| format!("{} {}", d.kind(), d.name()))
+                .collect();
+            return Err(ServerError::DependentObjects(format!(
+                "cannot drop {kind} {name} because other objects depend on it ({} depends on it); \
+                 use DROP … CASCADE to drop the dependent objects too",
+                list.join(", ")
+            )));
+        }
+        targets.extend(dependents);
+        targets.push(entry);
+    }
+    let mut dropped = BTreeSet::new();
+    for entry in targets {
+        if dropped.insert(entry.id()) {
+            drop_entry(db, &entry).await?;
+        }
+    }
+    Ok(QueryResult::command(&tag))
+}
+
+async fn drop_entry(db: &Arc<Database>, entry: &Entry) -> Result<()> {
+    // The catalog goes first: a crash afterwards leaves unreferenced data,
+    // never a catalog entry without its data.
+    db.catalog.remove(&[entry.id()])?;
+    match entry {
+        Entry::MaterializedView { id, .. } => {
+            match db.cluster.job_manager.cancel_job(*id, true).await {
+                Ok(()) | Err(cluster::ClusterError::UnknownJob(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Entry::Table { id, .. } => db.cluster.tables.drop_table(*id)?,
+        Entry::View { .. } => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! DML: `INSERT`, `UPDATE` and `DELETE` become one chunk of changes over the
+//! table's stored columns, applied to the table (rows and changelog) in one
+//! durable write. The client's acknowledgement follows that write.
+//!
+//! DataFusion computes what to write: the rows an `INSERT` produces (with its
+//! casts to the column types), and the old and new rows an `UPDATE` or
+//! `DELETE` touches.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::sql::sqlparser::ast::{
+    Assignment, AssignmentTarget, Delete, FromTable, Insert, Statement, TableFactor, TableObject,
+    TableWithJoins, Update,
+};
+use storage::chunk::{Chunk, Op};
+use storage::table::TableDesc;
+
+use crate::catalog::{Entry, table_desc};
+use crate::context::{Mode, context, plan_statement};
+use crate::engine::{Database, QueryResult};
+use crate::error::{Result, ServerError};
+use crate::stmt::{ident, object_name};
+
+fn target(db: &Database, name: &str, verb: &str) -> Result<TableDesc> {
+    match db.catalog.by_name(name) {
+        Some(entry @ Entry::Table { .. }) => table_desc(&entry),
+        Some(other) => Err(ServerError::WrongObjectType(format!(
+            "cannot {verb} {} \"{name}\"",
+            other.kind()
+        ))),
+        None => Err(ServerError::UndefinedTable(format!(
+            "relation \"{name}\" does not exist"
+        ))),
+    }
+}
+
+async fn apply(db: &Database, table: u64, chunk: Chunk) -> Result<usize> {
+    let n = chunk.num_rows();
+    if n == 0 {
+        return Ok(0);
+    }
+    let tables = db.cluster.tables.clone();
+    tokio::task::spawn_blocking(move || tables.apply(table, &chunk))
+        .await
+        .map_err(|e| ServerError::Internal(e.to_string()))??;
+    Ok(n)
+}
+
+async fn collect(
+    ctx: &datafusion::prelude::SessionContext,
+    plan: LogicalPlan,
+) -> Result<Vec<RecordBatch>> {
+    Ok(ctx.execute_logical_plan(plan).await?.collect().await?)
+}
+
+/// Casts `columns` to the stored schema, checking NOT NULL.
+fn stored_batch(desc: &TableDesc, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
+    let columns = columns
+        .iter()
+        .zip(desc.schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                cast(c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| ServerError::InvalidText(e.to_string()))?;
+    for (c, f) in columns.iter().zip(desc.schema.fields()) {
+        if !f.is_nullable() && c.null_count() > 0 {
+            return Err(ServerError::NotNullViolation(format!(
+                "null value in column \"{}\" of relation \"{}\" violates not-null constraint",
+                f.name(),
+                desc.name
+            )));
+        }
+    }
+    RecordBatch::try_new(desc.schema.clone(), columns)
+        .map_err(|e| ServerError::Internal(e.to_string()))
+}
+
+/// `INSERT INTO t [(cols)] VALUES … | SELECT …`.
+pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
+    if insert.returning.is_some() || insert.on.is_some() || insert.overwrite {
+        return Err(ServerError::unsupported(
+            "INSERT … RETURNING / ON CONFLICT / OVERWRITE",
+        ));
+    }
+    let TableObject::TableName(name) = &insert.table else {
+        return Err(ServerError::unsupported("INSERT INTO a table function"));
+    };
+    let desc = target(db, &object_name(name)?, "insert into")?;
+    let ctx = context(db, Mode::Batch).await?;
+    let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(insert)).await? else {
+        return Err(ServerError::Internal("INSERT did not plan as DML".into()));
+    };
+    let batches = collect(&ctx, dml.input.as_ref().clone()).await?;
+    let user = crate::catalog::user_schema(&desc);
+    let rows = concat_batches(&dml.input.schema().inner().clone(), &batches)
+        .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let n = rows.num_rows();
+    let mut columns: Vec<ArrayRef> = rows.columns()[..user.fields().len()].to_vec();
+    if desc.row_id {
+        let first = db.cluster.tables.allocate_row_ids(desc.id, n)?;
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            first..first + n as i64,
+        )));
+    }
+    let batch = stored_batch(&desc, columns)?;
+    let n = apply(db, desc.id, Chunk::inserts(batch)).await?;
+    Ok(QueryResult::Command {
+        tag: "INSERT".into(),
+        rows: Some(n),
+    })
+}
+
+fn single_table(t: &TableWithJoins, verb: &str) -> Result<String> {
+    if !t.joins.is_empty() {
+        return Err(ServerError::unsupported(format!("{verb} with joins")));
+    }
+    match &t.relation {
+        TableFactor::Table { name, .. } => object_name(name),
+        other => Err(ServerError::unsupported(format!("{verb} of {other}"))),
+    }
+}
+
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Runs `SELECT <stored columns>[, extra] FROM <relation> [WHERE …]`.
+async fn select_rows(
+    db: &Arc<Database>,
+    desc: &TableDesc,
+    relation: &TableWithJoins,
+    extra: &[String],
+    selection: Option<&datafusion::sql::sqlparser::ast::Expr>,
+) -> Result<RecordBatch> {
+    let mut items: Vec<String> = desc
+        .schema
+        .fields()
+        .iter()
+        .map(|f| quote(f.name()))
+        .collect();
+    items.extend(extra.iter().cloned());
+    let mut sql = format!("SELECT {} FROM {}", items.join(", "), relation);
+    if let Some(sel) = selection {
+        sql.push_str(&format!(" WHERE {sel}"));
+    }
+    let ctx = context(db, Mode::Dml(desc.id)).await?;
+    let Some(crate::stmt::Stmt::Sql(s)) = crate::stmt::parse(&sql)?.pop() else {
+        return Err(ServerError::Internal(format!("cannot re-parse {sql}")));
+    };
+    let plan = plan_statement(&ctx, *s).await?;
+    let schema = plan.schema().inner().clone();
+    let batches = collect(&ctx, plan).await?;
+    concat_batches(&schema, &batches).map_err(|e| ServerError::Internal(e.to_string()))
+}
+
+/// `UPDATE t SET c = e, … [WHERE …]`.
+pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
+    if update.from.is_some() || update.returning.is_some() || update.limit.is_some() {
+        return Err(ServerError::unsupported(
+            "UPDATE … FROM / RETURNING / LIMIT",
+        ));
+    }
+    let name = single_table(&update.table, "UPDATE")?;
+    let desc = target(db, &name, "update")?;
+    // Which stored column each assignment sets.
+    let mut assigned: Vec<Option<usize>> = vec![None; desc.schema.fields().len()];
+    let mut extra = Vec::new();
+    for (k, Assignment { target, value }) in update.assignments.iter().enumerate() {
+        let AssignmentTarget::ColumnName(col) = target else {
+            return Err(ServerError::unsupported("UPDATE of a column tuple"));
+        };
+        let Some(last) = col.0.last().and_then(|p| p.as_ident()) else {
+            return Err(ServerError::Syntax(format!("bad column {col}")));
+        };
+        let col_name = ident(last);
+        let Some(i) = desc
+            .schema
+            .fields()
+            .iter()
+            .position(|f| f.name() == &col_name && f.name() != storage::table::ROW_ID_COLUMN)
+        else {
+            return Err(ServerError::UndefinedColumn(format!(
+                "column \"{col_name}\" of relation \"{name}\" does not exist"
+            )));
+        };
+        if assigned[i].is_some() {
+            return Err(ServerError::Syntax(format!(
+                "multiple assignments to same column \"{col_name}\""
+            )));
+        }
+        assigned[i] = Some(k);
+        extra.push(format!("{value} AS {}", quote(&format!("__new_{k}"))));
+    }
+    let rows = select_rows(db, &desc, &update.table, &extra, update.selection.as_ref()).await?;
+    let n_stored = desc.schema.fields().len();
+    let old = rows
+        .project(&(0..n_stored).collect::<Vec<_>>())
+        .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let new_columns: Vec<ArrayRef> = (0..n_stored)
+        .map(|i| match assigned[i] {
+            Some(k) => rows.column(n_stored + k).clone(),
+            None => rows.column(i).clone(),
+        })
+        .collect();
+    let new = stored_batch(&desc, new_columns)?;
+    let n = old.num_rows();
+    let both = concat_batches(&desc.schema, [&old, &new])
+        .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let ops: Vec<Op> = std::iter::repeat_n(Op::UpdateDelete, n)
+        .chain(std::iter::repeat_n(Op::UpdateInsert, n))
+        .collect();
+    apply(db, desc.id, Chunk::with_ops(&ops, both)).await?;
+    Ok(QueryResult::Command {
+        tag: "UPDATE".into(),
+        rows: Some(n),
+    })
+}
+
+/// `DELETE FROM t [WHERE …]`.
+pub async fn delete(db: &Arc<Database>, delete: Delete) -> Result<QueryResult> {
+    if !delete.tables.is_empty()
+        || delete.using.is_some()
+        || delete.returning.is_some()
+        || delete.limit.is_some()
+    {
+        return Err(ServerError::unsupported(
+            "DELETE … USING / RETURNING / LIMIT",
+        ));
+    }
+    let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &delete.from;
+    let [relation] = from.as_slice() else {
+        return Err(ServerError::unsupported("DELETE from several tables"));
+    };
+    let name = single_table(relation, "DELETE")?;
+    let desc = target(db, &name, "delete from")?;
+    let rows = select_rows(db, &desc, relation, &[], delete.selection.as_ref()).await?;
+    let n = rows.num_rows();
+    let ops = vec![Op::Delete; n];
+    apply(db, desc.id, Chunk::with_ops(&ops, rows)).await?;
+    Ok(QueryResult::Command {
+        tag: "DELETE".into(),
+        rows: Some(n),
+    })
+}

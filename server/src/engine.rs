@@ -1,0 +1,248 @@
+//! The database: catalog, cluster and the dispatch of every statement.
+//!
+//! `execute` is the top of the path a statement takes through Weir (see
+//! `docs/architecture.md`): DDL changes the catalog and submits or cancels
+//! jobs, DML writes table changelogs, queries run on DataFusion over
+//! consistent snapshots.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cluster::{ClusterConfig, MiniCluster};
+use datafusion::arrow::array::{RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Set, Statement, Value};
+
+use crate::catalog::{Catalog, Entry, table_desc};
+use crate::error::{Result, ServerError};
+use crate::session::Session;
+use crate::stmt::Stmt;
+use crate::{ddl, dml, query};
+
+/// What a statement returns.
+#[derive(Debug)]
+pub enum QueryResult {
+    Rows {
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    },
+    Command {
+        tag: String,
+        rows: Option<usize>,
+    },
+}
+
+impl QueryResult {
+    pub fn command(tag: &str) -> Self {
+        QueryResult::Command {
+            tag: tag.to_string(),
+            rows: None,
+        }
+    }
+
+    /// A one-text-column result.
+    pub fn text(column: &str, lines: Vec<String>) -> Result<Self> {
+        Self::texts(&[column], lines.into_iter().map(|l| vec![l]).collect())
+    }
+
+    /// Rows of text columns.
+    pub fn texts(columns: &[&str], rows: Vec<Vec<String>>) -> Result<Self> {
+        let schema = Arc::new(Schema::new(
+            columns
+                .iter()
+                .map(|c| Field::new(*c, DataType::Utf8, true))
+                .collect::<Vec<_>>(),
+        ));
+        let arrays = (0..columns.len())
+            .map(|i| {
+                Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|r| r[i].as_str()),
+                )) as _
+            })
+            .collect();
+        let batch = RecordBatch::try_new(schema.clone(), arrays)
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
+        Ok(QueryResult::Rows {
+            schema,
+            batches: vec![batch],
+        })
+    }
+}
+
+/// A running Weir database.
+#[derive(Debug)]
+pub struct Database {
+    pub catalog: Catalog,
+    pub cluster: MiniCluster,
+    /// DDL statements run one at a time.
+    pub(crate) ddl_lock: tokio::sync::Mutex<()>,
+    pub default_parallelism: usize,
+}
+
+impl Database {
+    /// Opens the data directory: catalog, tables, and a job for every
+    /// materialized view, restored from its last committed checkpoint.
+    pub async fn open(data_dir: &Path, config: ClusterConfig) -> Result<Arc<Self>> {
+        let default_parallelism = config.slots_per_task_manager;
+        let cluster = MiniCluster::start(data_dir, config).await?;
+        let catalog = Catalog::load(cluster.meta.clone())?;
+        let db = Arc::new(Self {
+            catalog,
+            cluster,
+            ddl_lock: tokio::sync::Mutex::new(()),
+            default_parallelism,
+        });
+        for entry in db.catalog.all() {
+            match &entry {
+                Entry::Table { .. } => db.cluster.tables.open_table(table_desc(&entry)?)?,
+                Entry::MaterializedView { .. } => {
+                    if let Err(e) = ddl::start_view_job(&db, &entry).await {
+                        tracing::error!(view = entry.name(), error = %e, "materialized view could not be restarted");
+                    }
+                }
+                Entry::View { .. } => {}
+            }
+        }
+        tracing::info!(objects = db.catalog.all().len(), "catalog restored");
+        Ok(db)
+    }
+
+    /// Stops every job (keeping its state).
+    pub async fn shutdown(&self) {
+        self.cluster.job_manager.shutdown().await;
+    }
+
+    /// Runs one statement.
+    pub async fn execute(
+        self: &Arc<Self>,
+        session: &mut Session,
+        stmt: Stmt,
+    ) -> Result<QueryResult> {
+        match stmt {
+            Stmt::Empty => Ok(QueryResult::command("")),
+            Stmt::Flush => {
+                self.flush().await?;
+                Ok(QueryResult::command("FLUSH"))
+            }
+            Stmt::ShowMaterializedViews => query::show_objects(self, "materialized view"),
+            Stmt::ShowViews => query::show_objects(self, "view"),
+            Stmt::ShowJobs => query::show_jobs(self),
+            Stmt::Sql(s) => self.execute_sql(session, *s).await,
+        }
+    }
+
+    async fn execute_sql(
+        self: &Arc<Self>,
+        session: &mut Session,
+        s: Statement,
+    ) -> Result<QueryResult> {
+        match s {
+            Statement::Query(q) => query::select(self, *q).await,
+            Statement::Insert(insert) => dml::insert(self, insert).await,
+            Statement::Update(update) => dml::update(self, update).await,
+            Statement::Delete(delete) => dml::delete(self, delete).await,
+            Statement::CreateTable(ct) => ddl::create_table(self, ct).await,
+            Statement::CreateView(cv) => ddl::create_view(self, session, cv).await,
+            Statement::Drop {
+                object_type,
+                if_exists,
+                names,
+                cascade,
+                ..
+            } => ddl::drop(self, object_type, if_exists, names, cascade).await,
+            Statement::Explain {
+                statement, analyze, ..
+            } => match *statement {
+                Statement::CreateView(cv) if cv.materialized => {
+                    ddl::explain_view(self, session, cv).await
+                }
+                Statement::Query(q) if !analyze => query::explain(self, *q).await,
+                other => Err(ServerError::unsupported(format!(
+                    "EXPLAIN of {}",
+                    leading_words(&other.to_string())
+                ))),
+            },
+            Statement::ShowTables { .. } => query::show_objects(self, "table"),
+            Statement::ShowVariable { variable } => {
+                let name = variable
+                    .iter()
+                    .map(|i| i.value.clone())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let name = if name.eq_ignore_ascii_case("transaction isolation level") {
+                    "transaction_isolation".to_string()
+                } else {
+                    name
+                };
+                QueryResult::text(&name.to_lowercase(), vec![session.get(&name)?])
+            }
+            Statement::Set(set) => set_variable(session, set),
+            Statement::StartTransaction { .. } => Ok(QueryResult::command("BEGIN")),
+            Statement::Commit { .. } => Ok(QueryResult::command("COMMIT")),
+            Statement::Rollback { .. } => Ok(QueryResult::command("ROLLBACK")),
+            other => Err(ServerError::unsupported(format!(
+                "the statement {}",
+                leading_words(&other.to_string())
+            ))),
+        }
+    }
+
+    /// `FLUSH`: every write acknowledged so far is visible in every view.
+    pub async fn flush(&self) -> Result<()> {
+        let mut targets = std::collections::HashMap::new();
+        for entry in self.catalog.all() {
+            if let Entry::Table { id, .. } = entry {
+                targets.insert(id, self.cluster.tables.last_seq(id)?);
+            }
+        }
+        Ok(self.cluster.job_manager.flush(&targets).await?)
+    }
+}
+
+/// The first words of a statement, to name it in errors.
+fn leading_words(sql: &str) -> String {
+    sql.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn set_variable(session: &mut Session, set: Set) -> Result<QueryResult> {
+    match set {
+        Set::SingleAssignment {
+            variable, values, ..
+        } => {
+            let name = variable.to_string();
+            let value = values
+                .iter()
+                .map(|v| match v {
+                    SqlExpr::Value(v) => match &v.value {
+                        Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                    SqlExpr::Identifier(i) => i.value.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            session.set(&name, &value)?;
+            Ok(QueryResult::command("SET"))
+        }
+        Set::SetTimeZone { value, .. } => {
+            let v = match value {
+                SqlExpr::Value(v) => match v.value {
+                    Value::SingleQuotedString(s) => s,
+                    other => other.to_string(),
+                },
+                other => other.to_string(),
+            };
+            session.set("timezone", &v)?;
+            Ok(QueryResult::command("SET"))
+        }
+        Set::SetNames { charset_name, .. } => {
+            session.set("client_encoding", &charset_name.to_string())?;
+            Ok(QueryResult::command("SET"))
+        }
+        // SET SESSION CHARACTERISTICS, SET TRANSACTION: every statement is
+        // its own serializable transaction already.
+        Set::SetTransaction { .. } => Ok(QueryResult::command("SET")),
+        other => Err(ServerError::unsupported(format!("{other}"))),
+    }
+}

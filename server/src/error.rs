@@ -1,0 +1,257 @@
+//! The one place where errors become Postgres errors: every failure of every
+//! layer maps to a SQLSTATE here, and the session goes on.
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::common::SchemaError;
+use datafusion::error::DataFusionError;
+use pgwire::error::{ErrorInfo, PgWireError};
+
+/// An error answered to a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Syntax(String),
+    #[error("{0}")]
+    UndefinedTable(String),
+    #[error("{0}")]
+    UndefinedColumn(String),
+    #[error("{0}")]
+    UndefinedFunction(String),
+    #[error("{0}")]
+    DuplicateObject(String),
+    #[error("{0}")]
+    DuplicateColumn(String),
+    #[error("{0}")]
+    DependentObjects(String),
+    #[error("{0} is not supported")]
+    Unsupported(String),
+    #[error("{0}")]
+    DatatypeMismatch(String),
+    #[error("{0}")]
+    UniqueViolation(String),
+    #[error("{0}")]
+    NotNullViolation(String),
+    #[error("{0}")]
+    InvalidText(String),
+    #[error("division by zero")]
+    DivisionByZero,
+    #[error("{0}")]
+    NumericOutOfRange(String),
+    #[error("{0}")]
+    InvalidParameter(String),
+    #[error("{0}")]
+    InsufficientResources(String),
+    #[error("{0}")]
+    InvalidDatabase(String),
+    #[error("{0}")]
+    InvalidRole(String),
+    #[error("{0}")]
+    WrongObjectType(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = ServerError> = std::result::Result<T, E>;
+
+impl ServerError {
+    /// The Postgres SQLSTATE.
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            ServerError::Syntax(_) => "42601",
+            ServerError::UndefinedTable(_) => "42P01",
+            ServerError::UndefinedColumn(_) => "42703",
+            ServerError::UndefinedFunction(_) => "42883",
+            ServerError::DuplicateObject(_) => "42P07",
+            ServerError::DuplicateColumn(_) => "42701",
+            ServerError::DependentObjects(_) => "2BP01",
+            ServerError::Unsupported(_) => "0A000",
+            ServerError::DatatypeMismatch(_) => "42804",
+            ServerError::UniqueViolation(_) => "23505",
+            ServerError::NotNullViolation(_) => "23502",
+            ServerError::InvalidText(_) => "22P02",
+            ServerError::DivisionByZero => "22012",
+            ServerError::NumericOutOfRange(_) => "22003",
+            ServerError::InvalidParameter(_) => "22023",
+            ServerError::InsufficientResources(_) => "53000",
+            ServerError::InvalidDatabase(_) => "3D000",
+            ServerError::InvalidRole(_) => "28000",
+            ServerError::WrongObjectType(_) => "42809",
+            ServerError::Internal(_) => "XX000",
+        }
+    }
+
+    pub fn unsupported(what: impl Into<String>) -> Self {
+        ServerError::Unsupported(what.into())
+    }
+
+    /// As a pgwire error response.
+    pub fn into_pgwire(self) -> PgWireError {
+        PgWireError::UserError(Box::new(self.into_error_info()))
+    }
+
+    pub fn into_error_info(self) -> ErrorInfo {
+        ErrorInfo::new(
+            "ERROR".to_owned(),
+            self.sqlstate().to_owned(),
+            self.to_string(),
+        )
+    }
+}
+
+impl From<ServerError> for PgWireError {
+    fn from(e: ServerError) -> Self {
+        e.into_pgwire()
+    }
+}
+
+fn from_arrow(e: &ArrowError) -> ServerError {
+    match e {
+        ArrowError::DivideByZero => ServerError::DivisionByZero,
+        ArrowError::CastError(m) | ArrowError::ParseError(m) => ServerError::InvalidText(m.clone()),
+        ArrowError::ArithmeticOverflow(m) => ServerError::NumericOutOfRange(m.clone()),
+        ArrowError::ComputeError(m) if m.contains("Overflow") || m.contains("overflow") => {
+            ServerError::NumericOutOfRange(m.clone())
+        }
+        ArrowError::InvalidArgumentError(m) if m.contains("non-nullable") => {
+            ServerError::NotNullViolation(m.clone())
+        }
+        other => ServerError::Internal(other.to_string()),
+    }
+}
+
+impl From<DataFusionError> for ServerError {
+    fn from(e: DataFusionError) -> Self {
+        let root = e.find_root();
+        match root {
+            DataFusionError::SQL(p, _) => ServerError::Syntax(p.to_string()),
+            DataFusionError::ArrowError(a, _) => from_arrow(a),
+            DataFusionError::SchemaError(s, _) => match s.as_ref() {
+                SchemaError::FieldNotFound { .. } => {
+                    ServerError::UndefinedColumn(strip(&root.to_string()))
+                }
+                SchemaError::AmbiguousReference { .. } => {
+                    ServerError::Syntax(strip(&root.to_string()))
+                }
+                _ => ServerError::DuplicateColumn(strip(&root.to_string())),
+            },
+            DataFusionError::NotImplemented(m) => ServerError::Unsupported(m.clone()),
+            DataFusionError::Plan(m) => classify_plan(m),
+            DataFusionError::Execution(m) => classify_execution(m),
+            DataFusionError::ResourcesExhausted(m) => ServerError::InsufficientResources(m.clone()),
+            DataFusionError::External(inner) => {
+                if let Some(se) = inner.downcast_ref::<ServerError>() {
+                    return ServerError::Internal(se.to_string());
+                }
+                ServerError::Internal(root.to_string())
+            }
+            other => ServerError::Internal(strip(&other.to_string())),
+        }
+    }
+}
+
+/// Drops DataFusion's "Error during planning: " style prefixes.
+fn strip(m: &str) -> String {
+    for prefix in [
+        "Error during planning: ",
+        "Schema error: ",
+        "Execution error: ",
+        "Arrow error: ",
+    ] {
+        if let Some(rest) = m.strip_prefix(prefix) {
+            return rest.to_string();
+        }
+    }
+    m.to_string()
+}
+
+fn classify_plan(m: &str) -> ServerError {
+    let lower = m.to_lowercase();
+    if lower.contains("table") && lower.contains("not found") {
+        ServerError::UndefinedTable(m.to_string())
+    } else if lower.contains("invalid function") || lower.contains("unknown function") {
+        ServerError::UndefinedFunction(m.to_string())
+    } else if lower.contains("no function matches")
+        || lower.contains("coercion")
+        || lower.contains("cannot infer common")
+        || lower.contains("failed to coerce")
+        || lower.contains("does not support")
+        || lower.contains("cannot be cast")
+    {
+        ServerError::UndefinedFunction(m.to_string())
+    } else if lower.contains("unsupported") || lower.contains("not supported") {
+        ServerError::Unsupported(m.to_string())
+    } else if lower.contains("must appear in the group by")
+        || lower.contains("projection references non-aggregate")
+    {
+        ServerError::Syntax(m.to_string())
+    } else {
+        ServerError::Syntax(m.to_string())
+    }
+}
+
+fn classify_execution(m: &str) -> ServerError {
+    let lower = m.to_lowercase();
+    if lower.contains("divide by zero") || lower.contains("division by zero") {
+        ServerError::DivisionByZero
+    } else if lower.contains("overflow") {
+        ServerError::NumericOutOfRange(m.to_string())
+    } else if lower.contains("cast") || lower.contains("parse") {
+        ServerError::InvalidText(m.to_string())
+    } else {
+        ServerError::Internal(m.to_string())
+    }
+}
+
+impl From<storage::StorageError> for ServerError {
+    fn from(e: storage::StorageError) -> Self {
+        use storage::StorageError as S;
+        match e {
+            S::DuplicateKey { .. } => ServerError::UniqueViolation(e.to_string()),
+            S::NullValue(_) => ServerError::NotNullViolation(e.to_string()),
+            S::Arrow(a) => from_arrow(&a),
+            other => ServerError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<planner::PlanError> for ServerError {
+    fn from(e: planner::PlanError) -> Self {
+        match e {
+            planner::PlanError::Unsupported(m) => ServerError::Unsupported(m),
+            planner::PlanError::DataFusion(d) => d.into(),
+            planner::PlanError::Internal(m) => ServerError::Internal(m),
+        }
+    }
+}
+
+impl From<executor::ExecError> for ServerError {
+    fn from(e: executor::ExecError) -> Self {
+        use executor::ExecError as E;
+        match e {
+            E::Unsupported(m) => ServerError::Unsupported(m),
+            E::DataFusion(d) => d.into(),
+            E::Storage(s) => s.into(),
+            E::Arrow(a) => from_arrow(&a),
+            other => ServerError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<cluster::ClusterError> for ServerError {
+    fn from(e: cluster::ClusterError) -> Self {
+        use cluster::ClusterError as C;
+        match e {
+            C::NotEnoughSlots { .. } => ServerError::InsufficientResources(e.to_string()),
+            C::Exec(x) => x.into(),
+            C::Storage(s) => s.into(),
+            C::Plan(p) => p.into(),
+            other => ServerError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<datafusion::sql::sqlparser::parser::ParserError> for ServerError {
+    fn from(e: datafusion::sql::sqlparser::parser::ParserError) -> Self {
+        ServerError::Syntax(e.to_string())
+    }
+}

@@ -1,0 +1,362 @@
+//! The pgwire front end: one [`Connection`] per client socket, serving the
+//! simple and the extended query protocol over a [`Session`].
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::sql::sqlparser::ast::Statement;
+use futures::{FutureExt, Sink, stream};
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use tokio::net::TcpListener;
+
+use crate::context::{Mode, context, plan_statement};
+use crate::engine::{Database, QueryResult};
+use crate::error::{Result, ServerError};
+use crate::params;
+use crate::session::Session;
+use crate::stmt::{self, Stmt};
+
+/// The user and the database clients connect as.
+pub const USER: &str = "weir";
+pub const DATABASE: &str = "weir";
+
+/// A statement prepared by the extended protocol.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    stmt: Stmt,
+    /// Types of `$1`, `$2`, …
+    param_types: Vec<Type>,
+    /// Columns of the result, for queries.
+    schema: Option<SchemaRef>,
+}
+
+/// Parses and describes statements for the extended protocol.
+#[derive(Debug)]
+pub struct Parser {
+    db: Arc<Database>,
+}
+
+impl Parser {
+    async fn prepare(&self, sql: &str, client_types: &[Option<Type>]) -> Result<Option<Prepared>> {
+        let mut stmts = stmt::parse(sql)?;
+        if stmts.len() > 1 {
+            return Err(ServerError::Syntax(
+                "cannot insert multiple commands into a prepared statement".into(),
+            ));
+        }
+        let Some(stmt) = stmts.pop() else {
+            return Ok(None);
+        };
+        let mut param_types = Vec::new();
+        let mut schema = None;
+        if let Stmt::Sql(s) = &stmt {
+            let names = stmt::placeholders(s);
+            let planned = match s.as_ref() {
+                Statement::Query(q) => {
+                    let mut q = q.clone();
+                    stmt::apply_pg_names(&mut q);
+                    Some(Statement::Query(q))
+                }
+                Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_)
+                    if !names.is_empty() =>
+                {
+                    Some(s.as_ref().clone())
+                }
+                _ => None,
+            };
+            let mut inferred = HashMap::new();
+            if let Some(planned) = planned {
+                let is_query = matches!(planned, Statement::Query(_));
+                let ctx = context(&self.db, Mode::Batch).await?;
+                match plan_statement(&ctx, planned).await {
+                    Ok(plan) => {
+                        if is_query {
+                            schema = Some(plan.schema().inner().clone());
+                        }
+                        inferred = plan.get_parameter_types().unwrap_or_default();
+                    }
+                    // A query must plan; DML may still run without inference.
+                    Err(e) if is_query => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            let count = names
+                .iter()
+                .filter_map(|n| n.trim_start_matches('$').parse::<usize>().ok())
+                .max()
+                .unwrap_or(0)
+                .max(client_types.len());
+            for i in 0..count {
+                let from_client = client_types
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .filter(|t| *t != Type::UNKNOWN);
+                let t = from_client.unwrap_or_else(|| {
+                    inferred
+                        .get(&format!("${}", i + 1))
+                        .cloned()
+                        .flatten()
+                        .and_then(|dt| into_pg_type(&dt).ok())
+                        .unwrap_or(Type::TEXT)
+                });
+                param_types.push(t);
+            }
+        }
+        Ok(Some(Prepared {
+            stmt,
+            param_types,
+            schema,
+        }))
+    }
+}
+
+fn fields(schema: &SchemaRef, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
+    arrow_schema_to_pg_fields(schema, format, None)
+}
+
+#[async_trait]
+impl QueryParser for Parser {
+    type Statement = Prepared;
+
+    async fn parse_sql<C>(
+        &self,
+        _client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Prepared>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        Ok(self.prepare(sql, types).await?)
+    }
+
+    fn get_parameter_types(&self, stmt: &Prepared) -> PgWireResult<Vec<Type>> {
+        Ok(stmt.param_types.clone())
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Prepared,
+        format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        match &stmt.schema {
+            Some(schema) => fields(schema, format.unwrap_or(&Format::UnifiedText)),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// One client connection.
+#[derive(Debug)]
+pub struct Connection {
+    db: Arc<Database>,
+    session: tokio::sync::Mutex<Session>,
+    parser: Arc<Parser>,
+}
+
+impl Connection {
+    pub fn new(db: Arc<Database>) -> Self {
+        let session = Session::new(db.default_parallelism);
+        Self {
+            parser: Arc::new(Parser { db: db.clone() }),
+            db,
+            session: tokio::sync::Mutex::new(session),
+        }
+    }
+
+    /// Runs one statement; a panic becomes an error, never a dead server.
+    async fn run(&self, stmt: Stmt) -> Result<QueryResult> {
+        let mut session = self.session.lock().await;
+        let fut = self.db.execute(&mut session, stmt);
+        match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+            Ok(r) => r,
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                tracing::error!(panic = %msg, "statement panicked");
+                Err(ServerError::Internal(format!("internal error: {msg}")))
+            }
+        }
+    }
+}
+
+fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
+    match result {
+        QueryResult::Rows { schema, batches } => {
+            let fields = Arc::new(fields(&schema, format)?);
+            let mut rows = Vec::new();
+            for batch in batches {
+                rows.extend(encode_recordbatch(fields.clone(), batch));
+            }
+            Ok(Response::Query(QueryResponse::new(
+                fields,
+                stream::iter(rows),
+            )))
+        }
+        QueryResult::Command { tag, rows } => {
+            let t = match tag.as_str() {
+                "BEGIN" => return Ok(Response::TransactionStart(Tag::new("BEGIN"))),
+                "COMMIT" | "ROLLBACK" => return Ok(Response::TransactionEnd(Tag::new(&tag))),
+                "" => return Ok(Response::EmptyQuery),
+                "INSERT" => Tag::new("INSERT").with_oid(0),
+                _ => Tag::new(&tag),
+            };
+            Ok(Response::Execution(match rows {
+                Some(n) => t.with_rows(n),
+                None => t,
+            }))
+        }
+    }
+}
+
+#[async_trait]
+impl NoopStartupHandler for Connection {
+    async fn post_startup<C>(
+        &self,
+        client: &mut C,
+        _message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let meta = client.metadata();
+        let user = meta.get("user").cloned().unwrap_or_default();
+        let database = meta
+            .get("database")
+            .cloned()
+            .unwrap_or_else(|| user.clone());
+        if user != USER {
+            return Err(ServerError::InvalidRole(format!("role \"{user}\" does not exist")).into());
+        }
+        if database != DATABASE {
+            return Err(ServerError::InvalidDatabase(format!(
+                "database \"{database}\" does not exist"
+            ))
+            .into());
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Connection {
+    async fn do_query<C>(&self, _client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let stmts = match stmt::parse(query) {
+            Ok(s) => s,
+            Err(e) => return Ok(vec![Response::Error(Box::new(e.into_error_info()))]),
+        };
+        let mut out = Vec::with_capacity(stmts.len());
+        for s in stmts {
+            match self.run(s).await {
+                Ok(r) => out.push(to_response(r, &Format::UnifiedText)?),
+                Err(e) => {
+                    // Postgres stops at the first failing statement.
+                    out.push(Response::Error(Box::new(e.into_error_info())));
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Connection {
+    type Statement = Prepared;
+    type QueryParser = Parser;
+
+    fn query_parser(&self) -> Arc<Parser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(
+        &self,
+        _client: &mut C,
+        portal: &Portal<Prepared>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let prepared = &portal.statement.statement;
+        let mut stmt = prepared.stmt.clone();
+        if let Stmt::Sql(s) = &mut stmt {
+            let mut values = HashMap::new();
+            for (i, t) in prepared.param_types.iter().enumerate() {
+                values.insert(format!("${}", i + 1), params::literal(portal, i, t)?);
+            }
+            stmt::bind(s, &values)?;
+        }
+        let result = self.run(stmt).await?;
+        to_response(result, &portal.result_column_format)
+    }
+}
+
+/// The handlers of one connection.
+struct Handlers(Arc<Connection>);
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.0.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.0.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        self.0.clone()
+    }
+}
+
+/// Accepts clients until `shutdown` resolves.
+pub async fn serve(
+    db: Arc<Database>,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let handlers = Handlers(Arc::new(Connection::new(db.clone())));
+                    tokio::spawn(async move {
+                        if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "accept failed"),
+            },
+            _ = &mut shutdown => break,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Queries: `SELECT` runs on DataFusion over tables' current rows and views'
+//! state at their latest committed checkpoint; `SHOW` and `EXPLAIN`.
+
+use std::sync::Arc;
+
+use datafusion::sql::sqlparser::ast::{Query, Statement};
+
+use crate::context::{Mode, context, plan_statement};
+use crate::engine::{Database, QueryResult};
+use crate::error::Result;
+use crate::stmt::apply_pg_names;
+
+/// `SELECT …`.
+pub async fn select(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
+    apply_pg_names(&mut q);
+    let ctx = context(db, Mode::Batch).await?;
+    let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
+    let schema = plan.schema().inner().clone();
+    let batches = ctx.execute_logical_plan(plan).await?.collect().await?;
+    Ok(QueryResult::Rows { schema, batches })
+}
+
+/// `EXPLAIN SELECT …`: DataFusion's logical and physical plans.
+pub async fn explain(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
+    apply_pg_names(&mut q);
+    let ctx = context(db, Mode::Batch).await?;
+    let sql = format!("EXPLAIN {q}");
+    let df = ctx.sql(&sql).await?;
+    let schema = df.schema().inner().clone();
+    let batches = df.collect().await?;
+    Ok(QueryResult::Rows { schema, batches })
+}
+
+/// `SHOW TABLES`, `SHOW VIEWS`, `SHOW MATERIALIZED VIEWS`.
+pub fn show_objects(db: &Arc<Database>, kind: &str) -> Result<QueryResult> {
+    let mut names: Vec<String> = db
+        .catalog
+        .all()
+        .into_iter()
+        .filter(|e| e.kind() == kind)
+        .map(|e| e.name().to_string())
+        .collect();
+    names.sort();
+    QueryResult::text("Name", names)
+}
+
+/// `SHOW JOBS`: every view's job and where its subtasks run.
+pub fn show_jobs(db: &Arc<Database>) -> Result<QueryResult> {
+    let rows = db
+        .cluster
+        .job_manager
+        .jobs()
+        .into_iter()
+        .map(|j| {
+            let view = db
+                .catalog
+                .get(j.job)
+                .map(|e| e.name().to_string())
+                .unwrap_or_default();
+            let subtasks: Vec<String> = j
+                .subtasks
+                .iter()
+                .map(|(vertex, i, slot, state)| format!("{vertex}#{i}@{slot}:{state}"))
+                .collect();
+            vec![
+                j.job.to_string(),
+                view,
+                j.state,
+                j.last_checkpoint.to_string(),
+                subtasks.join(" "),
+            ]
+        })
+        .collect();
+    QueryResult::texts(
+        &["job", "view", "state", "last_checkpoint", "subtasks"],
+        rows,
+    )
+}

@@ -1,0 +1,90 @@
+//! Per-connection settings.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Result, ServerError};
+
+/// What `SET` changes for one connection.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Parallelism of the stateful operators of views created later.
+    pub streaming_parallelism: usize,
+    /// Whether views created later may chain operators.
+    pub streaming_chaining: bool,
+    /// Other settings, kept so that `SHOW` answers what `SET` said.
+    pub vars: BTreeMap<String, String>,
+}
+
+impl Session {
+    pub fn new(default_parallelism: usize) -> Self {
+        let vars = [
+            ("application_name", ""),
+            ("client_encoding", "UTF8"),
+            ("datestyle", "ISO, MDY"),
+            ("extra_float_digits", "1"),
+            ("intervalstyle", "postgres"),
+            ("search_path", "public"),
+            ("server_encoding", "UTF8"),
+            ("server_version", crate::SERVER_VERSION),
+            ("standard_conforming_strings", "on"),
+            ("timezone", "UTC"),
+            ("transaction_isolation", "serializable"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Self {
+            streaming_parallelism: default_parallelism,
+            streaming_chaining: true,
+            vars,
+        }
+    }
+
+    /// `SET name = value`.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let name = name.to_lowercase();
+        match name.as_str() {
+            "streaming_parallelism" => {
+                let p: usize = value.parse().ok().filter(|p| (1..=128).contains(p)).ok_or_else(|| {
+                    ServerError::InvalidParameter(format!(
+                        "invalid value for parameter \"streaming_parallelism\": \"{value}\" (an integer from 1 to 128)"
+                    ))
+                })?;
+                self.streaming_parallelism = p;
+            }
+            "streaming_chaining" => {
+                self.streaming_chaining = parse_bool(value).ok_or_else(|| {
+                    ServerError::InvalidParameter(format!(
+                        "parameter \"streaming_chaining\" requires a Boolean value, not \"{value}\""
+                    ))
+                })?;
+            }
+            _ => {
+                self.vars.insert(name, value.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// `SHOW name`.
+    pub fn get(&self, name: &str) -> Result<String> {
+        let name = name.to_lowercase();
+        match name.as_str() {
+            "streaming_parallelism" => Ok(self.streaming_parallelism.to_string()),
+            "streaming_chaining" => Ok(if self.streaming_chaining { "on" } else { "off" }.into()),
+            _ => self.vars.get(&name).cloned().ok_or_else(|| {
+                ServerError::InvalidParameter(format!(
+                    "unrecognized configuration parameter \"{name}\""
+                ))
+            }),
+        }
+    }
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" | "t" => Some(true),
+        "off" | "false" | "no" | "0" | "f" => Some(false),
+        _ => None,
+    }
+}

@@ -1,0 +1,284 @@
+//! Statements as the server sees them: SQL parsed by DataFusion's
+//! sqlparser (PostgreSQL dialect), plus the few statements of Weir's own
+//! (`FLUSH`, `SHOW MATERIALIZED VIEWS`, `SHOW JOBS`).
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, Ident, Query, SelectItem, SetExpr, Statement, Value, visit_expressions,
+    visit_expressions_mut,
+};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Token;
+
+use crate::error::{Result, ServerError};
+
+/// One statement.
+#[derive(Debug, Clone)]
+pub enum Stmt {
+    Sql(Box<Statement>),
+    /// Wait until every write so far is visible in every view.
+    Flush,
+    ShowMaterializedViews,
+    ShowViews,
+    ShowJobs,
+    /// An empty statement (only a semicolon).
+    Empty,
+}
+
+fn is_word(t: &Token, word: &str) -> bool {
+    matches!(t, Token::Word(w) if w.value.eq_ignore_ascii_case(word))
+}
+
+/// Parses a query string into its statements.
+pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
+    let dialect = PostgreSqlDialect {};
+    let mut parser = Parser::new(&dialect).try_with_sql(sql)?;
+    let mut out = Vec::new();
+    loop {
+        while parser.consume_token(&Token::SemiColon) {}
+        if parser.peek_token().token == Token::EOF {
+            break;
+        }
+        let [a, b, c] = parser.peek_tokens::<3>();
+        let stmt = if is_word(&a, "flush") && matches!(b, Token::SemiColon | Token::EOF) {
+            parser.next_token();
+            Stmt::Flush
+        } else if is_word(&a, "show") && is_word(&b, "materialized") && is_word(&c, "views") {
+            for _ in 0..3 {
+                parser.next_token();
+            }
+            Stmt::ShowMaterializedViews
+        } else if is_word(&a, "show")
+            && is_word(&b, "views")
+            && matches!(c, Token::SemiColon | Token::EOF)
+        {
+            parser.next_token();
+            parser.next_token();
+            Stmt::ShowViews
+        } else if is_word(&a, "show") && is_word(&b, "jobs") {
+            parser.next_token();
+            parser.next_token();
+            Stmt::ShowJobs
+        } else {
+            Stmt::Sql(Box::new(parser.parse_statement()?))
+        };
+        out.push(stmt);
+        if parser.peek_token().token != Token::EOF && !parser.consume_token(&Token::SemiColon) {
+            let t = parser.peek_token();
+            return Err(ServerError::Syntax(format!(
+                "syntax error at or near \"{}\"",
+                t.token
+            )));
+        }
+        let _ = Keyword::NoKeyword;
+    }
+    Ok(out)
+}
+
+/// Names of the placeholders (`$1`, …) in a statement, in order of number.
+pub fn placeholders(stmt: &Statement) -> Vec<String> {
+    let mut found = Vec::new();
+    let _ = visit_expressions(stmt, |e| {
+        if let SqlExpr::Value(v) = e
+            && let Value::Placeholder(p) = &v.value
+            && !found.contains(p)
+        {
+            found.push(p.clone());
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    found.sort_by_key(|p| {
+        p.trim_start_matches('$')
+            .parse::<usize>()
+            .unwrap_or(usize::MAX)
+    });
+    found
+}
+
+/// Replaces `$n` with the given SQL expressions (literals).
+pub fn bind(stmt: &mut Statement, values: &HashMap<String, SqlExpr>) -> Result<()> {
+    let mut missing = None;
+    let _ = visit_expressions_mut(stmt, |e| {
+        if let SqlExpr::Value(v) = e
+            && let Value::Placeholder(p) = &v.value
+        {
+            match values.get(p) {
+                Some(lit) => *e = lit.clone(),
+                None => missing = Some(p.clone()),
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    match missing {
+        Some(p) => Err(ServerError::InvalidParameter(format!(
+            "there is no parameter {p}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The column name Postgres gives an unnamed select item, when it differs
+/// from DataFusion's: the function's name for a call, the column's name
+/// through a cast, `?column?` for other expressions.
+fn pg_name(e: &SqlExpr) -> Option<String> {
+    match e {
+        SqlExpr::Identifier(_) | SqlExpr::CompoundIdentifier(_) => None,
+        SqlExpr::Function(f) => f
+            .name
+            .0
+            .last()
+            .and_then(|p| p.as_ident())
+            .map(|i| i.value.to_lowercase()),
+        SqlExpr::Cast { expr, .. } => match expr.as_ref() {
+            SqlExpr::Identifier(i) => Some(i.value.clone()),
+            SqlExpr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
+            inner => pg_name(inner),
+        },
+        SqlExpr::Nested(inner) => pg_name(inner),
+        SqlExpr::Case { .. } => Some("case".into()),
+        SqlExpr::Exists { .. } => Some("exists".into()),
+        _ => Some("?column?".into()),
+    }
+}
+
+/// Gives the top-level select items the names Postgres would, wherever that
+/// keeps the names unique.
+pub fn apply_pg_names(query: &mut Query) {
+    let SetExpr::Select(select) = query.body.as_mut() else {
+        return;
+    };
+    let mut candidates: Vec<Option<String>> = select
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => pg_name(e),
+            _ => None,
+        })
+        .collect();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for (item, cand) in select.projection.iter().zip(&candidates) {
+        let name = match (item, cand) {
+            (_, Some(n)) => Some(n.clone()),
+            (SelectItem::ExprWithAlias { alias, .. }, _) => Some(alias.value.clone()),
+            (SelectItem::UnnamedExpr(SqlExpr::Identifier(i)), _) => Some(i.value.clone()),
+            _ => None,
+        };
+        if let Some(n) = name {
+            *counts.entry(n).or_default() += 1;
+        }
+    }
+    for cand in candidates.iter_mut() {
+        if cand
+            .as_ref()
+            .is_some_and(|n| counts.get(n).copied().unwrap_or(0) > 1)
+        {
+            *cand = None;
+        }
+    }
+    for (item, cand) in select.projection.iter_mut().zip(candidates) {
+        if let (SelectItem::UnnamedExpr(e), Some(name)) = (&*item, cand) {
+            *item = SelectItem::ExprWithAlias {
+                expr: e.clone(),
+                alias: Ident::with_quote('"', name),
+            };
+        }
+    }
+}
+
+/// The lower-cased (unless quoted) last part of an object name.
+pub fn object_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<String> {
+    let parts: Vec<&Ident> = name.0.iter().filter_map(|p| p.as_ident()).collect();
+    let normalize = |i: &Ident| {
+        if i.quote_style.is_some() {
+            i.value.clone()
+        } else {
+            i.value.to_lowercase()
+        }
+    };
+    match parts.as_slice() {
+        [n] => Ok(normalize(n)),
+        [schema, n] if normalize(schema) == "public" => Ok(normalize(n)),
+        [_, _, n] => Ok(normalize(n)),
+        [schema, _] => Err(ServerError::InvalidParameter(format!(
+            "schema \"{}\" does not exist",
+            normalize(schema)
+        ))),
+        _ => Err(ServerError::Syntax(format!(
+            "improper qualified name: {name}"
+        ))),
+    }
+}
+
+/// Normalises an identifier as Postgres does.
+pub fn ident(i: &Ident) -> String {
+    if i.quote_style.is_some() {
+        i.value.clone()
+    } else {
+        i.value.to_lowercase()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_and_recognises_weir_statements() {
+        let stmts =
+            parse("insert into t values (1); FLUSH; show materialized views; SHOW JOBS;;select 1")
+                .unwrap();
+        assert_eq!(stmts.len(), 5);
+        assert!(matches!(stmts[1], Stmt::Flush));
+        assert!(matches!(stmts[2], Stmt::ShowMaterializedViews));
+        assert!(matches!(stmts[3], Stmt::ShowJobs));
+        assert!(parse("selec 1").is_err());
+        assert!(parse("select 1 select 2").is_err());
+    }
+
+    #[test]
+    fn postgres_names_for_unnamed_items() {
+        let Stmt::Sql(s) = parse("select a, count(*), a::int, b + 1, sum(x) as s from t")
+            .unwrap()
+            .remove(0)
+        else {
+            panic!()
+        };
+        let Statement::Query(mut q) = *s else {
+            panic!()
+        };
+        apply_pg_names(&mut q);
+        let text = q.to_string();
+        assert!(text.contains("count(*) AS \"count\""), "{text}");
+        assert!(
+            text.contains("(b + 1) AS \"?column?\"") || text.contains("b + 1 AS \"?column?\""),
+            "{text}"
+        );
+        assert!(text.contains("sum(x) AS s"), "{text}");
+    }
+
+    #[test]
+    fn binds_placeholders() {
+        let Stmt::Sql(mut s) = parse("select * from t where a = $2 and b = $1")
+            .unwrap()
+            .remove(0)
+        else {
+            panic!()
+        };
+        assert_eq!(placeholders(&s), vec!["$1", "$2"]);
+        let mut values = HashMap::new();
+        values.insert(
+            "$1".to_string(),
+            SqlExpr::value(Value::Number("1".into(), false)),
+        );
+        values.insert(
+            "$2".to_string(),
+            SqlExpr::value(Value::SingleQuotedString("x".into())),
+        );
+        bind(&mut s, &values).unwrap();
+        assert_eq!(s.to_string(), "SELECT * FROM t WHERE a = 'x' AND b = 1");
+    }
+}

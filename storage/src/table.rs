@@ -1,0 +1,390 @@
+//! User tables: current rows plus a change log, written together.
+//!
+//! Every DML statement becomes one [`Chunk`] of changes over the table's
+//! *stored* schema (the user's columns, plus a hidden `_row_id` when the table
+//! has no primary key). [`TableStore::apply`] checks keys, then writes the
+//! changed rows, the log entry and the table's counters in one synced
+//! RocksDB batch: once it returns, the statement is durable and every view's
+//! source can read it from the log. A reader of [`TableStore::snapshot`] gets
+//! the rows and the log position they correspond to, from one RocksDB
+//! snapshot — the starting point of a backfill.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use datafusion::arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::SchemaRef;
+use tokio::sync::watch;
+
+use crate::chunk::Chunk;
+use crate::codec::RowCodec;
+use crate::keys::{self, TABLE_LOG, TABLE_ROW, TABLE_ROW_ID};
+use crate::kv::KvWrite;
+use crate::{KvStore, Result, StorageError};
+
+/// Name of the hidden key column of tables without a primary key.
+pub const ROW_ID_COLUMN: &str = "_row_id";
+
+/// Rows per batch when a table is scanned.
+const SCAN_BATCH_ROWS: usize = 4096;
+
+/// How a table is keyed and laid out.
+#[derive(Debug, Clone)]
+pub struct TableDesc {
+    pub id: u64,
+    pub name: String,
+    /// Stored schema: user columns, then `_row_id` if `row_id` is true.
+    pub schema: SchemaRef,
+    /// Indices (into `schema`) of the key columns.
+    pub key_columns: Vec<usize>,
+    /// Whether the key is the hidden `_row_id`.
+    pub row_id: bool,
+}
+
+struct Counters {
+    last_seq: u64,
+    next_row_id: i64,
+}
+
+struct TableHandle {
+    desc: TableDesc,
+    key_codec: RowCodec,
+    row_codec: RowCodec,
+    writer: Mutex<Counters>,
+    seq: watch::Sender<u64>,
+}
+
+impl TableHandle {
+    fn keys_of(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+        let cols: Vec<ArrayRef> = self
+            .desc
+            .key_columns
+            .iter()
+            .map(|i| batch.column(*i).clone())
+            .collect();
+        self.key_codec.encode(&cols)
+    }
+}
+
+/// All tables of the database.
+pub struct TableStore {
+    kv: Arc<KvStore>,
+    tables: RwLock<HashMap<u64, Arc<TableHandle>>>,
+}
+
+impl std::fmt::Debug for TableStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableStore").finish_non_exhaustive()
+    }
+}
+
+fn counters_key(table: u64) -> Vec<u8> {
+    keys::with_id(TABLE_ROW_ID, table)
+}
+
+impl TableStore {
+    pub fn new(kv: Arc<KvStore>) -> Self {
+        Self {
+            kv,
+            tables: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn handle(&self, id: u64) -> Result<Arc<TableHandle>> {
+        self.tables
+            .read()
+            .map_err(|_| StorageError::Internal("table map poisoned".into()))?
+            .get(&id)
+            .cloned()
+            .ok_or(StorageError::UnknownTable(id))
+    }
+
+    /// Makes a table known (at creation, or when the catalog is loaded).
+    pub fn open_table(&self, desc: TableDesc) -> Result<()> {
+        let key_types = desc
+            .key_columns
+            .iter()
+            .map(|i| desc.schema.field(*i).data_type().clone())
+            .collect();
+        let row_types = desc
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        let (last_seq, next_row_id) = match self.kv.get(&counters_key(desc.id))? {
+            Some(v) if v.len() == 16 => (
+                u64::from_be_bytes(v[0..8].try_into().unwrap_or_default()),
+                i64::from_be_bytes(v[8..16].try_into().unwrap_or_default()),
+            ),
+            Some(_) => {
+                return Err(StorageError::Corrupt(format!(
+                    "counters of table {}",
+                    desc.id
+                )));
+            }
+            None => (0, 1),
+        };
+        let handle = TableHandle {
+            key_codec: RowCodec::new(key_types)?,
+            row_codec: RowCodec::new(row_types)?,
+            writer: Mutex::new(Counters {
+                last_seq,
+                next_row_id,
+            }),
+            seq: watch::channel(last_seq).0,
+            desc,
+        };
+        self.tables
+            .write()
+            .map_err(|_| StorageError::Internal("table map poisoned".into()))?
+            .insert(handle.desc.id, Arc::new(handle));
+        Ok(())
+    }
+
+    pub fn desc(&self, id: u64) -> Result<TableDesc> {
+        Ok(self.handle(id)?.desc.clone())
+    }
+
+    /// Deletes a table's rows, log and counters.
+    pub fn drop_table(&self, id: u64) -> Result<()> {
+        for tag in [TABLE_ROW, TABLE_LOG] {
+            let (from, to) = keys::id_range(tag, id);
+            self.kv.delete_range(&from, &to, false)?;
+        }
+        self.kv.write([(counters_key(id), None)], true)?;
+        if let Ok(mut t) = self.tables.write() {
+            t.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Reserves `n` hidden row ids for inserts into a table without a key.
+    pub fn allocate_row_ids(&self, id: u64, n: usize) -> Result<i64> {
+        let h = self.handle(id)?;
+        let mut c = h
+            .writer
+            .lock()
+            .map_err(|_| StorageError::Internal("poisoned".into()))?;
+        let first = c.next_row_id;
+        c.next_row_id += n as i64;
+        Ok(first)
+    }
+
+    /// Applies one statement's changes durably; returns its log sequence
+    /// number. Fails without writing anything if a key constraint is violated.
+    pub fn apply(&self, id: u64, changes: &Chunk) -> Result<u64> {
+        let h = self.handle(id)?;
+        let data = changes.data();
+        for (i, field) in h.desc.schema.fields().iter().enumerate() {
+            if !field.is_nullable() && data.column(i).null_count() > 0 {
+                let col = data.column(i);
+                if (0..data.num_rows()).any(|r| col.is_null(r) && changes.op(r).sign() > 0) {
+                    return Err(StorageError::NullValue(field.name().clone()));
+                }
+            }
+        }
+        let row_keys = h.keys_of(data)?;
+        let rows = h.row_codec.encode(data.columns())?;
+        let mut counters = h
+            .writer
+            .lock()
+            .map_err(|_| StorageError::Internal("poisoned".into()))?;
+        // What this statement has done so far, over what is stored.
+        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
+        let mut writes: Vec<KvWrite> = Vec::with_capacity(rows.len() + 2);
+        for (r, (key, row)) in row_keys.iter().zip(&rows).enumerate() {
+            let full_key = keys::with_id_and(TABLE_ROW, id, key);
+            if changes.op(r).sign() > 0 {
+                let exists = match overlay.get(key.as_slice()) {
+                    Some(e) => *e,
+                    None => self.kv.get(&full_key)?.is_some(),
+                };
+                if exists {
+                    return Err(self.duplicate(&h, data, r));
+                }
+                overlay.insert(key, true);
+                writes.push((full_key, Some(row.clone())));
+            } else {
+                overlay.insert(key, false);
+                writes.push((full_key, None));
+            }
+        }
+        let seq = counters.last_seq + 1;
+        if h.desc.row_id {
+            let ids = data
+                .column(h.desc.key_columns[0])
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| StorageError::Internal("row id column is not int8".into()))?;
+            if let Some(max) = ids.iter().flatten().max() {
+                counters.next_row_id = counters.next_row_id.max(max + 1);
+            }
+        }
+        writes.push((
+            keys::with_id_and(TABLE_LOG, id, &seq.to_be_bytes()),
+            Some(changes.to_ipc()?),
+        ));
+        let mut c = seq.to_be_bytes().to_vec();
+        c.extend_from_slice(&counters.next_row_id.to_be_bytes());
+        writes.push((counters_key(id), Some(c)));
+        self.kv.write(writes, true)?;
+        counters.last_seq = seq;
+        h.seq.send_replace(seq);
+        Ok(seq)
+    }
+
+    fn duplicate(&self, h: &TableHandle, data: &RecordBatch, row: usize) -> StorageError {
+        let schema = &h.desc.schema;
+        let names: Vec<&str> = h
+            .desc
+            .key_columns
+            .iter()
+            .map(|i| schema.field(*i).name().as_str())
+            .collect();
+        let values: Vec<String> = h
+            .desc
+            .key_columns
+            .iter()
+            .map(|i| {
+                datafusion::arrow::util::display::array_value_to_string(data.column(*i), row)
+                    .unwrap_or_default()
+            })
+            .collect();
+        StorageError::DuplicateKey {
+            constraint: format!("{}_pkey", h.desc.name),
+            key: format!("{})=({}", names.join(", "), values.join(", ")),
+        }
+    }
+
+    /// The table's rows and the log sequence number they include, read from
+    /// one snapshot.
+    pub fn snapshot(&self, id: u64) -> Result<(Vec<RecordBatch>, u64)> {
+        let h = self.handle(id)?;
+        self.kv.with_snapshot(|snap| {
+            let seq = match snap.get(&counters_key(id))? {
+                Some(v) if v.len() == 16 => {
+                    u64::from_be_bytes(v[0..8].try_into().unwrap_or_default())
+                }
+                _ => 0,
+            };
+            let (mut from, to) = keys::id_range(TABLE_ROW, id);
+            let mut batches = Vec::new();
+            loop {
+                let page = snap.scan(&from, &to, SCAN_BATCH_ROWS)?;
+                let Some((last, _)) = page.last() else { break };
+                let mut next = last.clone();
+                next.push(0);
+                batches.push(
+                    h.row_codec
+                        .decode_batch(&h.desc.schema, page.iter().map(|(_, v)| v.as_slice()))?,
+                );
+                if page.len() < SCAN_BATCH_ROWS {
+                    break;
+                }
+                from = next;
+            }
+            Ok((batches, seq))
+        })
+    }
+
+    /// Log entries after `after`, at most `max` of them.
+    pub fn read_log(&self, id: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>> {
+        let from = keys::with_id_and(TABLE_LOG, id, &(after + 1).to_be_bytes());
+        let (_, to) = keys::id_range(TABLE_LOG, id);
+        self.kv
+            .scan(&from, &to, max)?
+            .into_iter()
+            .map(|(k, v)| {
+                let seq = k
+                    .get(9..17)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or_else(|| StorageError::Corrupt("short log key".into()))?;
+                Ok((seq, Chunk::from_ipc(&v)?))
+            })
+            .collect()
+    }
+
+    /// Follows the table's last log sequence number.
+    pub fn subscribe(&self, id: u64) -> Result<watch::Receiver<u64>> {
+        Ok(self.handle(id)?.seq.subscribe())
+    }
+
+    pub fn last_seq(&self, id: u64) -> Result<u64> {
+        Ok(*self.handle(id)?.seq.borrow())
+    }
+
+    /// Deletes log entries up to and including `upto` (all consumers have
+    /// checkpointed past them).
+    pub fn truncate_log(&self, id: u64, upto: u64) -> Result<()> {
+        let (from, _) = keys::id_range(TABLE_LOG, id);
+        let to = keys::with_id_and(TABLE_LOG, id, &(upto + 1).to_be_bytes());
+        self.kv.delete_range(&from, &to, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::Op;
+    use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    fn store() -> (tempfile::TempDir, TableStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Arc::new(KvStore::open(dir.path(), 1 << 20).unwrap());
+        let s = TableStore::new(kv);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        s.open_table(TableDesc {
+            id: 1,
+            name: "t".into(),
+            schema,
+            key_columns: vec![0],
+            row_id: false,
+        })
+        .unwrap();
+        (dir, s)
+    }
+
+    fn rows(s: &TableStore, k: Vec<i64>, v: Vec<&str>) -> RecordBatch {
+        RecordBatch::try_new(
+            s.desc(1).unwrap().schema,
+            vec![
+                Arc::new(Int64Array::from(k)),
+                Arc::new(StringArray::from(v)),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn apply_snapshot_and_log() {
+        let (_d, s) = store();
+        let seq = s
+            .apply(1, &Chunk::inserts(rows(&s, vec![2, 1], vec!["b", "a"])))
+            .unwrap();
+        assert_eq!(seq, 1);
+        let err = s
+            .apply(1, &Chunk::inserts(rows(&s, vec![3, 1], vec!["c", "x"])))
+            .unwrap_err();
+        assert!(matches!(err, StorageError::DuplicateKey { .. }), "{err}");
+        let upd = Chunk::with_ops(
+            &[Op::UpdateDelete, Op::UpdateInsert],
+            rows(&s, vec![1, 1], vec!["a", "z"]),
+        );
+        assert_eq!(s.apply(1, &upd).unwrap(), 2);
+        let (batches, seq) = s.snapshot(1).unwrap();
+        assert_eq!(seq, 2);
+        let b = &batches[0];
+        assert_eq!(b.num_rows(), 2);
+        let v = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!(v.value(0), "z");
+        let log = s.read_log(1, 1, 10).unwrap();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].1.op(1), Op::UpdateInsert);
+    }
+}
