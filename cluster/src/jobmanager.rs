@@ -112,6 +112,34 @@ impl JobManager {
         Ok(())
     }
 
+    /// Triggers a checkpoint of `job` and waits until one triggered after
+    /// this call has completed.
+    pub async fn checkpoint_now(&self, job: u64) -> Result<()> {
+        let jm = self
+            .jobs
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&job)
+            .cloned()
+            .ok_or(ClusterError::UnknownJob(job))?;
+        let mut completed = jm.completed();
+        let after = jm.next_checkpoint_id();
+        loop {
+            if completed.borrow_and_update().id >= after {
+                return Ok(());
+            }
+            match jm.state() {
+                JobState::Failed(error) => return Err(ClusterError::JobFailed { job, error }),
+                JobState::Canceled => return Err(ClusterError::UnknownJob(job)),
+                JobState::Running | JobState::Restarting => {}
+            }
+            jm.trigger_now();
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_millis(500), completed.changed())
+                    .await;
+        }
+    }
+
     async fn wait_for(jm: Arc<JobMaster>, needed: HashMap<u64, u64>) -> Result<()> {
         let mut completed = jm.completed();
         loop {

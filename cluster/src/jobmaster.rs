@@ -228,6 +228,14 @@ impl JobMaster {
         self.completed.subscribe()
     }
 
+    /// The id the next triggered checkpoint will get.
+    pub(crate) fn next_checkpoint_id(&self) -> u64 {
+        self.inner
+            .lock()
+            .map(|i| i.next_checkpoint)
+            .unwrap_or(u64::MAX)
+    }
+
     /// Starts a checkpoint now rather than at the next interval.
     pub(crate) fn trigger_now(&self) {
         self.trigger.notify_one();

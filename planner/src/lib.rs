@@ -19,4 +19,4 @@ pub mod spec;
 pub mod stream_graph;
 
 pub use error::{PlanError, Result};
-pub use lower::{StreamPlanOptions, lower, view_state_table};
+pub use lower::{StreamPlanOptions, check_deterministic, lower, view_state_table};

@@ -11,7 +11,8 @@
 //! [`PlanError::Unsupported`] naming the feature, never planned wrongly.
 
 use datafusion::common::NullEquality;
-use datafusion::common::tree_node::TreeNode;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::Volatility;
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan};
 
 use crate::source::as_stream_source;
@@ -34,6 +35,32 @@ pub struct StreamPlanOptions {
 /// its rows: what `SELECT` reads.
 pub fn view_state_table(view_id: u64) -> u64 {
     view_id << 16
+}
+
+/// Refuses functions whose value changes over time or between calls
+/// (`now()`, `random()`): a view must equal its query recomputed at any
+/// moment. Checked before optimisation, which would fold them into constants.
+pub fn check_deterministic(plan: &LogicalPlan) -> Result<()> {
+    let mut bad: Option<String> = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                if let Expr::ScalarFunction(f) = e
+                    && f.func.signature().volatility != Volatility::Immutable
+                {
+                    bad = Some(f.func.name().to_string());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    match bad {
+        Some(name) => unsupported(format!(
+            "the non-deterministic function {name}() in materialized views"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Lowers `plan` (the view's query) into a StreamGraph ending in a
@@ -83,9 +110,6 @@ fn check_expr(e: &Expr) -> Result<()> {
             Expr::Placeholder(_) => Some("parameters in materialized views"),
             Expr::OuterReferenceColumn(..) => Some("correlated subqueries in materialized views"),
             Expr::WindowFunction(_) => Some("window functions in materialized views"),
-            Expr::ScalarFunction(f) if f.func.name() == "now" || f.func.name() == "random" => {
-                Some("non-deterministic functions (now, random) in materialized views")
-            }
             _ => None,
         };
         if let Some(what) = what {

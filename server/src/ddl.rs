@@ -171,6 +171,7 @@ async fn job_graph(
 ) -> Result<JobGraph> {
     let ctx = context(db, Mode::Stream).await?;
     let plan = plan_query(&ctx, sql).await?;
+    planner::check_deterministic(&plan)?;
     let plan = ctx.state().optimize(&plan)?;
     let stream = lower(
         &plan,
@@ -259,11 +260,12 @@ pub async fn create_view(
         db.catalog.remove(&[id])?;
         return Err(e.into());
     }
-    // Return once the view holds the tables' current contents.
-    if let Err(e) = db.flush().await {
+    // Return once the view holds the tables' current contents: a
+    // checkpoint triggered now includes everything written before.
+    if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
         db.catalog.remove(&[id])?;
         let _ = db.cluster.job_manager.cancel_job(id, true).await;
-        return Err(e);
+        return Err(e.into());
     }
     Ok(QueryResult::command(tag))
 }

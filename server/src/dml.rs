@@ -94,6 +94,10 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
         return Err(ServerError::unsupported("INSERT INTO a table function"));
     };
     let desc = target(db, &object_name(name)?, "insert into")?;
+    let mut insert = insert;
+    if let Some(source) = insert.source.as_mut() {
+        name_source_columns(source);
+    }
     let ctx = context(db, Mode::Batch).await?;
     let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(insert)).await? else {
         return Err(ServerError::Internal("INSERT did not plan as DML".into()));
@@ -116,6 +120,25 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
         tag: "INSERT".into(),
         rows: Some(n),
     })
+}
+
+/// Gives every item of an `INSERT … SELECT` a distinct name: only positions
+/// matter there, and Postgres accepts `SELECT v, v`.
+fn name_source_columns(source: &mut datafusion::sql::sqlparser::ast::Query) {
+    use datafusion::sql::sqlparser::ast::{Ident, SelectItem, SetExpr};
+    let SetExpr::Select(select) = source.body.as_mut() else {
+        return;
+    };
+    for (i, item) in select.projection.iter_mut().enumerate() {
+        let expr = match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e.clone(),
+            _ => continue,
+        };
+        *item = SelectItem::ExprWithAlias {
+            expr,
+            alias: Ident::with_quote('"', format!("__column_{i}")),
+        };
+    }
 }
 
 fn single_table(t: &TableWithJoins, verb: &str) -> Result<String> {

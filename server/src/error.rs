@@ -172,6 +172,7 @@ fn classify_plan(m: &str) -> ServerError {
         ServerError::UndefinedFunction(m.to_string())
     } else if lower.contains("no function matches")
         || lower.contains("coercion")
+        || lower.contains("cannot coerce")
         || lower.contains("cannot infer common")
         || lower.contains("failed to coerce")
         || lower.contains("does not support")

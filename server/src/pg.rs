@@ -5,19 +5,25 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
+use arrow_pg::datatypes::{arrow_schema_to_pg_fields, into_pg_type};
+use arrow_pg::encoder::{Encoder, encode_value};
 use async_trait::async_trait;
+use datafusion::arrow::array::{Array, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{FutureExt, Sink, stream};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::results::DataRowEncoder;
+use pgwire::api::results::{FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
 use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::data::DataRow;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
@@ -196,13 +202,61 @@ impl Connection {
     }
 }
 
+/// Encodes a batch's rows. NULLs are written here rather than left to
+/// `arrow_pg`, whose interval encoder does not check for them.
+fn encode_rows(
+    fields: &Arc<Vec<FieldInfo>>,
+    batch: &RecordBatch,
+    out: &mut Vec<PgWireResult<DataRow>>,
+) {
+    let schema = batch.schema();
+    let mut encoder = DataRowEncoder::new(fields.clone());
+    // Timestamps in text as Postgres prints them: no trailing zeros, "+00".
+    let timestamps: Vec<Option<(Int64Array, bool)>> = batch
+        .columns()
+        .iter()
+        .zip(fields.iter())
+        .map(|(a, f)| match a.data_type() {
+            DataType::Timestamp(_, tz) if f.format() == FieldFormat::Text => {
+                cast(a, &DataType::Timestamp(TimeUnit::Microsecond, None))
+                    .ok()
+                    .and_then(|c| cast(&c, &DataType::Int64).ok())
+                    .map(|c| (c.as_primitive::<Int64Type>().clone(), tz.is_some()))
+            }
+            _ => None,
+        })
+        .collect();
+    for row in 0..batch.num_rows() {
+        for (col, array) in batch.columns().iter().enumerate() {
+            let result = if array.is_null(row) {
+                Encoder::encode_field(&mut encoder, &None::<i8>, &fields[col])
+            } else if let Some((micros, tz)) = &timestamps[col] {
+                let text = chrono::DateTime::from_timestamp_micros(micros.value(row))
+                    .map(|t| {
+                        let s = t.naive_utc().format("%Y-%m-%d %H:%M:%S%.f").to_string();
+                        if *tz { format!("{s}+00") } else { s }
+                    })
+                    .unwrap_or_default();
+                Encoder::encode_field(&mut encoder, &text, &fields[col])
+            } else {
+                encode_value(&mut encoder, array, row, schema.field(col), &fields[col])
+            };
+            if let Err(e) = result {
+                out.push(Err(e));
+                return;
+            }
+        }
+        out.push(Ok(encoder.take_row()));
+    }
+}
+
 fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
     match result {
         QueryResult::Rows { schema, batches } => {
             let fields = Arc::new(fields(&schema, format)?);
             let mut rows = Vec::new();
-            for batch in batches {
-                rows.extend(encode_recordbatch(fields.clone(), batch));
+            for batch in &batches {
+                encode_rows(&fields, batch, &mut rows);
             }
             Ok(Response::Query(QueryResponse::new(
                 fields,
