@@ -265,7 +265,7 @@ pub async fn create_view(
     if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
         db.catalog.remove(&[id])?;
         let _ = db.cluster.job_manager.cancel_job(id, true).await;
-        return Err(e.into());
+        return Err(db.job_error(e));
     }
     Ok(QueryResult::command(tag))
 }

@@ -195,7 +195,26 @@ impl Database {
                 targets.insert(id, self.cluster.tables.last_seq(id)?);
             }
         }
-        Ok(self.cluster.job_manager.flush(&targets).await?)
+        self.cluster
+            .job_manager
+            .flush(&targets)
+            .await
+            .map_err(|e| self.job_error(e))
+    }
+
+    /// Names the view of a failed job.
+    pub(crate) fn job_error(&self, e: cluster::ClusterError) -> ServerError {
+        match e {
+            cluster::ClusterError::JobFailed { job, error } => {
+                let view = self
+                    .catalog
+                    .get(job)
+                    .map(|e| e.name().to_string())
+                    .unwrap_or_else(|| job.to_string());
+                ServerError::view_failed(&view, &error)
+            }
+            other => other.into(),
+        }
     }
 }
 

@@ -238,6 +238,20 @@ impl From<executor::ExecError> for ServerError {
     }
 }
 
+impl ServerError {
+    /// A job that failed for good, named by its view; the SQLSTATE follows
+    /// the task's error (division by zero, bad cast, …).
+    pub fn view_failed(view: &str, error: &str) -> Self {
+        let message = format!("materialized view \"{view}\" failed: {error}");
+        match classify_execution(error) {
+            ServerError::DivisionByZero => ServerError::DivisionByZero,
+            ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
+            ServerError::InvalidText(_) => ServerError::InvalidText(message),
+            _ => ServerError::Internal(message),
+        }
+    }
+}
+
 impl From<cluster::ClusterError> for ServerError {
     fn from(e: cluster::ClusterError) -> Self {
         use cluster::ClusterError as C;
