@@ -19,6 +19,10 @@ pub struct ClusterConfig {
     pub restart_attempts: u32,
     /// Fixed-delay restart strategy: delay between attempts.
     pub restart_delay: Duration,
+    /// A job that cannot get its slots within this time fails (Flink's
+    /// `slot.request.timeout`, 5 min there; short here, where the
+    /// TaskManagers of a playground are all there from the start).
+    pub slot_request_timeout: Duration,
     /// RocksDB block cache per TaskManager, shared by its slots.
     pub managed_memory_bytes: usize,
 }
@@ -33,6 +37,7 @@ impl Default for ClusterConfig {
             heartbeat_timeout: Duration::from_secs(50),
             restart_attempts: 3,
             restart_delay: Duration::from_secs(1),
+            slot_request_timeout: Duration::from_secs(10),
             managed_memory_bytes: 128 << 20,
         }
     }

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -42,7 +41,7 @@ impl MiniCluster {
             config.managed_memory_bytes,
         )?);
         let state = Arc::new(StateStore::new(state_kv));
-        let resource_manager = Arc::new(ResourceManager::new(Duration::from_secs(10)));
+        let resource_manager = Arc::new(ResourceManager::new(config.slot_request_timeout));
         let rm: Arc<dyn ResourceManagerGateway> = resource_manager.clone();
         let task_executor = TaskExecutor::start(
             "taskmanager-0".into(),

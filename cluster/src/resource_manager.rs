@@ -177,10 +177,11 @@ impl ResourceManagerGateway for ResourceManager {
             let mut tms = self.lock()?;
             tms.values_mut()
                 .filter_map(|tm| {
-                    let held = tm
-                        .slot_jobs
-                        .iter_mut()
-                        .fold(false, |held, jobs| jobs.remove(&job) || held);
+                    // Every slot must let go of the job: no short-circuit.
+                    let mut held = false;
+                    for jobs in tm.slot_jobs.iter_mut() {
+                        held |= jobs.remove(&job);
+                    }
                     held.then(|| tm.gateway.clone())
                 })
                 .collect()

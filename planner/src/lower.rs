@@ -352,3 +352,124 @@ impl Lowering<'_> {
         node
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::StreamSourceTable;
+    use crate::spec::Partitioner;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::provider_as_source;
+    use datafusion::functions_aggregate::expr_fn::{count, sum};
+    use datafusion::logical_expr::{LogicalPlanBuilder, col, lit};
+    use std::sync::Arc;
+
+    fn scan(name: &str, id: u64) -> LogicalPlanBuilder {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let table = Arc::new(StreamSourceTable {
+            table_id: id,
+            name: name.into(),
+            schema,
+        });
+        LogicalPlanBuilder::scan(name, provider_as_source(table), None).unwrap()
+    }
+
+    fn opts(parallelism: usize) -> StreamPlanOptions {
+        StreamPlanOptions {
+            parallelism,
+            chaining: true,
+            view_id: 5,
+        }
+    }
+
+    #[test]
+    fn aggregate_runs_behind_a_hash_exchange_on_its_keys() {
+        let plan = scan("t", 1)
+            .filter(col("v").gt(lit(0i64)))
+            .unwrap()
+            .aggregate(vec![col("k")], vec![count(lit(1)), sum(col("v"))])
+            .unwrap()
+            .build()
+            .unwrap();
+        let g = lower(&plan, &opts(3)).unwrap();
+        let names: Vec<&str> = g.nodes.iter().map(|n| n.spec.name()).collect();
+        assert_eq!(
+            names,
+            vec!["TableSource", "Filter", "HashAgg", "Materialize"]
+        );
+        let p: Vec<usize> = g.nodes.iter().map(|n| n.parallelism).collect();
+        assert_eq!(p, vec![1, 1, 3, 3]);
+        assert!(matches!(g.edges[1].partitioner, Partitioner::Hash { .. }));
+        assert_eq!(
+            g.state_tables(),
+            vec![(5 << 16) + 1, (5 << 16) + 3, 5 << 16]
+        );
+    }
+
+    #[test]
+    fn global_aggregate_runs_once() {
+        let plan = scan("t", 1)
+            .aggregate(Vec::<Expr>::new(), vec![count(lit(1))])
+            .unwrap()
+            .build()
+            .unwrap();
+        let g = lower(&plan, &opts(4)).unwrap();
+        assert!(g.nodes.iter().all(|n| n.parallelism == 1));
+    }
+
+    #[test]
+    fn join_hashes_both_inputs() {
+        let plan = scan("a", 1)
+            .join(
+                scan("b", 2).build().unwrap(),
+                JoinType::Inner,
+                (vec!["a.k"], vec!["b.k"]),
+                None,
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+        let g = lower(&plan, &opts(2)).unwrap();
+        let join = g
+            .nodes
+            .iter()
+            .position(|n| n.spec.name() == "HashJoin")
+            .unwrap();
+        let inputs: Vec<_> = g.in_edges(join).collect();
+        assert_eq!(inputs.len(), 2);
+        assert!(
+            inputs
+                .iter()
+                .all(|e| matches!(e.partitioner, Partitioner::Hash { .. }))
+        );
+        assert_eq!(
+            inputs.iter().map(|e| e.input).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_maintain() {
+        let left = scan("a", 1)
+            .join(
+                scan("b", 2).build().unwrap(),
+                JoinType::Left,
+                (vec!["a.k"], vec!["b.k"]),
+                None,
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+        assert!(
+            matches!(lower(&left, &opts(1)), Err(PlanError::Unsupported(m)) if m.contains("LEFT JOIN"))
+        );
+        let limit = scan("a", 1).limit(0, Some(3)).unwrap().build().unwrap();
+        assert!(matches!(
+            lower(&limit, &opts(1)),
+            Err(PlanError::Unsupported(_))
+        ));
+    }
+}

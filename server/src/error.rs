@@ -166,25 +166,24 @@ fn strip(m: &str) -> String {
 
 fn classify_plan(m: &str) -> ServerError {
     let lower = m.to_lowercase();
+    let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
     if lower.contains("table") && lower.contains("not found") {
         ServerError::UndefinedTable(m.to_string())
-    } else if lower.contains("invalid function") || lower.contains("unknown function") {
+    } else if any(&[
+        "invalid function",
+        "unknown function",
+        "no function matches",
+        "coercion",
+        "cannot coerce",
+        "cannot infer common",
+        "failed to coerce",
+        "does not support",
+        "cannot be cast",
+    ]) {
+        // Postgres: function or operator does not exist for these types.
         ServerError::UndefinedFunction(m.to_string())
-    } else if lower.contains("no function matches")
-        || lower.contains("coercion")
-        || lower.contains("cannot coerce")
-        || lower.contains("cannot infer common")
-        || lower.contains("failed to coerce")
-        || lower.contains("does not support")
-        || lower.contains("cannot be cast")
-    {
-        ServerError::UndefinedFunction(m.to_string())
-    } else if lower.contains("unsupported") || lower.contains("not supported") {
+    } else if any(&["unsupported", "not supported"]) {
         ServerError::Unsupported(m.to_string())
-    } else if lower.contains("must appear in the group by")
-        || lower.contains("projection references non-aggregate")
-    {
-        ServerError::Syntax(m.to_string())
     } else {
         ServerError::Syntax(m.to_string())
     }

@@ -31,6 +31,9 @@ enum Command {
         /// Milliseconds between checkpoints.
         #[arg(long, default_value_t = 1000)]
         checkpoint_interval_ms: u64,
+        /// Milliseconds a new view waits for slots before it fails (53000).
+        #[arg(long, default_value_t = 10_000)]
+        slot_request_timeout_ms: u64,
     },
     /// Measure throughput (see docs/benchmarks.md).
     Bench(server::bench::BenchArgs),
@@ -61,10 +64,12 @@ fn main() {
                 data_dir,
                 slots,
                 checkpoint_interval_ms,
+                slot_request_timeout_ms,
             } => {
                 let config = ClusterConfig {
                     slots_per_task_manager: slots.max(1),
                     checkpoint_interval: Duration::from_millis(checkpoint_interval_ms.max(10)),
+                    slot_request_timeout: Duration::from_millis(slot_request_timeout_ms),
                     ..ClusterConfig::default()
                 };
                 playground(listen, data_dir, config).await

@@ -124,7 +124,7 @@ pub fn literal<S>(portal: &Portal<S>, i: usize, t: &Type) -> Result<SqlExpr> {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -37,3 +37,25 @@ impl Operator for Project {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::test_util::{chunk, int_schema, ints, pretty};
+    use datafusion::logical_expr::{col, lit};
+    use storage::chunk::Op;
+
+    #[test]
+    fn computes_columns_and_keeps_ops() {
+        let (c, input) = chunk(
+            &[Op::UpdateDelete, Op::UpdateInsert],
+            vec![ints(&[Some(1), Some(2)]), ints(&[Some(10), None])],
+        );
+        let output = int_schema(&["sum", "a"]);
+        let mut p = Project::new(&[col("a") + col("b"), col("a")], &input, &output).unwrap();
+        let mut out = vec![];
+        p.process_batch(0, c, &mut out).unwrap();
+        assert_eq!(pretty(&out), vec!["-U 11 1", "+U NULL 2"]);
+        let _ = lit(1);
+    }
+}
