@@ -167,6 +167,21 @@ impl JobManager {
         }
     }
 
+    /// For every job: the tables its sources read, and the log positions of
+    /// its last completed checkpoint (`None` before its first one).
+    pub fn source_positions(&self) -> Vec<(Vec<u64>, Option<HashMap<u64, u64>>)> {
+        let Ok(jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        jobs.values()
+            .map(|jm| {
+                let c = jm.completed().borrow().clone();
+                let positions = (!c.positions.is_empty()).then_some(c.positions);
+                (jm.source_tables(), positions)
+            })
+            .collect()
+    }
+
     /// Every job with its subtasks.
     pub fn jobs(&self) -> Vec<JobStatus> {
         let Ok(jobs) = self.jobs.lock() else {

@@ -132,11 +132,16 @@ impl TaskExecutor {
             }
         }
         let weak = Arc::downgrade(&te);
+        // Weak: the ResourceManager holds this TaskExecutor, so a strong
+        // reference here would keep both alive for ever.
+        let rm = Arc::downgrade(&rm);
         let interval = config.heartbeat_interval;
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
-                let Some(te) = weak.upgrade() else { break };
+                let (Some(te), Some(rm)) = (weak.upgrade(), rm.upgrade()) else {
+                    break;
+                };
                 let Ok(report) = te.slot_report() else { break };
                 if let Err(e) = rm
                     .heartbeat_from_task_executor(&te.resource_id, report)
@@ -292,6 +297,9 @@ impl TaskExecutorGateway for TaskExecutor {
     }
 
     async fn cancel_job(&self, job: u64) -> Result<()> {
+        // The JobMaster holds the ResourceManager, which holds this
+        // TaskExecutor: forget it, or neither is ever freed.
+        self.masters.lock().map_err(|_| poisoned())?.remove(&job);
         let tasks = self
             .tasks
             .lock()

@@ -19,6 +19,9 @@ use crate::session::Session;
 use crate::stmt::Stmt;
 use crate::{ddl, dml, query};
 
+/// How often table change logs are trimmed.
+const LOG_TRUNCATION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a statement returns.
 #[derive(Debug)]
 pub enum QueryResult {
@@ -104,6 +107,16 @@ impl Database {
             }
         }
         tracing::info!(objects = db.catalog.all().len(), "catalog restored");
+        let weak = Arc::downgrade(&db);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LOG_TRUNCATION_INTERVAL).await;
+                let Some(db) = weak.upgrade() else { break };
+                if let Err(e) = db.truncate_logs().await {
+                    tracing::warn!(error = %e, "table log truncation failed");
+                }
+            }
+        });
         Ok(db)
     }
 
@@ -185,6 +198,36 @@ impl Database {
                 leading_words(&other.to_string())
             ))),
         }
+    }
+
+    /// Deletes the part of every table's change log that no job needs any
+    /// more: entries at or before the position every reading job has
+    /// checkpointed. A job that has not completed a checkpoint yet holds its
+    /// tables' logs whole; a table no job reads keeps none (a new view
+    /// starts from the table's snapshot). Runs under the DDL lock, so no view
+    /// is half-created meanwhile.
+    pub async fn truncate_logs(&self) -> Result<()> {
+        let _ddl = self.ddl_lock.lock().await;
+        let jobs = self.cluster.job_manager.source_positions();
+        for entry in self.catalog.all() {
+            let Entry::Table { id, .. } = entry else {
+                continue;
+            };
+            let mut upto = Some(self.cluster.tables.last_seq(id)?);
+            for (tables, positions) in &jobs {
+                if tables.contains(&id) {
+                    let p = positions.as_ref().and_then(|p| p.get(&id).copied());
+                    upto = match (upto, p) {
+                        (Some(u), Some(p)) => Some(u.min(p)),
+                        _ => None,
+                    };
+                }
+            }
+            if let Some(upto) = upto.filter(|u| *u > 0) {
+                self.cluster.tables.truncate_log(id, upto)?;
+            }
+        }
+        Ok(())
     }
 
     /// `FLUSH`: every write acknowledged so far is visible in every view.

@@ -20,3 +20,27 @@ pub mod types;
 pub const SERVER_VERSION: &str = "16.0 (Weir 0.1.0)";
 
 pub use engine::Database;
+
+/// Runs a query in a fresh session and renders every value as text: for
+/// tests and tools that drive a `Database` in process.
+pub async fn query_rows(db: &std::sync::Arc<Database>, sql: &str) -> Vec<Vec<String>> {
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let mut session = session::Session::new(db.default_parallelism);
+    let mut out = Vec::new();
+    for s in stmt::parse(sql).unwrap_or_default() {
+        if let Ok(engine::QueryResult::Rows { batches, .. }) = db.execute(&mut session, s).await {
+            let opts = FormatOptions::default().with_null("NULL");
+            for b in batches {
+                let cols: Vec<_> = b
+                    .columns()
+                    .iter()
+                    .filter_map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).ok())
+                    .collect();
+                for r in 0..b.num_rows() {
+                    out.push(cols.iter().map(|c| c.value(r).to_string()).collect());
+                }
+            }
+        }
+    }
+    out
+}
