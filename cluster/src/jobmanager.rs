@@ -23,6 +23,14 @@ pub struct JobStatus {
     pub subtasks: Vec<(String, usize, String, ExecutionState)>,
 }
 
+/// The tables a job's sources read and where its last completed
+/// checkpoint left them (`None` before its first checkpoint).
+#[derive(Debug, Clone)]
+pub struct JobSources {
+    pub tables: Vec<u64>,
+    pub positions: Option<HashMap<u64, u64>>,
+}
+
 /// The Dispatcher.
 pub struct JobManager {
     rm: Arc<dyn ResourceManagerGateway>,
@@ -169,7 +177,7 @@ impl JobManager {
 
     /// For every job: the tables its sources read, and the log positions of
     /// its last completed checkpoint (`None` before its first one).
-    pub fn source_positions(&self) -> Vec<(Vec<u64>, Option<HashMap<u64, u64>>)> {
+    pub fn source_positions(&self) -> Vec<JobSources> {
         let Ok(jobs) = self.jobs.lock() else {
             return Vec::new();
         };
@@ -177,7 +185,10 @@ impl JobManager {
             .map(|jm| {
                 let c = jm.completed().borrow().clone();
                 let positions = (!c.positions.is_empty()).then_some(c.positions);
-                (jm.source_tables(), positions)
+                JobSources {
+                    tables: jm.source_tables(),
+                    positions,
+                }
             })
             .collect()
     }

@@ -21,7 +21,7 @@ mod taskmanager;
 pub use checkpoint::CompletedCheckpoint;
 pub use config::ClusterConfig;
 pub use error::{ClusterError, Result};
-pub use jobmanager::{JobManager, JobStatus};
+pub use jobmanager::{JobManager, JobSources, JobStatus};
 pub use minicluster::MiniCluster;
 pub use resource_manager::ResourceManager;
 pub use taskmanager::TaskExecutor;

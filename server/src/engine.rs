@@ -214,9 +214,9 @@ impl Database {
                 continue;
             };
             let mut upto = Some(self.cluster.tables.last_seq(id)?);
-            for (tables, positions) in &jobs {
-                if tables.contains(&id) {
-                    let p = positions.as_ref().and_then(|p| p.get(&id).copied());
+            for job in &jobs {
+                if job.tables.contains(&id) {
+                    let p = job.positions.as_ref().and_then(|p| p.get(&id).copied());
                     upto = match (upto, p) {
                         (Some(u), Some(p)) => Some(u.min(p)),
                         _ => None,
