@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::{MemTable, Session, TableProvider};
+use datafusion::catalog::{MemTable, SchemaProvider, Session, TableProvider};
 use datafusion::datasource::{TableType, ViewTable};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
@@ -150,18 +150,24 @@ pub async fn plan_statement(ctx: &SessionContext, s: Statement) -> Result<Logica
         .await?)
 }
 
-/// A context in which the catalog appears as `mode` says.
-pub async fn context(db: &Arc<Database>, mode: Mode) -> Result<SessionContext> {
-    let ctx = new_context();
-    for entry in db.catalog.all() {
-        let name = entry.name().to_string();
-        let provider: Arc<dyn TableProvider> = match &entry {
+/// The catalog as a DataFusion schema: providers are made on demand, for
+/// the names a statement actually uses.
+#[derive(Debug)]
+struct CatalogSchema {
+    db: Arc<Database>,
+    mode: Mode,
+}
+
+impl CatalogSchema {
+    async fn provider(&self, entry: Entry) -> Result<Arc<dyn TableProvider>> {
+        let db = &self.db;
+        Ok(match &entry {
             Entry::Table { id, .. } => {
                 let desc = table_desc(&entry)?;
-                match mode {
+                match self.mode {
                     Mode::Stream => Arc::new(StreamSourceTable {
                         table_id: *id,
-                        name: name.clone(),
+                        name: entry.name().to_string(),
                         schema: user_schema(&desc),
                     }),
                     Mode::Dml(t) if t == *id => Arc::new(TableRows {
@@ -176,13 +182,13 @@ pub async fn context(db: &Arc<Database>, mode: Mode) -> Result<SessionContext> {
                     }),
                 }
             }
-            Entry::View { sql, .. } => Arc::new(ViewTable::new(
-                plan_query(&ctx, sql).await?,
-                Some(sql.clone()),
-            )),
+            Entry::View { sql, .. } => {
+                let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
+                Arc::new(ViewTable::new(plan, Some(sql.clone())))
+            }
             Entry::MaterializedView { id, sql, .. } => {
-                let plan = plan_query(&ctx, sql).await?;
-                if mode == Mode::Stream {
+                let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
+                if self.mode == Mode::Stream {
                     Arc::new(ViewTable::new(plan, Some(sql.clone())))
                 } else {
                     Arc::new(ViewRows {
@@ -192,8 +198,48 @@ pub async fn context(db: &Arc<Database>, mode: Mode) -> Result<SessionContext> {
                     })
                 }
             }
-        };
-        ctx.register_table(name.as_str(), provider)?;
+        })
     }
-    Ok(ctx)
+}
+
+#[async_trait]
+impl SchemaProvider for CatalogSchema {
+    fn table_names(&self) -> Vec<String> {
+        self.db
+            .catalog
+            .all()
+            .iter()
+            .map(|e| e.name().to_string())
+            .collect()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        let Some(entry) = self.db.catalog.by_name(name) else {
+            return Ok(None);
+        };
+        self.provider(entry)
+            .await
+            .map(Some)
+            .map_err(|e| DataFusionError::External(Box::new(e)))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.db.catalog.by_name(name).is_some()
+    }
+}
+
+/// A context in which the catalog appears as `mode` says.
+pub fn context(db: &Arc<Database>, mode: Mode) -> SessionContext {
+    let ctx = new_context();
+    if let Some(catalog) = ctx.catalog("weir") {
+        // Replaces the empty default schema.
+        let _ = catalog.register_schema(
+            "public",
+            Arc::new(CatalogSchema {
+                db: db.clone(),
+                mode,
+            }),
+        );
+    }
+    ctx
 }

@@ -169,7 +169,7 @@ async fn job_graph(
     parallelism: usize,
     chaining: bool,
 ) -> Result<JobGraph> {
-    let ctx = context(db, Mode::Stream).await?;
+    let ctx = context(db, Mode::Stream);
     let plan = plan_query(&ctx, sql).await?;
     planner::check_deterministic(&plan)?;
     let plan = ctx.state().optimize(&plan)?;
@@ -233,7 +233,7 @@ pub async fn create_view(
     }
     let sql = view_sql(&cv)?;
     // Plan it once as a query: names, types and columns are checked here.
-    let batch = context(db, Mode::Batch).await?;
+    let batch = context(db, Mode::Batch);
     plan_query(&batch, &sql).await?;
     let depends_on = dependencies(db, &sql)?;
     let id = db.catalog.allocate_id()?;

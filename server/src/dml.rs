@@ -98,7 +98,7 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
     if let Some(source) = insert.source.as_mut() {
         name_source_columns(source);
     }
-    let ctx = context(db, Mode::Batch).await?;
+    let ctx = context(db, Mode::Batch);
     let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(insert)).await? else {
         return Err(ServerError::Internal("INSERT did not plan as DML".into()));
     };
@@ -174,7 +174,7 @@ async fn select_rows(
     if let Some(sel) = selection {
         sql.push_str(&format!(" WHERE {sel}"));
     }
-    let ctx = context(db, Mode::Dml(desc.id)).await?;
+    let ctx = context(db, Mode::Dml(desc.id));
     let Some(crate::stmt::Stmt::Sql(s)) = crate::stmt::parse(&sql)?.pop() else {
         return Err(ServerError::Internal(format!("cannot re-parse {sql}")));
     };

@@ -7,7 +7,7 @@ use datafusion::error::DataFusionError;
 use pgwire::error::{ErrorInfo, PgWireError};
 
 /// An error answered to a client.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ServerError {
     #[error("{0}")]
     Syntax(String),
@@ -140,7 +140,7 @@ impl From<DataFusionError> for ServerError {
             DataFusionError::ResourcesExhausted(m) => ServerError::InsufficientResources(m.clone()),
             DataFusionError::External(inner) => {
                 if let Some(se) = inner.downcast_ref::<ServerError>() {
-                    return ServerError::Internal(se.to_string());
+                    return se.clone();
                 }
                 ServerError::Internal(root.to_string())
             }

@@ -85,7 +85,7 @@ impl Parser {
             let mut inferred = HashMap::new();
             if let Some(planned) = planned {
                 let is_query = matches!(planned, Statement::Query(_));
-                let ctx = context(&self.db, Mode::Batch).await?;
+                let ctx = context(&self.db, Mode::Batch);
                 match plan_statement(&ctx, planned).await {
                     Ok(plan) => {
                         if is_query {

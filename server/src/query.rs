@@ -13,7 +13,7 @@ use crate::stmt::apply_pg_names;
 /// `SELECT …`.
 pub async fn select(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
     apply_pg_names(&mut q);
-    let ctx = context(db, Mode::Batch).await?;
+    let ctx = context(db, Mode::Batch);
     let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
     let schema = plan.schema().inner().clone();
     let batches = ctx.execute_logical_plan(plan).await?.collect().await?;
@@ -23,7 +23,7 @@ pub async fn select(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
 /// `EXPLAIN SELECT …`: DataFusion's logical and physical plans.
 pub async fn explain(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
     apply_pg_names(&mut q);
-    let ctx = context(db, Mode::Batch).await?;
+    let ctx = context(db, Mode::Batch);
     let sql = format!("EXPLAIN {q}");
     let df = ctx.sql(&sql).await?;
     let schema = df.schema().inner().clone();
