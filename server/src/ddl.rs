@@ -103,6 +103,11 @@ pub async fn create_table(db: &Arc<Database>, ct: CreateTable) -> Result<QueryRe
                         )));
                     };
                     col.not_null = true;
+                    if primary_key.contains(&k) {
+                        return Err(ServerError::DuplicateColumn(format!(
+                            "column \"{k}\" appears twice in primary key constraint"
+                        )));
+                    }
                     primary_key.push(k);
                 }
             }
@@ -234,7 +239,16 @@ pub async fn create_view(
     let sql = view_sql(&cv)?;
     // Plan it once as a query: names, types and columns are checked here.
     let batch = context(db, Mode::Batch);
-    plan_query(&batch, &sql).await?;
+    let plan = plan_query(&batch, &sql).await?;
+    let mut names = BTreeSet::new();
+    for f in plan.schema().fields() {
+        if !names.insert(f.name().clone()) {
+            return Err(ServerError::DuplicateColumn(format!(
+                "column \"{}\" specified more than once",
+                f.name()
+            )));
+        }
+    }
     let depends_on = dependencies(db, &sql)?;
     let id = db.catalog.allocate_id()?;
     if !cv.materialized {

@@ -97,6 +97,22 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
     let mut insert = insert;
     if let Some(source) = insert.source.as_mut() {
         name_source_columns(source);
+        // As in Postgres, `VALUES` shorter than the table fills the
+        // leading columns; the rest get NULL.
+        if insert.columns.is_empty()
+            && let datafusion::sql::sqlparser::ast::SetExpr::Values(values) = source.body.as_ref()
+            && let Some(width) = values.rows.first().map(|r| r.len())
+            && width < crate::catalog::user_schema(&desc).fields().len()
+        {
+            insert.columns = desc.schema.fields()[..width]
+                .iter()
+                .map(|f| {
+                    datafusion::sql::sqlparser::ast::ObjectName::from(vec![
+                        datafusion::sql::sqlparser::ast::Ident::with_quote('"', f.name()),
+                    ])
+                })
+                .collect();
+        }
     }
     let ctx = context(db, Mode::Batch);
     let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(insert)).await? else {
