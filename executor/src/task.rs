@@ -275,9 +275,16 @@ impl StreamTask {
                 biased;
                 cmd = self.commands.recv() => match cmd {
                     Some(TaskCommand::TriggerCheckpoint(barrier)) => {
-                        // Everything written before the trigger belongs to this checkpoint.
-                        while source.has_more() {
-                            for chunk in source.poll()? {
+                        // Everything written before the trigger belongs to this
+                        // checkpoint; what comes meanwhile waits for the next one,
+                        // so a busy table cannot hold the barrier back for ever.
+                        let target = source.latest();
+                        while source.position() < target {
+                            let chunks = source.poll()?;
+                            if chunks.is_empty() {
+                                break;
+                            }
+                            for chunk in chunks {
                                 self.push(0, 0, chunk).await?;
                             }
                         }

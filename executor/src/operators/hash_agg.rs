@@ -7,7 +7,7 @@
 //! without `GROUP BY` has one group that always exists, so the view holds one
 //! row even over an empty table, as in Postgres.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
@@ -186,10 +186,10 @@ impl Operator for HashAgg {
 
         // Each touched group's output before this chunk, in first-touch order.
         let mut touched: Vec<(Vec<u8>, Option<Vec<ScalarValue>>)> = Vec::new();
-        let mut seen: HashMap<&[u8], ()> = HashMap::new();
+        let mut seen: HashSet<&[u8]> = HashSet::new();
         for row in 0..n {
             let key = &key_bytes[row];
-            if seen.insert(key.as_slice(), ()).is_none() {
+            if seen.insert(key.as_slice()) {
                 let old = match self.groups.get(key) {
                     Some(g) if self.visible(g) => Some(self.outputs(g)?),
                     _ => None,

@@ -120,9 +120,14 @@ impl TableSource {
         Ok(out)
     }
 
+    /// The table's last log sequence number.
+    pub fn latest(&self) -> u64 {
+        *self.seq.borrow()
+    }
+
     /// Whether the log has entries past the position.
     pub fn has_more(&self) -> bool {
-        *self.seq.borrow() > self.position()
+        self.latest() > self.position()
     }
 
     /// Waits until the table's log grows.
