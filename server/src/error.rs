@@ -168,7 +168,14 @@ fn classify_plan(m: &str) -> ServerError {
     let lower = m.to_lowercase();
     let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
     if lower.contains("table") && lower.contains("not found") {
-        ServerError::UndefinedTable(m.to_string())
+        // DataFusion: "table 'weir.public.t' not found"; Postgres names the
+        // relation alone.
+        let name = m
+            .split('\'')
+            .nth(1)
+            .and_then(|q| q.rsplit('.').next())
+            .unwrap_or(m);
+        ServerError::UndefinedTable(format!("relation \"{name}\" does not exist"))
     } else if any(&[
         "invalid function",
         "unknown function",
