@@ -132,7 +132,6 @@ impl Database {
         stmt: Stmt,
     ) -> Result<QueryResult> {
         match stmt {
-            Stmt::Empty => Ok(QueryResult::command("")),
             Stmt::Flush => {
                 self.flush().await?;
                 Ok(QueryResult::command("FLUSH"))

@@ -267,7 +267,6 @@ fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
             let t = match tag.as_str() {
                 "BEGIN" => return Ok(Response::TransactionStart(Tag::new("BEGIN"))),
                 "COMMIT" | "ROLLBACK" => return Ok(Response::TransactionEnd(Tag::new(&tag))),
-                "" => return Ok(Response::EmptyQuery),
                 "INSERT" => Tag::new("INSERT").with_oid(0),
                 _ => Tag::new(&tag),
             };

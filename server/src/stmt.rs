@@ -10,7 +10,6 @@ use datafusion::sql::sqlparser::ast::{
     visit_expressions_mut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Token;
 
@@ -25,8 +24,6 @@ pub enum Stmt {
     ShowMaterializedViews,
     ShowViews,
     ShowJobs,
-    /// An empty statement (only a semicolon).
-    Empty,
 }
 
 fn is_word(t: &Token, word: &str) -> bool {
@@ -74,7 +71,6 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
                 t.token
             )));
         }
-        let _ = Keyword::NoKeyword;
     }
     Ok(out)
 }
