@@ -177,6 +177,13 @@ fn classify_plan(m: &str) -> ServerError {
             .unwrap_or(m);
         ServerError::UndefinedTable(format!("relation \"{name}\" does not exist"))
     } else if any(&[
+        "non-boolean predicate",
+        "must be boolean",
+        "expected boolean",
+    ]) {
+        // Postgres: argument of WHERE must be type boolean.
+        ServerError::DatatypeMismatch(m.to_string())
+    } else if any(&[
         "invalid function",
         "unknown function",
         "no function matches",
