@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{FutureExt, Sink, stream};
 use pgwire::api::auth::noop::NoopStartupHandler;
@@ -226,10 +226,37 @@ fn encode_rows(
             _ => None,
         })
         .collect();
+    // Floats in text as Postgres prints them: shortest round-trip digits,
+    // "4" not "4.0", and NaN / Infinity spelled its way.
+    let floats: Vec<Option<datafusion::arrow::array::Float64Array>> = batch
+        .columns()
+        .iter()
+        .zip(fields.iter())
+        .map(|(a, f)| match a.data_type() {
+            DataType::Float32 | DataType::Float64 if f.format() == FieldFormat::Text => {
+                cast(a, &DataType::Float64)
+                    .ok()
+                    .map(|c| c.as_primitive::<Float64Type>().clone())
+            }
+            _ => None,
+        })
+        .collect();
     for row in 0..batch.num_rows() {
         for (col, array) in batch.columns().iter().enumerate() {
             let result = if array.is_null(row) {
                 Encoder::encode_field(&mut encoder, &None::<i8>, &fields[col])
+            } else if let Some(values) = &floats[col] {
+                let v = values.value(row);
+                let text = if v.is_nan() {
+                    "NaN".to_string()
+                } else if v.is_infinite() {
+                    if v > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
+                } else if array.data_type() == &DataType::Float32 {
+                    (v as f32).to_string()
+                } else {
+                    v.to_string()
+                };
+                Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some((micros, tz)) = &timestamps[col] {
                 let text = chrono::DateTime::from_timestamp_micros(micros.value(row))
                     .map(|t| {
