@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use planner::execution_graph::{ExecutionGraph, ExecutionState};
 use planner::job_graph::JobGraph;
 
+use crate::checkpoint::CompletedCheckpoint;
 use crate::config::ClusterConfig;
 use crate::gateway::ResourceManagerGateway;
 use crate::jobmaster::{JobMaster, JobState};
@@ -130,41 +131,29 @@ impl JobManager {
             .get(&job)
             .cloned()
             .ok_or(ClusterError::UnknownJob(job))?;
-        let mut completed = jm.completed();
         let after = jm.next_checkpoint_id();
-        loop {
-            if completed.borrow_and_update().id >= after {
-                return Ok(());
-            }
-            match jm.state() {
-                JobState::Failed(error) => return Err(ClusterError::JobFailed { job, error }),
-                JobState::Canceled => return Err(ClusterError::UnknownJob(job)),
-                JobState::Running | JobState::Restarting => {}
-            }
-            jm.trigger_now();
-            let _ =
-                tokio::time::timeout(std::time::Duration::from_millis(500), completed.changed())
-                    .await;
+        match Self::wait_until(&jm, |c| c.id >= after).await? {
+            true => Ok(()),
+            false => Err(ClusterError::UnknownJob(job)),
         }
     }
 
-    async fn wait_for(jm: Arc<JobMaster>, needed: HashMap<u64, u64>) -> Result<()> {
+    /// Triggers checkpoints of `jm` until a completed one satisfies `done`.
+    /// `Ok(false)` if the job was cancelled first; an error if it failed.
+    async fn wait_until(
+        jm: &JobMaster,
+        done: impl Fn(&CompletedCheckpoint) -> bool,
+    ) -> Result<bool> {
         let mut completed = jm.completed();
         loop {
-            let done = {
-                let c = completed.borrow_and_update();
-                needed
-                    .iter()
-                    .all(|(t, seq)| c.positions.get(t).is_some_and(|p| p >= seq))
-            };
-            if done {
-                return Ok(());
+            if done(&completed.borrow_and_update()) {
+                return Ok(true);
             }
             match jm.state() {
                 JobState::Failed(error) => {
                     return Err(ClusterError::JobFailed { job: jm.job, error });
                 }
-                JobState::Canceled => return Ok(()),
+                JobState::Canceled => return Ok(false),
                 JobState::Running | JobState::Restarting => {}
             }
             jm.trigger_now();
@@ -173,6 +162,17 @@ impl JobManager {
                 tokio::time::timeout(std::time::Duration::from_millis(500), completed.changed())
                     .await;
         }
+    }
+
+    async fn wait_for(jm: Arc<JobMaster>, needed: HashMap<u64, u64>) -> Result<()> {
+        // A job cancelled meanwhile (its view dropped) has nothing left to show.
+        Self::wait_until(&jm, |c| {
+            needed
+                .iter()
+                .all(|(t, seq)| c.positions.get(t).is_some_and(|p| p >= seq))
+        })
+        .await
+        .map(|_| ())
     }
 
     /// For every job: the tables its sources read, and the log positions of
