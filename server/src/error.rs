@@ -29,6 +29,9 @@ pub enum ServerError {
     DatatypeMismatch(String),
     #[error("{0}")]
     UniqueViolation(String),
+    /// A concurrent statement changed a row this one read (retry it).
+    #[error("{0}")]
+    SerializationFailure(String),
     #[error("{0}")]
     NotNullViolation(String),
     #[error("{0}")]
@@ -67,6 +70,7 @@ impl ServerError {
             ServerError::Unsupported(_) => "0A000",
             ServerError::DatatypeMismatch(_) => "42804",
             ServerError::UniqueViolation(_) => "23505",
+            ServerError::SerializationFailure(_) => "40001",
             ServerError::NotNullViolation(_) => "23502",
             ServerError::InvalidText(_) => "22P02",
             ServerError::DivisionByZero => "22012",
@@ -222,6 +226,7 @@ impl From<storage::StorageError> for ServerError {
         match e {
             S::DuplicateKey { .. } => ServerError::UniqueViolation(e.to_string()),
             S::NullValue(_) => ServerError::NotNullViolation(e.to_string()),
+            S::SerializationFailure(_) => ServerError::SerializationFailure(e.to_string()),
             S::Arrow(a) => from_arrow(&a),
             other => ServerError::Internal(other.to_string()),
         }

@@ -15,6 +15,9 @@ pub enum StorageError {
     DuplicateKey { constraint: String, key: String },
     #[error("null value in column \"{0}\" violates not-null constraint")]
     NullValue(String),
+    /// A row the statement read was changed by another statement since.
+    #[error("could not serialize access to table \"{0}\" due to a concurrent update")]
+    SerializationFailure(String),
     #[error("unknown table id {0}")]
     UnknownTable(u64),
     #[error("{0}")]

@@ -190,23 +190,30 @@ impl TableStore {
             .writer
             .lock()
             .map_err(|_| StorageError::Internal("poisoned".into()))?;
-        // What this statement has done so far, over what is stored.
-        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
+        // What this statement has done so far, over what is stored: the
+        // row under each key it touched, if any.
+        let mut overlay: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
         let mut writes: Vec<KvWrite> = Vec::with_capacity(rows.len() + 2);
         for (r, (key, row)) in row_keys.iter().zip(&rows).enumerate() {
             let full_key = keys::with_id_and(TABLE_ROW, id, key);
+            let current: Option<Vec<u8>> = match overlay.get(key.as_slice()) {
+                Some(v) => v.cloned(),
+                None => self.kv.get(&full_key)?,
+            };
             if changes.op(r).sign() > 0 {
-                let exists = match overlay.get(key.as_slice()) {
-                    Some(e) => *e,
-                    None => self.kv.get(&full_key)?.is_some(),
-                };
-                if exists {
+                if current.is_some() {
                     return Err(self.duplicate(&h, data, r));
                 }
-                overlay.insert(key, true);
+                overlay.insert(key, Some(row));
                 writes.push((full_key, Some(row.clone())));
             } else {
-                overlay.insert(key, false);
+                // The statement read this row from a snapshot; if another
+                // statement changed or deleted it since, the change log
+                // would retract a row that is not there.
+                if current.as_ref() != Some(row) {
+                    return Err(StorageError::SerializationFailure(h.desc.name.clone()));
+                }
+                overlay.insert(key, None);
                 writes.push((full_key, None));
             }
         }
