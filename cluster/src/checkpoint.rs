@@ -35,6 +35,11 @@ impl PendingCheckpoint {
         }
     }
 
+    /// Whether `task` has yet to acknowledge.
+    pub(crate) fn is_waiting_for(&self, task: &TaskId) -> bool {
+        self.waiting.contains(task)
+    }
+
     /// Records an acknowledgement; true when it was the last one.
     pub(crate) fn acknowledge(&mut self, task: &TaskId, positions: &[SourcePosition]) -> bool {
         if self.waiting.remove(task) {
@@ -65,6 +70,7 @@ mod tests {
             job: 1,
             vertex: v,
             subtask: s,
+            attempt: 0,
         }
     }
 

@@ -14,6 +14,15 @@ pub enum ClusterError {
     JobFailed { job: u64, error: String },
     #[error("task manager {0} is not registered")]
     UnknownTaskManager(String),
+    /// A TaskManager could not register with the JobManager in time.
+    #[error("could not register with the job manager within {timeout:?}: {error}")]
+    RegistrationTimeout {
+        timeout: std::time::Duration,
+        error: String,
+    },
+    /// A cluster RPC failed (the peer is down or unreachable).
+    #[error("cluster rpc: {0}")]
+    Rpc(String),
     #[error(transparent)]
     Exec(#[from] executor::ExecError),
     #[error(transparent)]

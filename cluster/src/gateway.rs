@@ -11,6 +11,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
 use executor::task::{SourcePosition, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
+use storage::state::{StateEntry, StateWrite};
 
 use crate::Result;
 
@@ -51,30 +52,45 @@ pub struct SlotStatus {
 pub struct TaskManagerInfo {
     pub resource_id: ResourceId,
     pub address: String,
+    pub cpu_cores: usize,
+    pub managed_memory_bytes: usize,
     pub slots_total: usize,
     pub slots_free: usize,
+    pub registered_at: SystemTime,
     pub last_heartbeat: SystemTime,
+    /// `REGISTERED`, or `LOST` for one lost lately.
+    pub state: &'static str,
+    /// Jobs holding each slot, by slot index.
+    pub slot_jobs: Vec<Vec<u64>>,
 }
 
 /// The ResourceManager, as TaskManagers and JobMasters call it.
 #[async_trait]
 pub trait ResourceManagerGateway: Send + Sync {
-    /// A TaskManager announces itself and its slots.
+    /// A TaskManager announces itself and its slots; the answer is the
+    /// JobManager's id, which changes when it restarts.
     async fn register_task_executor(
         &self,
         registration: TaskExecutorRegistration,
         gateway: Arc<dyn TaskExecutorGateway>,
-    ) -> Result<()>;
+    ) -> Result<String>;
 
-    /// Periodic liveness signal with the current slot report.
+    /// Periodic liveness signal with the current slot report. An error
+    /// means the ResourceManager no longer knows the TaskManager: it must
+    /// register again.
     async fn heartbeat_from_task_executor(
         &self,
         resource_id: &ResourceId,
         slots: SlotReport,
     ) -> Result<()>;
 
-    /// A JobMaster asks for `count` slots, each on a different slot index,
-    /// so that no two subtasks of a vertex share one.
+    /// The TaskManager is gone (its connection dropped, or it missed its
+    /// heartbeats): its slots are removed and its jobs fail over.
+    fn disconnect_task_executor(&self, resource_id: &ResourceId, cause: &str);
+
+    /// A JobMaster asks for `count` distinct slots, so that no two subtasks
+    /// of a vertex share one; waits for TaskManagers to bring them up to the
+    /// slot request timeout.
     async fn request_slots(&self, job: u64, count: usize) -> Result<Vec<SlotId>>;
 
     /// The slots `request_slots` would return, without allocating them.
@@ -95,13 +111,18 @@ pub trait ResourceManagerGateway: Send + Sync {
 pub trait TaskExecutorGateway: Send + Sync {
     fn resource_id(&self) -> ResourceId;
 
+    /// Where the TaskManager serves its shuffle: the address input channels
+    /// of its subtasks' consumers connect to.
+    fn address(&self) -> String;
+
     /// The ResourceManager assigns `slot` to `job`.
     async fn request_slot(&self, slot: SlotId, job: u64) -> Result<()>;
 
     /// The job's slots are free again.
     async fn free_slots(&self, job: u64) -> Result<()>;
 
-    /// Starts one subtask; the task reports to `job_master`.
+    /// Starts one subtask, after restoring its state from the job's latest
+    /// completed checkpoint; the task reports to `job_master`.
     async fn submit_task(
         &self,
         deployment: TaskDeployment,
@@ -120,23 +141,31 @@ pub trait TaskExecutorGateway: Send + Sync {
     /// Drops staged state of an aborted checkpoint.
     async fn abort_checkpoint(&self, job: u64, checkpoint_id: u64) -> Result<()>;
 
-    /// The last committed checkpoint of `job` in this TaskManager's state.
-    async fn committed_checkpoint(&self, job: u64) -> Result<Option<u64>>;
-
     /// Deletes a dropped job's state.
     async fn drop_job_state(&self, job: u64, tables: Vec<u64>) -> Result<()>;
 
-    /// Reads a view's rows at its latest committed checkpoint (the
-    /// queryable-state service behind `SELECT`).
-    async fn scan_view(&self, state_table: u64, schema: SchemaRef) -> Result<Vec<RecordBatch>>;
+    /// Reads a view's rows in `key_groups` at the checkpoint this
+    /// TaskManager committed last (the queryable-state service behind
+    /// `SELECT`).
+    async fn scan_view(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<Vec<RecordBatch>>;
 }
 
-/// A JobMaster, as TaskManagers call it.
+/// A JobMaster, as TaskManagers call it. Acknowledgements and state
+/// changes are one-way messages, delivered in the order they were sent.
+#[async_trait]
 pub trait JobMasterGateway: Send + Sync {
+    /// A task took its part of a checkpoint: its state writes (kept in the
+    /// JobManager's checkpoint storage) and source positions.
     fn acknowledge_checkpoint(
         &self,
         task: &TaskId,
         checkpoint_id: u64,
+        writes: Vec<StateWrite>,
         positions: Vec<SourcePosition>,
     );
 
@@ -146,4 +175,13 @@ pub trait JobMasterGateway: Send + Sync {
         state: ExecutionState,
         error: Option<String>,
     );
+
+    /// The job's state in `tables` and `key_groups` at its latest completed
+    /// checkpoint: `(table, entry)`.
+    async fn read_checkpoint_state(
+        &self,
+        job: u64,
+        tables: Vec<u64>,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<Vec<(u64, StateEntry)>>;
 }

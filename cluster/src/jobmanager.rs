@@ -1,18 +1,22 @@
 //! The JobManager's Dispatcher: receives jobs from the SQL front end, starts
-//! a JobMaster for each, and answers questions about all of them (`FLUSH`,
-//! EXPLAIN's slot preview, job listings).
+//! a JobMaster for each, fails over the jobs of lost TaskManagers, and
+//! answers questions about all of them (`FLUSH`, EXPLAIN's slot preview,
+//! job listings, view scans). It owns the checkpoint storage.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
 use planner::execution_graph::{ExecutionGraph, ExecutionState};
 use planner::job_graph::JobGraph;
+use storage::state::{StateEntry, StateStore};
 
 use crate::checkpoint::CompletedCheckpoint;
 use crate::config::ClusterConfig;
 use crate::gateway::ResourceManagerGateway;
-use crate::jobmaster::{JobMaster, JobState};
-use crate::{ClusterError, Result};
+use crate::jobmaster::{self, JobMaster, JobState};
+use crate::{ClusterError, ResourceManager, Result};
 
 /// A job as `SHOW JOBS` lists it.
 #[derive(Debug, Clone)]
@@ -20,6 +24,9 @@ pub struct JobStatus {
     pub job: u64,
     pub state: String,
     pub last_checkpoint: u64,
+    /// Deployment attempt (0 for the first) and restarts so far.
+    pub attempt: u64,
+    pub restarts: u32,
     /// (vertex name, subtask, slot, state).
     pub subtasks: Vec<(String, usize, String, ExecutionState)>,
 }
@@ -35,6 +42,8 @@ pub struct JobSources {
 /// The Dispatcher.
 pub struct JobManager {
     rm: Arc<dyn ResourceManagerGateway>,
+    /// Committed state of every job's latest completed checkpoint.
+    storage: Arc<StateStore>,
     config: ClusterConfig,
     jobs: Mutex<BTreeMap<u64, Arc<JobMaster>>>,
 }
@@ -50,23 +59,117 @@ fn poisoned() -> ClusterError {
 }
 
 impl JobManager {
-    pub fn new(rm: Arc<dyn ResourceManagerGateway>, config: ClusterConfig) -> Self {
-        Self {
+    /// The Dispatcher over `rm`, failing over the jobs of every TaskManager
+    /// it loses.
+    pub fn start(
+        rm: Arc<ResourceManager>,
+        storage: Arc<StateStore>,
+        config: ClusterConfig,
+    ) -> Arc<Self> {
+        let mut lost = rm.lost_task_managers();
+        let jm = Arc::new(Self {
             rm,
+            storage,
             config,
             jobs: Mutex::new(BTreeMap::new()),
-        }
+        });
+        let weak: Weak<Self> = Arc::downgrade(&jm);
+        tokio::spawn(async move {
+            loop {
+                let tm = match lost.recv().await {
+                    Ok(tm) => tm,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                };
+                let Some(me) = weak.upgrade() else { return };
+                let jobs: Vec<_> = match me.jobs.lock() {
+                    Ok(j) => j.values().cloned().collect(),
+                    Err(_) => return,
+                };
+                for job in jobs.into_iter().filter(|j| j.uses_task_manager(&tm)) {
+                    tokio::spawn(job.failover(format!("task manager {tm} lost")));
+                }
+            }
+        });
+        jm
     }
 
     pub fn resource_manager(&self) -> &Arc<dyn ResourceManagerGateway> {
         &self.rm
     }
 
-    /// Starts a job; returns once its subtasks are deployed.
+    /// Starts a job; returns once its subtasks are deployed, or fails
+    /// (with SQLSTATE 53000 when there are not enough slots).
     pub async fn submit_job(&self, job: u64, graph: JobGraph) -> Result<()> {
-        let jm = JobMaster::start(job, graph, self.rm.clone(), self.config.clone()).await?;
-        self.jobs.lock().map_err(|_| poisoned())?.insert(job, jm);
+        let jm = JobMaster::new(
+            job,
+            graph,
+            self.rm.clone(),
+            self.storage.clone(),
+            self.config.clone(),
+        )?;
+        self.jobs
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(job, jm.clone());
+        if let Err(e) = jm.launch().await {
+            self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
+            let _ = jm.stop(false).await;
+            return Err(e);
+        }
         Ok(())
+    }
+
+    /// Restarts a job from its latest completed checkpoint without waiting:
+    /// if its slots are not there yet (TaskManagers still registering after
+    /// a JobManager restart), it keeps trying as its restart strategy says.
+    pub fn recover_job(&self, job: u64, graph: JobGraph) -> Result<()> {
+        let jm = JobMaster::new(
+            job,
+            graph,
+            self.rm.clone(),
+            self.storage.clone(),
+            self.config.clone(),
+        )?;
+        self.jobs
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(job, jm.clone());
+        tokio::spawn(async move {
+            if let Err(e) = jm.launch().await {
+                jm.failover(e.to_string()).await;
+            }
+        });
+        Ok(())
+    }
+
+    /// A view's rows at its job's latest completed checkpoint.
+    pub async fn read_view(
+        &self,
+        job: u64,
+        state_table: u64,
+        schema: SchemaRef,
+    ) -> Result<Vec<RecordBatch>> {
+        let jm = self.jobs.lock().map_err(|_| poisoned())?.get(&job).cloned();
+        match jm {
+            Some(jm) => jm.read_view(state_table, schema).await,
+            None => jobmaster::read_stored_view(self.storage.clone(), state_table, schema).await,
+        }
+    }
+
+    /// A job's committed state (for TaskManagers restoring tasks).
+    pub async fn read_checkpoint_state(
+        &self,
+        job: u64,
+        tables: Vec<u64>,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<Vec<(u64, StateEntry)>> {
+        jobmaster::read_checkpoint_state(self.storage.clone(), job, tables, key_groups).await
+    }
+
+    /// The JobMaster of `job` (for RPC from TaskManagers).
+    pub(crate) fn job_master(&self, job: u64) -> Option<Arc<JobMaster>> {
+        self.jobs.lock().ok()?.get(&job).cloned()
     }
 
     /// Stops a job; with `drop_state` its state is deleted too.
@@ -76,6 +179,12 @@ impl JobManager {
             Some(jm) => jm.stop(drop_state).await,
             None => Err(ClusterError::UnknownJob(job)),
         }
+    }
+
+    /// Deletes a job's stored state (its view is dropped while the job is
+    /// not running).
+    pub fn drop_stored_state(&self, job: u64, tables: &[u64]) -> Result<()> {
+        Ok(self.storage.drop_job(job, tables)?)
     }
 
     /// Stops every job, keeping their state (server shutdown).
@@ -154,7 +263,7 @@ impl JobManager {
                     return Err(ClusterError::JobFailed { job: jm.job, error });
                 }
                 JobState::Canceled => return Ok(false),
-                JobState::Running | JobState::Restarting => {}
+                JobState::Running | JobState::Restarting | JobState::Created => {}
             }
             jm.trigger_now();
             // Re-check the job state now and then, in case it fails meanwhile.
@@ -216,15 +325,19 @@ impl JobManager {
                     })
                     .unwrap_or_default();
                 let state = match jm.state() {
+                    JobState::Created => "CREATED".to_string(),
                     JobState::Running => "RUNNING".to_string(),
                     JobState::Restarting => "RESTARTING".to_string(),
                     JobState::Failed(e) => format!("FAILED: {e}"),
                     JobState::Canceled => "CANCELED".to_string(),
                 };
+                let (attempt, restarts) = jm.attempts();
                 JobStatus {
                     job: jm.job,
                     state,
                     last_checkpoint: jm.completed().borrow().id,
+                    attempt,
+                    restarts,
                     subtasks,
                 }
             })

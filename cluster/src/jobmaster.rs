@@ -1,32 +1,53 @@
 //! The JobMaster of one job: gets slots from the ResourceManager, deploys
 //! the ExecutionGraph's subtasks to TaskManagers, runs the
-//! CheckpointCoordinator and restarts the job when a task fails (Flink's
-//! fixed-delay restart strategy).
+//! CheckpointCoordinator and restarts the job when a task or a TaskManager
+//! fails, following the configured restart strategy.
 //!
 //! Checkpoints: every `checkpoint_interval` (or at once when asked, for
 //! `FLUSH`) the coordinator picks the next id and tells every source subtask
-//! to emit a barrier. When the last subtask acknowledges, it asks each
-//! TaskManager of the job to commit that checkpoint's staged state, and only
-//! then publishes the checkpoint as completed.
+//! to emit a barrier. Each acknowledgement carries the task's state writes,
+//! which the JobMaster stages in the JobManager's **checkpoint storage**
+//! (Flink's `JobManagerCheckpointStorage`). When the last subtask has
+//! acknowledged, it commits them there, asks each TaskManager of the job to
+//! commit its local copy, and only then publishes the checkpoint as
+//! completed.
+//!
+//! Failover: cancel every task, release the slots, wait as the restart
+//! strategy says, ask for slots again — the lost TaskManager's are gone, a
+//! new one's may have arrived — and deploy a new attempt. Each task first
+//! restores its state from the checkpoint storage, so any slot will do.
+//!
+//! One lock orders it all: committing a checkpoint and (re)deploying hold
+//! `commit` for writing, view scans for reading, so a scan sees every
+//! TaskManager at the same completed checkpoint and never a half-restored
+//! one.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
 use executor::task::{SourcePosition, TaskDeployment, TaskId};
-use planner::execution_graph::{ExecutionGraph, ExecutionState};
+use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
 use planner::spec::OperatorSpec;
-use tokio::sync::{Notify, watch};
+use storage::keys::{MAX_PARALLELISM, key_group_range};
+use storage::state::{StateEntry, StateStore, StateWrite};
+use tokio::sync::{Notify, RwLock, watch};
 
 use crate::checkpoint::{CompletedCheckpoint, PendingCheckpoint};
 use crate::config::ClusterConfig;
-use crate::gateway::{JobMasterGateway, ResourceManagerGateway, TaskExecutorGateway};
+use crate::gateway::{JobMasterGateway, ResourceId, ResourceManagerGateway, TaskExecutorGateway};
 use crate::{ClusterError, Result};
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum JobState {
+    /// Waiting for slots and deploying, the first time.
+    Created,
     Running,
     Restarting,
     Failed(String),
@@ -34,22 +55,32 @@ pub(crate) enum JobState {
 }
 
 struct Inner {
-    exec: ExecutionGraph,
+    /// `None` until the job has slots.
+    exec: Option<ExecutionGraph>,
     attempt: u64,
     state: JobState,
     restarts: u32,
+    running_since: Instant,
+    /// A failure reported while the job was being (re)deployed.
+    deploy_failure: Option<String>,
     next_checkpoint: u64,
     pending: Option<PendingCheckpoint>,
     /// The pending checkpoint is complete and being committed.
     committing: bool,
+    /// A TaskManager could not commit the last checkpoint locally: scans
+    /// read the checkpoint storage until the next one commits everywhere.
+    stale_task_manager: bool,
 }
 
 /// The JobMaster of one job.
 pub(crate) struct JobMaster {
     pub(crate) job: u64,
+    graph: JobGraph,
     rm: Arc<dyn ResourceManagerGateway>,
+    storage: Arc<StateStore>,
     config: ClusterConfig,
     inner: Mutex<Inner>,
+    commit: RwLock<()>,
     completed: watch::Sender<CompletedCheckpoint>,
     trigger: Notify,
     me: Weak<JobMaster>,
@@ -66,42 +97,36 @@ fn poisoned() -> ClusterError {
 }
 
 impl JobMaster {
-    /// Allocates slots, deploys the job and starts its checkpoints.
-    pub(crate) async fn start(
+    /// A JobMaster for `graph`, not yet deployed.
+    pub(crate) fn new(
         job: u64,
         graph: JobGraph,
         rm: Arc<dyn ResourceManagerGateway>,
+        storage: Arc<StateStore>,
         config: ClusterConfig,
     ) -> Result<Arc<Self>> {
-        let slots = rm
-            .request_slots(job, ExecutionGraph::slots_needed(&graph))
-            .await?;
-        let exec = match ExecutionGraph::build(graph, &slots) {
-            Ok(exec) => exec,
-            Err(e) => {
-                rm.release_slots(job).await?;
-                return Err(e.into());
-            }
-        };
         // Checkpoint ids continue after the last committed one, so that a
         // restarted job never reuses an id.
-        let mut last = 0;
-        for tm in Self::task_executors_of(&rm, &exec)? {
-            last = last.max(tm.committed_checkpoint(job).await?.unwrap_or(0));
-        }
+        let last = storage.committed_checkpoint(job)?.unwrap_or(0);
         let jm = Arc::new_cyclic(|me| JobMaster {
             job,
+            graph,
             rm,
+            storage,
             config,
             inner: Mutex::new(Inner {
-                exec,
+                exec: None,
                 attempt: 0,
-                state: JobState::Running,
+                state: JobState::Created,
                 restarts: 0,
+                running_since: Instant::now(),
+                deploy_failure: None,
                 next_checkpoint: last + 1,
                 pending: None,
                 committing: false,
+                stale_task_manager: false,
             }),
+            commit: RwLock::new(()),
             completed: watch::channel(CompletedCheckpoint {
                 id: last,
                 positions: HashMap::new(),
@@ -110,88 +135,183 @@ impl JobMaster {
             trigger: Notify::new(),
             me: me.clone(),
         });
-        if let Err(e) = jm.deploy().await {
-            let _ = jm.stop(false).await;
-            return Err(e);
-        }
         tokio::spawn(Self::run_checkpoints(Arc::downgrade(&jm)));
         Ok(jm)
+    }
+
+    /// Gets slots and deploys the first attempt. On failure the job's slots
+    /// are released; the caller decides whether to retry ([`Self::failover`]).
+    pub(crate) async fn launch(&self) -> Result<()> {
+        let result = self.allocate_and_deploy().await;
+        if result.is_err() {
+            self.teardown().await;
+        }
+        result
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
+        self.inner.lock().map_err(|_| poisoned())
     }
 
     fn task_executors_of(
         rm: &Arc<dyn ResourceManagerGateway>,
         exec: &ExecutionGraph,
-    ) -> Result<Vec<Arc<dyn TaskExecutorGateway>>> {
-        let slots: BTreeSet<_> = exec.all().map(|ev| ev.slot.task_manager.clone()).collect();
-        let mut out = Vec::new();
-        for tm in slots {
-            if let Some(ev) = exec.all().find(|ev| ev.slot.task_manager == tm) {
-                out.push(rm.task_executor(&ev.slot)?);
-            }
-        }
-        Ok(out)
+    ) -> Vec<(ResourceId, Result<Arc<dyn TaskExecutorGateway>>)> {
+        let tms: BTreeSet<_> = exec.all().map(|ev| ev.slot.task_manager.clone()).collect();
+        tms.into_iter()
+            .map(|tm| {
+                let slot = SlotId {
+                    task_manager: tm.clone(),
+                    index: 0,
+                };
+                let gateway = rm.task_executor(&slot);
+                (tm, gateway)
+            })
+            .collect()
     }
 
-    fn task_executors(&self) -> Result<Vec<Arc<dyn TaskExecutorGateway>>> {
-        let inner = self.inner.lock().map_err(|_| poisoned())?;
-        Self::task_executors_of(&self.rm, &inner.exec)
-    }
-
-    /// Submits every subtask of the current attempt.
-    async fn deploy(&self) -> Result<()> {
-        let (graph, attempt, subtasks) = {
-            let mut inner = self.inner.lock().map_err(|_| poisoned())?;
-            for ev in inner.exec.subtasks.iter_mut().flatten() {
-                ev.state = ExecutionState::Deploying;
-            }
-            let subtasks: Vec<_> = inner
-                .exec
-                .all()
-                .map(|ev| (ev.vertex, ev.subtask, ev.slot.clone()))
-                .collect();
-            (Arc::new(inner.exec.job.clone()), inner.attempt, subtasks)
+    /// The TaskManagers of the current attempt that are still registered.
+    fn task_executors(&self) -> Vec<Arc<dyn TaskExecutorGateway>> {
+        let Ok(inner) = self.lock() else {
+            return Vec::new();
         };
+        match &inner.exec {
+            Some(exec) => Self::task_executors_of(&self.rm, exec)
+                .into_iter()
+                .filter_map(|(_, g)| g.ok())
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether the current attempt runs on `tm`.
+    pub(crate) fn uses_task_manager(&self, tm: &str) -> bool {
+        self.lock()
+            .ok()
+            .and_then(|i| {
+                i.exec
+                    .as_ref()
+                    .map(|e| e.all().any(|ev| ev.slot.task_manager == tm))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Requests slots, builds the ExecutionGraph on them and submits every
+    /// subtask; each restores its state from the checkpoint storage first.
+    async fn allocate_and_deploy(&self) -> Result<()> {
+        let slots = self
+            .rm
+            .request_slots(self.job, ExecutionGraph::slots_needed(&self.graph))
+            .await?;
+        let mut exec = ExecutionGraph::build(self.graph.clone(), &slots)?;
+        let _deploying = self.commit.write().await;
+        let mut locations = Vec::new();
+        for subtasks in &exec.subtasks {
+            let mut v = Vec::new();
+            for ev in subtasks {
+                v.push(self.rm.task_executor(&ev.slot)?.address());
+            }
+            locations.push(v);
+        }
+        let locations = Arc::new(locations);
+        for ev in exec.subtasks.iter_mut().flatten() {
+            ev.state = ExecutionState::Deploying;
+        }
+        let attempt = {
+            let mut inner = self.lock()?;
+            if matches!(inner.state, JobState::Canceled | JobState::Failed(_)) {
+                return Err(ClusterError::Internal(format!(
+                    "job {} stopped while deploying",
+                    self.job
+                )));
+            }
+            inner.deploy_failure = None;
+            inner.exec = Some(exec.clone());
+            inner.stale_task_manager = false;
+            inner.attempt
+        };
+        let graph = Arc::new(self.graph.clone());
         let me: Arc<dyn JobMasterGateway> = self
             .me
             .upgrade()
             .ok_or_else(|| ClusterError::Internal("job master gone".into()))?;
-        for (vertex, subtask, slot) in subtasks {
-            let tm = self.rm.task_executor(&slot)?;
+        for ev in exec.all() {
+            let tm = self.rm.task_executor(&ev.slot)?;
             let deployment = TaskDeployment {
                 id: TaskId {
                     job: self.job,
-                    vertex,
-                    subtask,
+                    vertex: ev.vertex,
+                    subtask: ev.subtask,
+                    attempt,
                 },
-                attempt,
                 graph: graph.clone(),
+                locations: locations.clone(),
             };
             tm.submit_task(deployment, me.clone()).await?;
         }
-        tracing::info!(job = self.job, attempt, "job deployed");
+        let mut inner = self.lock()?;
+        if let Some(failure) = inner.deploy_failure.take() {
+            return Err(ClusterError::Internal(failure));
+        }
+        match inner.state {
+            JobState::Created | JobState::Restarting => {
+                inner.state = JobState::Running;
+                inner.running_since = Instant::now();
+            }
+            _ => {
+                return Err(ClusterError::Internal(format!(
+                    "job {} stopped while deploying",
+                    self.job
+                )));
+            }
+        }
+        tracing::info!(job = self.job, attempt, slots = slots.len(), "job deployed");
         Ok(())
+    }
+
+    /// Cancels every task of the current attempt, drops pending checkpoint
+    /// state and releases the slots.
+    async fn teardown(&self) {
+        let tms = self.task_executors();
+        let _ = self.storage.discard_staged(self.job);
+        for tm in tms {
+            if let Err(e) = tm.cancel_job(self.job).await {
+                tracing::debug!(job = self.job, error = %e, "cancel on a task manager failed");
+            }
+        }
+        if let Err(e) = self.rm.release_slots(self.job).await {
+            tracing::warn!(job = self.job, error = %e, "releasing slots failed");
+        }
     }
 
     /// Stops the job's tasks and checkpoints; frees its slots and, with
     /// `drop_state`, deletes its state.
     pub(crate) async fn stop(&self, drop_state: bool) -> Result<()> {
-        let tables = {
-            let mut inner = self.inner.lock().map_err(|_| poisoned())?;
+        let _commit = self.commit.write().await;
+        {
+            let mut inner = self.lock()?;
             inner.state = JobState::Canceled;
             inner.pending = None;
-            for ev in inner.exec.subtasks.iter_mut().flatten() {
-                ev.state = ExecutionState::Canceled;
-            }
-            inner.exec.job.stream.state_tables()
-        };
-        self.trigger.notify_one();
-        for tm in self.task_executors()? {
-            tm.cancel_job(self.job).await?;
-            if drop_state {
-                tm.drop_job_state(self.job, tables.clone()).await?;
+            if let Some(exec) = &mut inner.exec {
+                for ev in exec.subtasks.iter_mut().flatten() {
+                    ev.state = ExecutionState::Canceled;
+                }
             }
         }
-        self.rm.release_slots(self.job).await
+        self.trigger.notify_one();
+        let tables = self.graph.stream.state_tables();
+        let tms = self.task_executors();
+        self.teardown().await;
+        if drop_state {
+            for tm in tms {
+                if let Err(e) = tm.drop_job_state(self.job, tables.clone()).await {
+                    tracing::warn!(job = self.job, error = %e, "dropping task manager state failed");
+                }
+            }
+            self.storage.drop_job(self.job, &tables)?;
+        }
+        self.completed.send_modify(|_| {});
+        Ok(())
     }
 
     pub(crate) fn state(&self) -> JobState {
@@ -203,17 +323,20 @@ impl JobMaster {
 
     /// Subtasks with their slots and states.
     pub(crate) fn execution_graph(&self) -> Option<ExecutionGraph> {
-        self.inner.lock().ok().map(|i| i.exec.clone())
+        self.inner.lock().ok().and_then(|i| i.exec.clone())
+    }
+
+    /// Attempt number and restarts so far.
+    pub(crate) fn attempts(&self) -> (u64, u32) {
+        self.inner
+            .lock()
+            .map(|i| (i.attempt, i.restarts))
+            .unwrap_or_default()
     }
 
     /// Tables the job's sources read.
     pub(crate) fn source_tables(&self) -> Vec<u64> {
-        let Ok(inner) = self.inner.lock() else {
-            return Vec::new();
-        };
-        inner
-            .exec
-            .job
+        self.graph
             .stream
             .nodes
             .iter()
@@ -257,7 +380,7 @@ impl JobMaster {
             let Some(jm) = me.upgrade() else { return };
             match jm.state() {
                 JobState::Canceled | JobState::Failed(_) => return,
-                JobState::Restarting => continue,
+                JobState::Restarting | JobState::Created => continue,
                 JobState::Running => {}
             }
             if let Err(e) = jm.trigger_checkpoint(timeout).await {
@@ -268,37 +391,25 @@ impl JobMaster {
 
     async fn trigger_checkpoint(&self, timeout: std::time::Duration) -> Result<()> {
         let (id, sources, aborted) = {
-            let mut inner = self.inner.lock().map_err(|_| poisoned())?;
-            if inner.committing {
+            let mut inner = self.lock()?;
+            if inner.committing || inner.state != JobState::Running {
                 return Ok(());
             }
-            let mut aborted = None;
-            if let Some(p) = &inner.pending {
-                if p.started.elapsed() < timeout {
-                    return Ok(());
-                }
-                tracing::warn!(
-                    job = self.job,
-                    checkpoint = p.id,
-                    "checkpoint expired before completing; aborted"
-                );
-                aborted = Some(p.id);
-                inner.pending = None;
-            }
-            let id = inner.next_checkpoint;
-            inner.next_checkpoint += 1;
-            let graph = &inner.exec.job;
-            let tasks: Vec<TaskId> = inner
-                .exec
+            let Some(exec) = &inner.exec else {
+                return Ok(());
+            };
+            let graph = &exec.job;
+            let attempt = inner.attempt;
+            let tasks: Vec<TaskId> = exec
                 .all()
                 .map(|ev| TaskId {
                     job: self.job,
                     vertex: ev.vertex,
                     subtask: ev.subtask,
+                    attempt,
                 })
                 .collect();
-            let sources: Vec<(TaskId, planner::execution_graph::SlotId)> = inner
-                .exec
+            let sources: Vec<(TaskId, SlotId)> = exec
                 .all()
                 .filter(|ev| {
                     let head = graph.vertices[ev.vertex].nodes[0];
@@ -313,16 +424,33 @@ impl JobMaster {
                             job: self.job,
                             vertex: ev.vertex,
                             subtask: ev.subtask,
+                            attempt,
                         },
                         ev.slot.clone(),
                     )
                 })
                 .collect();
+            let mut aborted = None;
+            if let Some(p) = &inner.pending {
+                if p.started.elapsed() < timeout {
+                    return Ok(());
+                }
+                tracing::warn!(
+                    job = self.job,
+                    checkpoint = p.id,
+                    "checkpoint expired before completing; aborted"
+                );
+                aborted = Some(p.id);
+                inner.pending = None;
+                let _ = self.storage.discard_staged(self.job);
+            }
+            let id = inner.next_checkpoint;
+            inner.next_checkpoint += 1;
             inner.pending = Some(PendingCheckpoint::new(id, tasks));
             (id, sources, aborted)
         };
         if let Some(old) = aborted {
-            for tm in self.task_executors()? {
+            for tm in self.task_executors() {
                 tm.abort_checkpoint(self.job, old).await?;
             }
         }
@@ -337,102 +465,210 @@ impl JobMaster {
     }
 
     /// Commits a checkpoint every task has acknowledged, then publishes it.
-    async fn complete(self: Arc<Self>, checkpoint: CompletedCheckpoint) {
-        let result = async {
-            for tm in self.task_executors()? {
-                tm.notify_checkpoint_complete(self.job, checkpoint.id)
-                    .await?;
-            }
-            Ok::<_, ClusterError>(())
+    async fn complete(self: Arc<Self>, checkpoint: CompletedCheckpoint, attempt: u64) {
+        let _commit = self.commit.write().await;
+        let current = self
+            .lock()
+            .map(|i| i.attempt == attempt && i.committing && i.state == JobState::Running)
+            .unwrap_or(false);
+        if !current {
+            // A failover came first and discarded the staged state.
+            return;
         }
-        .await;
-        if let Ok(mut inner) = self.inner.lock() {
+        let storage = self.storage.clone();
+        let (job, id) = (self.job, checkpoint.id);
+        let stored = tokio::task::spawn_blocking(move || storage.commit(job, id))
+            .await
+            .map_err(|e| ClusterError::Internal(e.to_string()))
+            .and_then(|r| r.map_err(ClusterError::from));
+        if let Err(e) = stored {
+            tracing::error!(job = self.job, checkpoint = id, error = %e, "checkpoint storage commit failed");
+            if let Ok(mut inner) = self.lock() {
+                inner.committing = false;
+            }
+            return;
+        }
+        let mut stale = false;
+        for tm in self.task_executors() {
+            if let Err(e) = tm.notify_checkpoint_complete(self.job, id).await {
+                tracing::warn!(job = self.job, checkpoint = id, error = %e, "task manager did not commit");
+                stale = true;
+            }
+        }
+        if let Ok(mut inner) = self.lock() {
             inner.committing = false;
+            inner.stale_task_manager = stale;
         }
-        match result {
-            Ok(()) => {
-                tracing::debug!(
-                    job = self.job,
-                    checkpoint = checkpoint.id,
-                    "checkpoint completed"
-                );
-                self.completed.send_replace(checkpoint);
+        tracing::debug!(job = self.job, checkpoint = id, "checkpoint completed");
+        self.completed.send_replace(checkpoint);
+    }
+
+    /// A task or a TaskManager failed: cancel everything, then restart
+    /// from the latest completed checkpoint as the restart strategy allows.
+    pub(crate) async fn failover(self: Arc<Self>, error: String) {
+        {
+            let Ok(mut inner) = self.lock() else { return };
+            match inner.state {
+                JobState::Running | JobState::Created => inner.state = JobState::Restarting,
+                JobState::Restarting => {
+                    // Being deployed: the deployment checks this when it ends.
+                    inner.deploy_failure.get_or_insert(error);
+                    return;
+                }
+                JobState::Failed(_) | JobState::Canceled => return,
             }
-            Err(e) => {
-                tracing::error!(job = self.job, checkpoint = checkpoint.id, error = %e, "commit failed")
+        }
+        let mut error = error;
+        loop {
+            let delay = {
+                let _commit = self.commit.write().await;
+                let Ok(mut inner) = self.lock() else { return };
+                if inner.state != JobState::Restarting {
+                    return;
+                }
+                inner.pending = None;
+                inner.committing = false;
+                if let Some(reset) = self.config.restart_strategy.reset_after()
+                    && inner.running_since.elapsed() > reset
+                {
+                    inner.restarts = 0;
+                }
+                inner.restarts += 1;
+                let delay = self.config.restart_strategy.delay(inner.restarts);
+                if let Some(exec) = &mut inner.exec {
+                    for ev in exec.subtasks.iter_mut().flatten() {
+                        ev.state = if delay.is_some() {
+                            ExecutionState::Canceling
+                        } else {
+                            ExecutionState::Failed
+                        };
+                    }
+                }
+                if delay.is_none() {
+                    inner.state = JobState::Failed(error.clone());
+                }
+                delay
+            };
+            tracing::warn!(job = self.job, error = %error, restart_in = ?delay, "job failed");
+            self.teardown().await;
+            let Some(delay) = delay else {
+                self.completed.send_modify(|_| {});
+                return;
+            };
+            tokio::time::sleep(delay).await;
+            {
+                let Ok(mut inner) = self.lock() else { return };
+                if inner.state != JobState::Restarting {
+                    return;
+                }
+                inner.attempt += 1;
+            }
+            match self.allocate_and_deploy().await {
+                Ok(()) => return,
+                Err(e) => error = e.to_string(),
             }
         }
     }
 
-    /// A task failed: cancel everything, then restart from the last
-    /// committed checkpoint, or give up after `restart_attempts`.
-    async fn failover(self: Arc<Self>, error: String) {
-        let give_up = {
-            let Ok(mut inner) = self.inner.lock() else {
-                return;
-            };
-            if inner.state != JobState::Running {
-                return;
-            }
-            inner.pending = None;
-            inner.committing = false;
-            inner.restarts += 1;
-            if inner.restarts > self.config.restart_attempts {
-                inner.state = JobState::Failed(error.clone());
-                true
-            } else {
-                inner.state = JobState::Restarting;
-                false
-            }
-        };
-        tracing::warn!(job = self.job, error = %error, give_up, "job failed");
-        if let Ok(tms) = self.task_executors() {
-            for tm in tms {
-                let _ = tm.cancel_job(self.job).await;
-            }
-        }
-        if give_up {
-            if let Ok(mut inner) = self.inner.lock() {
-                for ev in inner.exec.subtasks.iter_mut().flatten() {
-                    ev.state = ExecutionState::Failed;
+    /// A view's rows at the latest completed checkpoint: from the
+    /// TaskManagers' scan services while the job runs, else from the
+    /// checkpoint storage.
+    pub(crate) async fn read_view(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+    ) -> Result<Vec<RecordBatch>> {
+        let _commit = self.commit.read().await;
+        if let Some(targets) = self.scan_targets(state_table) {
+            let mut out = Vec::new();
+            let mut complete = true;
+            for (tm, key_groups) in targets {
+                match tm.scan_view(state_table, schema.clone(), key_groups).await {
+                    Ok(batches) => out.extend(batches),
+                    Err(e) => {
+                        tracing::warn!(job = self.job, error = %e, "view scan on a task manager failed; reading checkpoint storage");
+                        complete = false;
+                        break;
+                    }
                 }
             }
-            self.completed.send_modify(|_| {});
-            return;
-        }
-        tokio::time::sleep(self.config.restart_delay).await;
-        {
-            let Ok(mut inner) = self.inner.lock() else {
-                return;
-            };
-            if inner.state != JobState::Restarting {
-                return;
+            if complete {
+                return Ok(out);
             }
-            inner.attempt += 1;
-            inner.state = JobState::Running;
         }
-        if let Err(e) = self.deploy().await {
-            Box::pin(self.failover(e.to_string())).await;
+        read_stored_view(self.storage.clone(), state_table, schema).await
+    }
+
+    /// The TaskManager and key groups of every subtask of the vertex that
+    /// materializes `state_table`, if they hold the latest checkpoint.
+    #[allow(clippy::type_complexity)]
+    fn scan_targets(
+        &self,
+        state_table: u64,
+    ) -> Option<Vec<(Arc<dyn TaskExecutorGateway>, std::ops::Range<u16>)>> {
+        let inner = self.lock().ok()?;
+        if inner.state != JobState::Running || inner.stale_task_manager {
+            return None;
         }
+        let exec = inner.exec.as_ref()?;
+        let vertex = exec.job.vertices.iter().find(|v| {
+            v.nodes.iter().any(|n| {
+                matches!(exec.job.stream.nodes[*n].spec,
+                    OperatorSpec::Materialize { state_table: t, .. } if t == state_table)
+            })
+        })?;
+        exec.subtasks[vertex.id]
+            .iter()
+            .map(|ev| {
+                let tm = self.rm.task_executor(&ev.slot).ok()?;
+                Some((tm, key_group_range(ev.subtask, vertex.parallelism)))
+            })
+            .collect()
     }
 }
 
+/// A view's rows from the checkpoint storage.
+pub(crate) async fn read_stored_view(
+    storage: Arc<StateStore>,
+    state_table: u64,
+    schema: SchemaRef,
+) -> Result<Vec<RecordBatch>> {
+    tokio::task::spawn_blocking(move || {
+        executor::operators::materialize::read_view(
+            &storage,
+            state_table,
+            &schema,
+            0..MAX_PARALLELISM,
+        )
+    })
+    .await
+    .map_err(|e| ClusterError::Internal(e.to_string()))?
+    .map_err(Into::into)
+}
+
+#[async_trait]
 impl JobMasterGateway for JobMaster {
     fn acknowledge_checkpoint(
         &self,
         task: &TaskId,
         checkpoint_id: u64,
+        writes: Vec<StateWrite>,
         positions: Vec<SourcePosition>,
     ) {
         let done = {
             let Ok(mut inner) = self.inner.lock() else {
                 return;
             };
+            let attempt = inner.attempt;
             match &mut inner.pending {
-                Some(p) if p.id == checkpoint_id => {
+                Some(p) if p.id == checkpoint_id && p.is_waiting_for(task) => {
+                    if let Err(e) = self.storage.stage(self.job, checkpoint_id, writes) {
+                        tracing::error!(job = self.job, error = %e, "staging checkpoint state failed");
+                        return;
+                    }
                     if p.acknowledge(task, &positions) {
                         inner.committing = true;
-                        inner.pending.take().map(|p| p.complete())
+                        inner.pending.take().map(|p| (p.complete(), attempt))
                     } else {
                         None
                     }
@@ -441,8 +677,8 @@ impl JobMasterGateway for JobMaster {
                 _ => None,
             }
         };
-        if let (Some(done), Some(me)) = (done, self.me.upgrade()) {
-            tokio::spawn(me.complete(done));
+        if let (Some((done, attempt)), Some(me)) = (done, self.me.upgrade()) {
+            tokio::spawn(me.complete(done, attempt));
         }
     }
 
@@ -452,15 +688,21 @@ impl JobMasterGateway for JobMaster {
         state: ExecutionState,
         error: Option<String>,
     ) {
-        if let Ok(mut inner) = self.inner.lock()
-            && let Some(ev) = inner
-                .exec
-                .subtasks
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        if task.attempt != inner.attempt {
+            // A report from a cancelled attempt.
+            return;
+        }
+        if let Some(ev) = inner.exec.as_mut().and_then(|e| {
+            e.subtasks
                 .get_mut(task.vertex)
                 .and_then(|v| v.get_mut(task.subtask))
-        {
+        }) {
             ev.state = state;
         }
+        drop(inner);
         if state == ExecutionState::Failed
             && let Some(me) = self.me.upgrade()
         {
@@ -468,4 +710,32 @@ impl JobMasterGateway for JobMaster {
             tokio::spawn(me.failover(error));
         }
     }
+
+    async fn read_checkpoint_state(
+        &self,
+        job: u64,
+        tables: Vec<u64>,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<Vec<(u64, StateEntry)>> {
+        read_checkpoint_state(self.storage.clone(), job, tables, key_groups).await
+    }
+}
+
+/// Committed entries of `tables` in `key_groups` from checkpoint storage.
+pub(crate) async fn read_checkpoint_state(
+    storage: Arc<StateStore>,
+    _job: u64,
+    tables: Vec<u64>,
+    key_groups: std::ops::Range<u16>,
+) -> Result<Vec<(u64, StateEntry)>> {
+    tokio::task::spawn_blocking(move || {
+        let per_table = storage.scan_many(&tables, key_groups)?;
+        Ok(tables
+            .iter()
+            .zip(per_table)
+            .flat_map(|(t, entries)| entries.into_iter().map(move |e| (*t, e)))
+            .collect())
+    })
+    .await
+    .map_err(|e| ClusterError::Internal(e.to_string()))?
 }

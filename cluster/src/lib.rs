@@ -3,10 +3,12 @@
 //! CheckpointCoordinator) and the TaskManager side (TaskExecutor with its slot
 //! table and tasks).
 //!
-//! The two sides talk only through the gateway traits in [`gateway`] — the
-//! same interfaces a multi-process cluster serves over RPC. [`MiniCluster`]
-//! wires one JobManager and one TaskManager in one process, for
-//! `weir playground` and tests.
+//! The two sides talk only through the gateway traits in [`gateway`]. In a
+//! playground ([`Cluster::playground`]) they are plain calls within one
+//! process; a standalone JobManager ([`Cluster::job_manager`]) and
+//! TaskManagers ([`run_task_manager`]) serve and call them over tonic gRPC
+//! (`proto/cluster.proto`, module `rpc`), including the network shuffle
+//! between TaskManagers.
 
 mod checkpoint;
 pub mod config;
@@ -14,14 +16,15 @@ mod error;
 pub mod gateway;
 mod jobmanager;
 mod jobmaster;
-mod minicluster;
+mod process;
 mod resource_manager;
+mod rpc;
 mod taskmanager;
 
 pub use checkpoint::CompletedCheckpoint;
-pub use config::ClusterConfig;
+pub use config::{ClusterConfig, RestartStrategy};
 pub use error::{ClusterError, Result};
 pub use jobmanager::{JobManager, JobSources, JobStatus};
-pub use minicluster::MiniCluster;
+pub use process::{Cluster, TaskManagerOptions, run_task_manager};
 pub use resource_manager::ResourceManager;
 pub use taskmanager::TaskExecutor;

@@ -1,5 +1,6 @@
 //! The ResourceManager and its slot manager: which TaskManagers are
-//! registered, their slots, and which jobs hold each slot.
+//! registered, their slots, and which jobs hold each slot; and the
+//! heartbeat monitor that declares silent TaskManagers lost.
 //!
 //! Slots are shared between jobs: a slot is a unit of a TaskManager's
 //! parallelism, and Weir runs many views at once, so a request is served by
@@ -7,15 +8,22 @@
 //! from Flink's per-job slots, where four slots would hold at most four
 //! views). Within a job the rule of Flink's slot sharing holds: a request for
 //! *n* slots returns *n* distinct slots and subtask *i* of every vertex runs
-//! in slot *i*, so subtasks of one vertex never share a slot.
+//! in slot *i*, so subtasks of one vertex never share a slot. Among equally
+//! loaded slots, slot 0 of every TaskManager comes before slot 1 of any, so
+//! a job spreads over TaskManagers (Flink's `evenly-spread-out-slots`).
+//!
+//! A pending request waits for TaskManagers to register up to the slot
+//! request timeout. A TaskManager is lost when its heartbeat connection
+//! drops or it stays silent past the heartbeat timeout; its slots go, and
+//! listeners ([`ResourceManager::lost_task_managers`]) fail over its jobs.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use planner::execution_graph::SlotId;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 
 use crate::gateway::{
     ResourceId, ResourceManagerGateway, SlotReport, TaskExecutorGateway, TaskExecutorRegistration,
@@ -26,30 +34,77 @@ use crate::{ClusterError, Result};
 struct Registered {
     registration: TaskExecutorRegistration,
     gateway: Arc<dyn TaskExecutorGateway>,
+    registered_at: SystemTime,
     last_heartbeat: SystemTime,
     /// Jobs holding each slot, by slot index.
     slot_jobs: Vec<BTreeSet<u64>>,
+    /// Tells this registration from an earlier one of the same TaskManager.
+    instance: u64,
 }
 
 /// The ResourceManager of a JobManager.
 pub struct ResourceManager {
+    /// Identifies this run of the JobManager (Flink's leader session id).
+    id: String,
     task_managers: Mutex<BTreeMap<ResourceId, Registered>>,
     slots_changed: Notify,
     slot_request_timeout: Duration,
+    heartbeat_timeout: Duration,
+    lost: broadcast::Sender<ResourceId>,
+    /// The TaskManagers lost lately, newest last (for introspection).
+    lost_lately: Mutex<Vec<TaskManagerInfo>>,
+    registrations: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ResourceManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResourceManager").finish_non_exhaustive()
+        f.debug_struct("ResourceManager")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
 impl ResourceManager {
-    pub fn new(slot_request_timeout: Duration) -> Self {
-        Self {
+    /// Creates the ResourceManager and starts its heartbeat monitor.
+    pub fn start(slot_request_timeout: Duration, heartbeat_timeout: Duration) -> Arc<Self> {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let rm = Arc::new(Self {
+            id: format!("{:x}-{:x}", std::process::id(), nanos),
             task_managers: Mutex::new(BTreeMap::new()),
             slots_changed: Notify::new(),
             slot_request_timeout,
+            heartbeat_timeout,
+            lost: broadcast::channel(64).0,
+            lost_lately: Mutex::new(Vec::new()),
+            registrations: std::sync::atomic::AtomicU64::new(0),
+        });
+        tokio::spawn(Self::monitor(Arc::downgrade(&rm)));
+        rm
+    }
+
+    /// This JobManager run's id, as registration answers it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// TaskManagers declared lost, as they are.
+    pub fn lost_task_managers(&self) -> broadcast::Receiver<ResourceId> {
+        self.lost.subscribe()
+    }
+
+    /// Which registration of `resource_id` is current.
+    pub fn registration_instance(&self, resource_id: &str) -> Option<u64> {
+        self.lock().ok()?.get(resource_id).map(|tm| tm.instance)
+    }
+
+    /// Declares a TaskManager lost if `instance` is still its current
+    /// registration (a connection of an earlier one ending says nothing).
+    pub fn disconnect_instance(&self, resource_id: &ResourceId, instance: u64, cause: &str) {
+        if self.registration_instance(resource_id) == Some(instance) {
+            self.disconnect_task_executor(resource_id, cause);
         }
     }
 
@@ -59,15 +114,47 @@ impl ResourceManager {
             .map_err(|_| ClusterError::Internal("resource manager lock poisoned".into()))
     }
 
+    /// Declares TaskManagers lost whose last heartbeat is older than the
+    /// timeout.
+    async fn monitor(me: Weak<Self>) {
+        loop {
+            let period = match me.upgrade() {
+                Some(rm) => (rm.heartbeat_timeout / 4).max(Duration::from_millis(50)),
+                None => return,
+            };
+            tokio::time::sleep(period).await;
+            let Some(rm) = me.upgrade() else { return };
+            let silent: Vec<ResourceId> = match rm.lock() {
+                Ok(tms) => tms
+                    .values()
+                    .filter(|tm| {
+                        tm.last_heartbeat
+                            .elapsed()
+                            .is_ok_and(|e| e > rm.heartbeat_timeout)
+                    })
+                    .map(|tm| tm.registration.resource_id.clone())
+                    .collect(),
+                Err(_) => return,
+            };
+            for id in silent {
+                rm.disconnect_task_executor(
+                    &id,
+                    &format!("no heartbeat for {:?}", rm.heartbeat_timeout),
+                );
+            }
+        }
+    }
+
     /// The `count` least-loaded slots, or how many there are.
     fn choose(&self, count: usize) -> Result<Result<Vec<SlotId>, (usize, usize)>> {
         let tms = self.lock()?;
-        let mut all: Vec<(usize, SlotId)> = tms
+        let mut all: Vec<(usize, usize, SlotId)> = tms
             .iter()
             .flat_map(|(id, r)| {
                 r.slot_jobs.iter().enumerate().map(move |(i, jobs)| {
                     (
                         jobs.len(),
+                        i,
                         SlotId {
                             task_manager: id.clone(),
                             index: i,
@@ -77,12 +164,12 @@ impl ResourceManager {
             })
             .collect();
         let total = all.len();
-        let free = all.iter().filter(|(load, _)| *load == 0).count();
+        let free = all.iter().filter(|(load, _, _)| *load == 0).count();
         if total < count {
             return Ok(Err((total, free)));
         }
         all.sort();
-        let mut chosen: Vec<SlotId> = all.into_iter().take(count).map(|(_, s)| s).collect();
+        let mut chosen: Vec<SlotId> = all.into_iter().take(count).map(|(_, _, s)| s).collect();
         chosen.sort();
         Ok(Ok(chosen))
     }
@@ -94,11 +181,17 @@ impl ResourceManagerGateway for ResourceManager {
         &self,
         registration: TaskExecutorRegistration,
         gateway: Arc<dyn TaskExecutorGateway>,
-    ) -> Result<()> {
+    ) -> Result<String> {
+        let known = self.lock()?.contains_key(&registration.resource_id);
+        if known {
+            // The same TaskManager again: whatever it ran is gone.
+            self.disconnect_task_executor(&registration.resource_id, "registered again");
+        }
         tracing::info!(
             resource_id = %registration.resource_id,
             address = %registration.address,
             slots = registration.slots.slots.len(),
+            cpu_cores = registration.hardware.cpu_cores,
             "task manager registered"
         );
         let slot_jobs = registration
@@ -107,17 +200,22 @@ impl ResourceManagerGateway for ResourceManager {
             .iter()
             .map(|s| s.jobs.iter().copied().collect())
             .collect();
+        let now = SystemTime::now();
         self.lock()?.insert(
             registration.resource_id.clone(),
             Registered {
                 registration,
                 gateway,
-                last_heartbeat: SystemTime::now(),
+                registered_at: now,
+                last_heartbeat: now,
                 slot_jobs,
+                instance: self
+                    .registrations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             },
         );
         self.slots_changed.notify_waiters();
-        Ok(())
+        Ok(self.id.clone())
     }
 
     async fn heartbeat_from_task_executor(
@@ -131,6 +229,26 @@ impl ResourceManagerGateway for ResourceManager {
             .ok_or_else(|| ClusterError::UnknownTaskManager(resource_id.clone()))?;
         tm.last_heartbeat = SystemTime::now();
         Ok(())
+    }
+
+    fn disconnect_task_executor(&self, resource_id: &ResourceId, cause: &str) {
+        let removed = match self.lock() {
+            Ok(mut tms) => tms.remove(resource_id),
+            Err(_) => None,
+        };
+        if let Some(tm) = removed {
+            if let Ok(mut lost) = self.lost_lately.lock() {
+                let mut info = info(&tm);
+                info.state = "LOST";
+                info.slots_free = 0;
+                lost.push(info);
+                let excess = lost.len().saturating_sub(16);
+                lost.drain(..excess);
+            }
+            tracing::warn!(resource_id = %resource_id, cause, "task manager lost");
+            let _ = self.lost.send(resource_id.clone());
+            self.slots_changed.notify_waiters();
+        }
     }
 
     async fn request_slots(&self, job: u64, count: usize) -> Result<Vec<SlotId>> {
@@ -187,7 +305,10 @@ impl ResourceManagerGateway for ResourceManager {
                 .collect()
         };
         for g in gateways {
-            g.free_slots(job).await?;
+            // A TaskManager that cannot be reached has lost the job anyway.
+            if let Err(e) = g.free_slots(job).await {
+                tracing::debug!(job, error = %e, "free slots failed");
+            }
         }
         self.slots_changed.notify_waiters();
         Ok(())
@@ -204,14 +325,35 @@ impl ResourceManagerGateway for ResourceManager {
         let Ok(tms) = self.lock() else {
             return Vec::new();
         };
-        tms.values()
-            .map(|tm| TaskManagerInfo {
-                resource_id: tm.registration.resource_id.clone(),
-                address: tm.registration.address.clone(),
-                slots_total: tm.slot_jobs.len(),
-                slots_free: tm.slot_jobs.iter().filter(|j| j.is_empty()).count(),
-                last_heartbeat: tm.last_heartbeat,
-            })
-            .collect()
+        let mut out: Vec<TaskManagerInfo> = tms.values().map(info).collect();
+        drop(tms);
+        if let Ok(lost) = self.lost_lately.lock() {
+            out.extend(
+                lost.iter()
+                    .filter(|l| !out.iter().any(|r| r.resource_id == l.resource_id))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            );
+        }
+        out
+    }
+}
+
+fn info(tm: &Registered) -> TaskManagerInfo {
+    TaskManagerInfo {
+        resource_id: tm.registration.resource_id.clone(),
+        address: tm.registration.address.clone(),
+        cpu_cores: tm.registration.hardware.cpu_cores,
+        managed_memory_bytes: tm.registration.hardware.managed_memory_bytes,
+        slots_total: tm.slot_jobs.len(),
+        slots_free: tm.slot_jobs.iter().filter(|j| j.is_empty()).count(),
+        registered_at: tm.registered_at,
+        last_heartbeat: tm.last_heartbeat,
+        state: "REGISTERED",
+        slot_jobs: tm
+            .slot_jobs
+            .iter()
+            .map(|j| j.iter().copied().collect())
+            .collect(),
     }
 }

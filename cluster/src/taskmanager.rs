@@ -1,16 +1,25 @@
 //! The TaskExecutor: a TaskManager's slot table, its running tasks and its
-//! state store.
+//! local state store.
 //!
-//! Start-up follows Flink's TaskExecutor: register with the ResourceManager
-//! (resource id, address, hardware, slot report), retrying with back-off,
-//! then heartbeat. Tasks report to it through [`TaskReporter`]; it stages
-//! their checkpoint state and forwards acknowledgements to the job's
-//! JobMaster, and commits the staged state when the JobMaster says the
-//! checkpoint is complete.
+//! Start-up follows Flink's TaskExecutor ([`TaskExecutor::connect`]):
+//! register with the ResourceManager (resource id, address, hardware, slot
+//! report), retrying with back-off until the registration timeout, then
+//! heartbeat. When the ResourceManager no longer knows it (the JobManager
+//! restarted) or stays unreachable past the heartbeat timeout, it cancels
+//! everything it runs and registers again.
+//!
+//! Deploying a task first restores its state: the first task of a job
+//! attempt clears the job's local state, and every task downloads its
+//! operators' state tables in its key groups from the JobManager's
+//! checkpoint storage. Tasks report to it through [`TaskReporter`]; it
+//! stages their checkpoint writes locally, forwards them with the
+//! acknowledgement to the job's JobMaster, and commits the local copy when
+//! the JobMaster says the checkpoint is complete. The local copy is what
+//! the view-scan service reads.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
@@ -19,13 +28,14 @@ use executor::exchange::LocalShuffle;
 use executor::message::Barrier;
 use executor::operator::StateReader;
 use executor::task::{
-    SourcePosition, TaskCommand, TaskDeployment, TaskEnvironment, TaskId, TaskReporter, build_task,
+    RemoteChannels, SourcePosition, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
+    TaskReporter, build_task,
 };
 use futures::FutureExt;
 use planner::execution_graph::{ExecutionState, SlotId};
 use std::panic::AssertUnwindSafe;
+use storage::keys::key_group_range;
 use storage::state::{StateEntry, StateStore, StateWrite};
-use storage::table::TableStore;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -57,15 +67,30 @@ impl StateReader for StoreReader {
     }
 }
 
+/// What a TaskManager is made of, besides its slots and tasks.
+pub struct TaskExecutorServices {
+    pub resource_id: ResourceId,
+    /// Where this TaskManager serves its shuffle (and TaskExecutor RPC).
+    pub address: String,
+    pub state: Arc<StateStore>,
+    pub tables: Arc<dyn TableLog>,
+    pub remote: Arc<dyn RemoteChannels>,
+}
+
 /// A TaskManager.
 pub struct TaskExecutor {
     resource_id: ResourceId,
+    address: String,
     state: Arc<StateStore>,
-    tables: Arc<TableStore>,
+    tables: Arc<dyn TableLog>,
+    remote: Arc<dyn RemoteChannels>,
     shuffle: Arc<LocalShuffle>,
     slots: Mutex<Vec<BTreeSet<u64>>>,
     tasks: Mutex<HashMap<u64, Vec<RunningTask>>>,
     masters: Mutex<HashMap<u64, Arc<dyn JobMasterGateway>>>,
+    /// The attempt of each job whose state this TaskManager holds.
+    prepared: tokio::sync::Mutex<HashMap<u64, u64>>,
+    hardware: HardwareDescription,
     me: Weak<TaskExecutor>,
 }
 
@@ -77,63 +102,127 @@ impl std::fmt::Debug for TaskExecutor {
     }
 }
 
-fn me_for_panic(me: &Weak<TaskExecutor>) -> Result<Arc<TaskExecutor>> {
-    me.upgrade()
-        .ok_or_else(|| ClusterError::Internal("task executor gone".into()))
-}
-
 fn poisoned() -> ClusterError {
     ClusterError::Internal("task executor lock poisoned".into())
 }
 
 impl TaskExecutor {
-    /// Creates the TaskExecutor, registers it with `rm` and starts its
-    /// heartbeats.
-    pub async fn start(
-        resource_id: ResourceId,
-        config: &ClusterConfig,
-        rm: Arc<dyn ResourceManagerGateway>,
-        state: Arc<StateStore>,
-        tables: Arc<TableStore>,
-    ) -> Result<Arc<Self>> {
-        let te = Arc::new_cyclic(|me| TaskExecutor {
-            resource_id,
-            state,
-            tables,
+    /// Creates a TaskExecutor with `config.slots_per_task_manager` empty slots.
+    pub fn new(services: TaskExecutorServices, config: &ClusterConfig) -> Arc<Self> {
+        Arc::new_cyclic(|me| TaskExecutor {
+            resource_id: services.resource_id,
+            address: services.address,
+            state: services.state,
+            tables: services.tables,
+            remote: services.remote,
             shuffle: Arc::new(LocalShuffle::default()),
             slots: Mutex::new(vec![BTreeSet::new(); config.slots_per_task_manager]),
             tasks: Mutex::new(HashMap::new()),
             masters: Mutex::new(HashMap::new()),
-            me: me.clone(),
-        });
-        let registration = TaskExecutorRegistration {
-            resource_id: te.resource_id.clone(),
-            address: "in-process".into(),
+            prepared: tokio::sync::Mutex::new(HashMap::new()),
             hardware: HardwareDescription {
                 cpu_cores: std::thread::available_parallelism()
                     .map(|n| n.get())
                     .unwrap_or(1),
                 managed_memory_bytes: config.managed_memory_bytes,
             },
-            slots: te.slot_report()?,
-        };
+            me: me.clone(),
+        })
+    }
+
+    /// The shuffle of this TaskManager (served over RPC by the cluster).
+    pub fn shuffle(&self) -> &Arc<LocalShuffle> {
+        &self.shuffle
+    }
+
+    /// Registers with the ResourceManager — retrying with back-off, for at
+    /// most `registration_timeout` — and returns once registered.
+    pub async fn register(
+        self: &Arc<Self>,
+        rm: &Arc<dyn ResourceManagerGateway>,
+        config: &ClusterConfig,
+    ) -> Result<String> {
+        let started = Instant::now();
         let mut backoff = Duration::from_millis(100);
         loop {
-            match rm
-                .register_task_executor(registration.clone(), te.clone())
-                .await
-            {
-                Ok(()) => break,
+            let registration = TaskExecutorRegistration {
+                resource_id: self.resource_id.clone(),
+                address: self.address.clone(),
+                hardware: self.hardware.clone(),
+                slots: self.slot_report()?,
+            };
+            match rm.register_task_executor(registration, self.clone()).await {
+                Ok(id) => {
+                    tracing::info!(resource_id = %self.resource_id, job_manager = %id, "registered at the resource manager");
+                    return Ok(id);
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "registration with the resource manager failed");
+                    if started.elapsed() >= config.registration_timeout {
+                        return Err(ClusterError::RegistrationTimeout {
+                            timeout: config.registration_timeout,
+                            error: e.to_string(),
+                        });
+                    }
+                    tracing::warn!(error = %e, retry_in = ?backoff, "registration at the resource manager failed");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
-        let weak = Arc::downgrade(&te);
+    }
+
+    /// Registers, then heartbeats for as long as the TaskManager lives;
+    /// registers again whenever the ResourceManager loses it. Returns only
+    /// when a registration times out.
+    pub async fn connect(
+        self: Arc<Self>,
+        rm: Arc<dyn ResourceManagerGateway>,
+        config: ClusterConfig,
+    ) -> Result<()> {
+        loop {
+            self.register(&rm, &config).await?;
+            let mut last_ok = Instant::now();
+            loop {
+                tokio::time::sleep(config.heartbeat_interval).await;
+                let report = self.slot_report()?;
+                match rm
+                    .heartbeat_from_task_executor(&self.resource_id, report)
+                    .await
+                {
+                    Ok(()) => last_ok = Instant::now(),
+                    Err(ClusterError::UnknownTaskManager(_)) => {
+                        tracing::warn!(
+                            "the resource manager does not know this task manager; registering again"
+                        );
+                        break;
+                    }
+                    Err(e) if last_ok.elapsed() > config.heartbeat_timeout => {
+                        tracing::warn!(error = %e, "job manager unreachable past the heartbeat timeout; registering again");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "heartbeat to the resource manager failed")
+                    }
+                }
+            }
+            // The JobManager lost us or we lost it: whatever ran here is
+            // being restarted elsewhere.
+            self.cancel_all().await;
+        }
+    }
+
+    /// Creates an in-process TaskExecutor, registers it with `rm` and keeps
+    /// it connected (the playground's TaskManager).
+    pub async fn start(
+        services: TaskExecutorServices,
+        config: &ClusterConfig,
+        rm: Arc<dyn ResourceManagerGateway>,
+    ) -> Result<Arc<Self>> {
+        let te = Self::new(services, config);
+        te.register(&rm, config).await?;
         // Weak: the ResourceManager holds this TaskExecutor, so a strong
         // reference here would keep both alive for ever.
+        let weak = Arc::downgrade(&te);
         let rm = Arc::downgrade(&rm);
         let interval = config.heartbeat_interval;
         tokio::spawn(async move {
@@ -152,6 +241,23 @@ impl TaskExecutor {
             }
         });
         Ok(te)
+    }
+
+    /// Cancels every job and frees every slot.
+    async fn cancel_all(&self) {
+        let jobs: Vec<u64> = match self.tasks.lock() {
+            Ok(t) => t.keys().copied().collect(),
+            Err(_) => return,
+        };
+        for job in jobs {
+            let _ = self.cancel_job(job).await;
+        }
+        if let Ok(mut slots) = self.slots.lock() {
+            for jobs in slots.iter_mut() {
+                jobs.clear();
+            }
+        }
+        self.prepared.lock().await.clear();
     }
 
     fn slot_report(&self) -> Result<SlotReport> {
@@ -188,6 +294,52 @@ impl TaskExecutor {
         }
         Ok(())
     }
+
+    /// Puts the state a task restores from into the local store: on the
+    /// first task of a job attempt, clear the job's local state; then
+    /// download the task's state tables in its key groups.
+    async fn restore_state(
+        &self,
+        deployment: &TaskDeployment,
+        job_master: &Arc<dyn JobMasterGateway>,
+    ) -> Result<()> {
+        let job = deployment.id.job;
+        let graph = &deployment.graph;
+        {
+            let mut prepared = self.prepared.lock().await;
+            if prepared.get(&job) != Some(&deployment.id.attempt) {
+                let state = self.state.clone();
+                let tables = graph.stream.state_tables();
+                tokio::task::spawn_blocking(move || state.drop_job(job, &tables))
+                    .await
+                    .map_err(|e| ClusterError::Internal(e.to_string()))??;
+                prepared.insert(job, deployment.id.attempt);
+            }
+        }
+        let vertex = graph
+            .vertices
+            .get(deployment.id.vertex)
+            .ok_or_else(|| ClusterError::Internal(format!("no vertex {}", deployment.id.vertex)))?;
+        let tables: Vec<u64> = vertex
+            .nodes
+            .iter()
+            .flat_map(|n| graph.stream.nodes[*n].spec.state_tables())
+            .collect();
+        if tables.is_empty() {
+            return Ok(());
+        }
+        let key_groups = key_group_range(deployment.id.subtask, vertex.parallelism);
+        let entries = job_master
+            .read_checkpoint_state(job, tables, key_groups)
+            .await?;
+        let restored = entries.len();
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || state.import(entries))
+            .await
+            .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        tracing::debug!(task = %deployment.id, entries = restored, "state restored");
+        Ok(())
+    }
 }
 
 impl TaskReporter for TaskExecutor {
@@ -198,16 +350,15 @@ impl TaskReporter for TaskExecutor {
         writes: Vec<StateWrite>,
         positions: Vec<SourcePosition>,
     ) {
-        if let Err(e) = self.state.stage(task.job, checkpoint_id, writes) {
+        let Some(master) = self.master(task.job) else {
+            return;
+        };
+        if let Err(e) = self.state.stage(task.job, checkpoint_id, writes.clone()) {
             tracing::error!(task = %task, error = %e, "staging checkpoint state failed");
-            if let Some(m) = self.master(task.job) {
-                m.update_task_execution_state(task, ExecutionState::Failed, Some(e.to_string()));
-            }
+            master.update_task_execution_state(task, ExecutionState::Failed, Some(e.to_string()));
             return;
         }
-        if let Some(m) = self.master(task.job) {
-            m.acknowledge_checkpoint(task, checkpoint_id, positions);
-        }
+        master.acknowledge_checkpoint(task, checkpoint_id, writes, positions);
     }
 
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>) {
@@ -221,6 +372,10 @@ impl TaskReporter for TaskExecutor {
 impl TaskExecutorGateway for TaskExecutor {
     fn resource_id(&self) -> ResourceId {
         self.resource_id.clone()
+    }
+
+    fn address(&self) -> String {
+        self.address.clone()
     }
 
     async fn request_slot(&self, slot: SlotId, job: u64) -> Result<()> {
@@ -248,6 +403,7 @@ impl TaskExecutorGateway for TaskExecutor {
             .me
             .upgrade()
             .ok_or_else(|| ClusterError::Internal("task executor gone".into()))?;
+        self.restore_state(&deployment, &job_master).await?;
         self.masters
             .lock()
             .map_err(|_| poisoned())?
@@ -256,7 +412,9 @@ impl TaskExecutorGateway for TaskExecutor {
             tables: self.tables.clone(),
             state: Arc::new(StoreReader(self.state.clone())),
             shuffle: self.shuffle.clone(),
-            reporter: me,
+            remote: self.remote.clone(),
+            address: self.address.clone(),
+            reporter: me.clone(),
         };
         let (task, commands) = build_task(&deployment, &env)?;
         let id = deployment.id.clone();
@@ -264,16 +422,16 @@ impl TaskExecutorGateway for TaskExecutor {
             "task",
             job = id.job,
             vertex = id.vertex,
-            subtask = id.subtask
+            subtask = id.subtask,
+            attempt = id.attempt
         );
-        let reporter = me_for_panic(&self.me)?;
         let task_id = id.clone();
         let handle = tokio::spawn(
             async move {
                 // A panicking operator fails its task like an error does.
                 if AssertUnwindSafe(task.run()).catch_unwind().await.is_err() {
                     tracing::error!(task = %task_id, "task panicked");
-                    reporter.state_changed(
+                    me.state_changed(
                         &task_id,
                         ExecutionState::Failed,
                         Some("task panicked".into()),
@@ -288,8 +446,8 @@ impl TaskExecutorGateway for TaskExecutor {
             .entry(id.job)
             .or_default()
             .push(RunningTask {
+                attempt: id.attempt,
                 id,
-                attempt: deployment.attempt,
                 commands,
                 handle,
             });
@@ -319,6 +477,7 @@ impl TaskExecutorGateway for TaskExecutor {
             self.shuffle.release(job, attempt);
         }
         self.state.discard_staged(job)?;
+        self.prepared.lock().await.remove(&job);
         Ok(())
     }
 
@@ -346,19 +505,21 @@ impl TaskExecutorGateway for TaskExecutor {
         Ok(self.state.discard_staged(job)?)
     }
 
-    async fn committed_checkpoint(&self, job: u64) -> Result<Option<u64>> {
-        Ok(self.state.committed_checkpoint(job)?)
-    }
-
     async fn drop_job_state(&self, job: u64, tables: Vec<u64>) -> Result<()> {
         self.masters.lock().map_err(|_| poisoned())?.remove(&job);
+        self.prepared.lock().await.remove(&job);
         Ok(self.state.drop_job(job, &tables)?)
     }
 
-    async fn scan_view(&self, state_table: u64, schema: SchemaRef) -> Result<Vec<RecordBatch>> {
+    async fn scan_view(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<Vec<RecordBatch>> {
         let state = self.state.clone();
         tokio::task::spawn_blocking(move || {
-            executor::operators::materialize::read_view(&state, state_table, &schema)
+            executor::operators::materialize::read_view(&state, state_table, &schema, key_groups)
         })
         .await
         .map_err(|e| ClusterError::Internal(e.to_string()))?

@@ -17,6 +17,12 @@ pub enum ExecError {
     Unsupported(String),
     #[error("channel closed")]
     ChannelClosed,
+    /// An input channel's far end failed (a TaskManager or the network).
+    #[error("input channel broken: {0}")]
+    ChannelBroken(String),
+    /// A service of the TaskManager or JobManager (table log, state) failed.
+    #[error("{0}")]
+    Service(String),
 }
 
 pub type Result<T, E = ExecError> = std::result::Result<T, E>;

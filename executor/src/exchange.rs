@@ -266,6 +266,7 @@ impl InputGate {
                 self.arrived += 1;
                 Ok(self.try_complete())
             }
+            Message::Broken(why) => Err(ExecError::ChannelBroken(why)),
             Message::Watermark(w) => {
                 self.channels[i].watermark = Some(w.timestamp);
                 let min = self

@@ -8,6 +8,9 @@ pub enum Message {
     Chunk(Chunk),
     Barrier(Barrier),
     Watermark(Watermark),
+    /// The channel's far end failed (network shuffle only): the consuming
+    /// task fails instead of taking the silence for the end of its input.
+    Broken(String),
 }
 
 /// Kind of snapshot a barrier asks for.

@@ -9,14 +9,15 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
 use planner::execution_graph::ExecutionState;
 use planner::job_graph::JobGraph;
 use planner::spec::{OperatorSpec, Partitioner};
 use storage::chunk::Chunk;
 use storage::keys::key_group_range;
 use storage::state::StateWrite;
-use storage::table::TableStore;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
 use crate::message::{Barrier, Message};
@@ -24,20 +25,22 @@ use crate::operator::{Operator, OperatorContext, StateReader};
 use crate::operators::{self, table_source::TableSource};
 use crate::{ExecError, Result};
 
-/// Which subtask.
+/// Which subtask, in which deployment attempt of its job (Flink's
+/// `ExecutionAttemptID`): reports from a cancelled attempt are told apart.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TaskId {
     pub job: u64,
     pub vertex: usize,
     pub subtask: usize,
+    pub attempt: u64,
 }
 
 impl std::fmt::Display for TaskId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "job {} vertex {} subtask {}",
-            self.job, self.vertex, self.subtask
+            "job {} vertex {} subtask {} attempt {}",
+            self.job, self.vertex, self.subtask, self.attempt
         )
     }
 }
@@ -74,12 +77,36 @@ pub trait TaskReporter: Send + Sync {
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>);
 }
 
+/// How a source task reads a table's rows and change log. The tables live
+/// with the catalog on the JobManager; a TaskManager in the same process
+/// reads them directly, one elsewhere over RPC.
+#[async_trait]
+pub trait TableLog: Send + Sync {
+    /// The table's last log sequence number, now and whenever it grows.
+    async fn subscribe(&self, table: u64) -> Result<watch::Receiver<u64>>;
+    /// Every row of the table and the sequence number they are at.
+    async fn snapshot(&self, table: u64) -> Result<(Vec<RecordBatch>, u64)>;
+    /// Up to `max` log entries after sequence number `after`.
+    async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>>;
+}
+
+/// Opens the consuming end of a channel whose producer runs in another
+/// TaskManager (implemented by the cluster's network shuffle).
+pub trait RemoteChannels: Send + Sync {
+    /// Messages of `channel` from the TaskManager serving shuffle at `address`.
+    fn connect(&self, address: &str, channel: ChannelId) -> Result<mpsc::Receiver<Message>>;
+}
+
 /// What a TaskManager provides to the tasks it runs.
 #[derive(Clone)]
 pub struct TaskEnvironment {
-    pub tables: Arc<TableStore>,
+    pub tables: Arc<dyn TableLog>,
     pub state: Arc<dyn StateReader>,
+    /// In-memory channels, and the producing ends of remote ones.
     pub shuffle: Arc<LocalShuffle>,
+    pub remote: Arc<dyn RemoteChannels>,
+    /// This TaskManager's shuffle address, as in [`TaskDeployment::locations`].
+    pub address: String,
     pub reporter: Arc<dyn TaskReporter>,
 }
 
@@ -88,8 +115,10 @@ pub struct TaskEnvironment {
 #[derive(Debug, Clone)]
 pub struct TaskDeployment {
     pub id: TaskId,
-    pub attempt: u64,
     pub graph: Arc<JobGraph>,
+    /// Shuffle address of the TaskManager of every subtask, by vertex: where
+    /// each input channel comes from.
+    pub locations: Arc<Vec<Vec<String>>>,
 }
 
 enum Head {
@@ -127,7 +156,7 @@ pub fn build_task(
     let subtask = dep.id.subtask;
     let channel = |edge: usize, from: usize, to: usize| ChannelId {
         job: dep.id.job,
-        attempt: dep.attempt,
+        attempt: dep.id.attempt,
         edge,
         from,
         to,
@@ -146,7 +175,7 @@ pub fn build_task(
                 *state_table,
                 &head_node.schema,
                 env.tables.clone(),
-            )?;
+            );
             (Head::Source(source), &vertex.nodes[1..])
         }
         _ => {
@@ -158,15 +187,18 @@ pub fn build_task(
                 .filter(|(_, e)| e.to == vertex.id)
             {
                 let upstream = graph.vertices[edge.from].parallelism;
-                if matches!(edge.partitioner, Partitioner::Forward) {
-                    inputs.push((
-                        edge.input,
-                        env.shuffle.receiver(channel(e, subtask, subtask))?,
-                    ));
+                let froms: Vec<usize> = if matches!(edge.partitioner, Partitioner::Forward) {
+                    vec![subtask]
                 } else {
-                    for from in 0..upstream {
-                        inputs.push((edge.input, env.shuffle.receiver(channel(e, from, subtask))?));
-                    }
+                    (0..upstream).collect()
+                };
+                for from in froms {
+                    let id = channel(e, from, subtask);
+                    let rx = match dep.locations.get(edge.from).and_then(|v| v.get(from)) {
+                        Some(addr) if *addr != env.address => env.remote.connect(addr, id)?,
+                        _ => env.shuffle.receiver(id)?,
+                    };
+                    inputs.push((edge.input, rx));
                 }
             }
             (Head::Gate(InputGate::new(inputs)), &vertex.nodes[..])
@@ -266,7 +298,8 @@ impl StreamTask {
 
     async fn run_source(&mut self, source: &mut TableSource) -> Result<Exit> {
         source.restore(&self.ctx)?;
-        for chunk in source.backfill()? {
+        source.open().await?;
+        for chunk in source.backfill().await? {
             self.push(0, 0, chunk).await?;
         }
         loop {
@@ -280,7 +313,7 @@ impl StreamTask {
                         // so a busy table cannot hold the barrier back for ever.
                         let target = source.latest();
                         while source.position() < target {
-                            let chunks = source.poll()?;
+                            let chunks = source.poll().await?;
                             if chunks.is_empty() {
                                 break;
                             }
@@ -297,7 +330,7 @@ impl StreamTask {
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
                 },
                 _ = std::future::ready(()), if has_more => {
-                    for chunk in source.poll()? {
+                    for chunk in source.poll().await? {
                         self.push(0, 0, chunk).await?;
                     }
                 }

@@ -10,7 +10,7 @@ use crate::spec::Partitioner;
 use crate::stream_graph::{StreamEdge, StreamGraph};
 
 /// One chain of operators.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobVertex {
     pub id: usize,
     /// StreamGraph node ids, head first.
@@ -19,7 +19,7 @@ pub struct JobVertex {
 }
 
 /// A non-chained edge between vertices (an intermediate data set).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobEdge {
     pub from: usize,
     pub to: usize,
@@ -29,7 +29,7 @@ pub struct JobEdge {
 }
 
 /// The job as vertices and edges.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobGraph {
     pub stream: StreamGraph,
     pub vertices: Vec<JobVertex>,

@@ -5,7 +5,11 @@
 //! habits: a table source reads its log as one subtask; stateless operators
 //! take their input's parallelism (so they chain with it); stateful operators
 //! (aggregation, join) run at the session's `streaming_parallelism` behind a
-//! hash exchange on their keys; the final Materialize follows its input.
+//! hash exchange on their keys; the final Materialize follows its input's
+//! parallelism, behind a hash exchange on the whole row when that is more
+//! than one, so that a view row's key group (where its count is kept,
+//! restored and scanned) is the one its subtask owns — Flink keys its sink
+//! materializer the same way.
 //!
 //! Anything without a streaming operator yet is refused with
 //! [`PlanError::Unsupported`] naming the feature, never planned wrongly.
@@ -86,7 +90,20 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
         p,
         plan.schema().clone(),
     );
-    l.graph.connect(root, mat, 0, Partitioner::Forward);
+    let partitioner = if p > 1 {
+        Partitioner::Hash {
+            exprs: plan
+                .schema()
+                .columns()
+                .into_iter()
+                .map(Expr::Column)
+                .collect(),
+            schema: plan.schema().clone(),
+        }
+    } else {
+        Partitioner::Forward
+    };
+    l.graph.connect(root, mat, 0, partitioner);
     Ok(l.graph)
 }
 

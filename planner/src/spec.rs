@@ -12,7 +12,7 @@ use datafusion::common::DFSchemaRef;
 use datafusion::logical_expr::Expr;
 
 /// What one StreamGraph node does.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum OperatorSpec {
     /// Reads a table: first its snapshot (backfill), then its change log.
     TableSource {
@@ -25,29 +25,40 @@ pub enum OperatorSpec {
     },
     /// Keeps rows whose predicate is true.
     Filter {
+        #[serde(with = "crate::wire::expr")]
         predicate: Expr,
+        #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
     },
     /// Computes new columns.
     Project {
+        #[serde(with = "crate::wire::exprs")]
         exprs: Vec<Expr>,
+        #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
     },
     /// Grouped aggregation that retracts: input hash-partitioned on the
     /// group keys.
     HashAgg {
+        #[serde(with = "crate::wire::exprs")]
         group_exprs: Vec<Expr>,
         aggs: Vec<AggCall>,
+        #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
         state_table: u64,
     },
     /// Inner equi-join; both inputs hash-partitioned on their keys.
     HashJoin {
+        #[serde(with = "crate::wire::exprs")]
         left_keys: Vec<Expr>,
+        #[serde(with = "crate::wire::exprs")]
         right_keys: Vec<Expr>,
         /// Non-equi condition over the joined row, if any.
+        #[serde(with = "crate::wire::opt_expr")]
         filter: Option<Expr>,
+        #[serde(with = "crate::wire::schema")]
         left_schema: DFSchemaRef,
+        #[serde(with = "crate::wire::schema")]
         right_schema: DFSchemaRef,
         /// Whether a NULL key matches a NULL key.
         null_equals_null: bool,
@@ -139,7 +150,7 @@ impl fmt::Display for OperatorSpec {
 }
 
 /// The aggregate functions a HashAgg can maintain under retractions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AggKind {
     Count,
     Sum,
@@ -162,12 +173,14 @@ impl AggKind {
 }
 
 /// One aggregate call of a HashAgg.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct AggCall {
     pub kind: AggKind,
     /// The argument over the input schema.
+    #[serde(with = "crate::wire::expr")]
     pub arg: Expr,
     /// The type of the result, as DataFusion's logical plan says.
+    #[serde(with = "crate::wire::data_type")]
     pub output_type: DataType,
 }
 
@@ -183,13 +196,15 @@ impl fmt::Display for AggCall {
 }
 
 /// How records travel along an edge (Flink's `StreamPartitioner`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Partitioner {
     /// Subtask i to subtask i; the only edge that can be chained.
     Forward,
     /// By hash of expressions over the sender's output, into key groups.
     Hash {
+        #[serde(with = "crate::wire::exprs")]
         exprs: Vec<Expr>,
+        #[serde(with = "crate::wire::schema")]
         schema: DFSchemaRef,
     },
     /// Everything to subtask 0.

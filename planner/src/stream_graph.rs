@@ -8,17 +8,18 @@ use datafusion::common::DFSchemaRef;
 use crate::spec::{OperatorSpec, Partitioner};
 
 /// One operator.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StreamNode {
     pub id: usize,
     pub spec: OperatorSpec,
     pub parallelism: usize,
     /// The schema of what the node emits.
+    #[serde(with = "crate::wire::schema")]
     pub schema: DFSchemaRef,
 }
 
 /// A connection from one node's output to one input of another.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StreamEdge {
     pub from: usize,
     pub to: usize,
@@ -28,7 +29,7 @@ pub struct StreamEdge {
 }
 
 /// The operators of one job and how they connect.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct StreamGraph {
     pub nodes: Vec<StreamNode>,
     pub edges: Vec<StreamEdge>,

@@ -85,6 +85,7 @@ impl TableProvider for TableRows {
 #[derive(Debug)]
 struct ViewRows {
     db: Arc<Database>,
+    job: u64,
     state_table: u64,
     schema: SchemaRef,
 }
@@ -109,7 +110,7 @@ impl TableProvider for ViewRows {
         let batches = self
             .db
             .cluster
-            .read_view(self.state_table, self.schema.clone())
+            .read_view(self.job, self.state_table, self.schema.clone())
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         MemTable::try_new(self.schema.clone(), vec![batches])?
@@ -193,6 +194,7 @@ impl CatalogSchema {
                 } else {
                     Arc::new(ViewRows {
                         db: db.clone(),
+                        job: *id,
                         state_table: planner::view_state_table(*id),
                         schema: executor::expr::output_schema(plan.schema()),
                     })
@@ -239,6 +241,10 @@ pub fn context(db: &Arc<Database>, mode: Mode) -> SessionContext {
                 db: db.clone(),
                 mode,
             }),
+        );
+        let _ = catalog.register_schema(
+            crate::system::SCHEMA,
+            Arc::new(crate::system::SystemSchema { db: db.clone() }),
         );
     }
     ctx

@@ -194,8 +194,10 @@ async fn job_graph(
     Ok(JobGraph::from_stream_graph(stream))
 }
 
-/// Starts (or restarts) the job of a materialized view.
-pub async fn start_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
+/// Restarts the job of a materialized view from its latest completed
+/// checkpoint, in the background: it waits for slots as long as its restart
+/// strategy allows (TaskManagers may still be registering).
+pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
     let Entry::MaterializedView {
         id,
         sql,
@@ -210,7 +212,7 @@ pub async fn start_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
         )));
     };
     let graph = job_graph(db, sql, *id, *parallelism, *chaining).await?;
-    db.cluster.job_manager.submit_job(*id, graph).await?;
+    db.cluster.job_manager.recover_job(*id, graph)?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cluster::{ClusterConfig, MiniCluster};
+use cluster::{Cluster, ClusterConfig};
 use datafusion::arrow::array::{RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Set, Statement, Value};
@@ -76,18 +76,37 @@ impl QueryResult {
 #[derive(Debug)]
 pub struct Database {
     pub catalog: Catalog,
-    pub cluster: MiniCluster,
+    pub cluster: Cluster,
     /// DDL statements run one at a time.
     pub(crate) ddl_lock: tokio::sync::Mutex<()>,
     pub default_parallelism: usize,
 }
 
 impl Database {
-    /// Opens the data directory: catalog, tables, and a job for every
-    /// materialized view, restored from its last committed checkpoint.
+    /// Opens the data directory of a playground: catalog, tables, one
+    /// TaskManager in-process, and a job for every materialized view,
+    /// restored from its last completed checkpoint.
     pub async fn open(data_dir: &Path, config: ClusterConfig) -> Result<Arc<Self>> {
         let default_parallelism = config.slots_per_task_manager;
-        let cluster = MiniCluster::start(data_dir, config).await?;
+        let cluster = Cluster::playground(data_dir, config).await?;
+        Self::start(cluster, default_parallelism).await
+    }
+
+    /// Opens the data directory of a standalone JobManager, serving the
+    /// cluster RPC on `rpc_listen`; views run once TaskManagers register.
+    /// New views get `default_parallelism` subtasks unless a session says
+    /// otherwise.
+    pub async fn open_job_manager(
+        data_dir: &Path,
+        config: ClusterConfig,
+        rpc_listen: std::net::SocketAddr,
+        default_parallelism: usize,
+    ) -> Result<Arc<Self>> {
+        let cluster = Cluster::job_manager(data_dir, config, rpc_listen).await?;
+        Self::start(cluster, default_parallelism.max(1)).await
+    }
+
+    async fn start(cluster: Cluster, default_parallelism: usize) -> Result<Arc<Self>> {
         let catalog = Catalog::load(cluster.meta.clone())?;
         let db = Arc::new(Self {
             catalog,
@@ -99,7 +118,7 @@ impl Database {
             match &entry {
                 Entry::Table { .. } => db.cluster.tables.open_table(table_desc(&entry)?)?,
                 Entry::MaterializedView { .. } => {
-                    if let Err(e) = ddl::start_view_job(&db, &entry).await {
+                    if let Err(e) = ddl::recover_view_job(&db, &entry).await {
                         tracing::error!(view = entry.name(), error = %e, "materialized view could not be restarted");
                     }
                 }

@@ -14,6 +14,7 @@ pub mod pg;
 pub mod query;
 pub mod session;
 pub mod stmt;
+pub mod system;
 pub mod types;
 
 /// What `server_version` says.

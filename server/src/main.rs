@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use cluster::ClusterConfig;
+use cluster::{ClusterConfig, RestartStrategy, TaskManagerOptions, run_task_manager};
 use server::Database;
 
 #[derive(Debug, Parser)]
@@ -28,15 +28,111 @@ enum Command {
         /// Slots of the TaskManager.
         #[arg(long, default_value_t = 4)]
         slots: usize,
-        /// Milliseconds between checkpoints.
-        #[arg(long, default_value_t = 1000)]
-        checkpoint_interval_ms: u64,
-        /// Milliseconds a new view waits for slots before it fails (53000).
-        #[arg(long, default_value_t = 10_000)]
-        slot_request_timeout_ms: u64,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Run a JobManager: the SQL front end, catalog, tables, checkpoint
+    /// storage, and the cluster RPC that TaskManagers register with.
+    Jobmanager {
+        /// Where clients connect with the Postgres protocol.
+        #[arg(long, default_value = "127.0.0.1:6566")]
+        listen: SocketAddr,
+        /// Where TaskManagers reach the JobManager (gRPC).
+        #[arg(long, default_value = "127.0.0.1:6570")]
+        rpc_listen: SocketAddr,
+        /// Where the catalog, tables and checkpoint storage are kept.
+        #[arg(long, default_value = "./weir-data")]
+        data_dir: PathBuf,
+        /// Subtasks per stateful operator of a new view (SET
+        /// streaming_parallelism overrides it per session).
+        #[arg(long, default_value_t = 2)]
+        default_parallelism: usize,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Run a TaskManager that registers with a JobManager and runs subtasks
+    /// in its slots.
+    Taskmanager {
+        /// The JobManager's cluster RPC address (its --rpc-listen).
+        #[arg(long)]
+        jobmanager: String,
+        /// Where this TaskManager serves its RPC and shuffle.
+        #[arg(long, default_value = "127.0.0.1:6571")]
+        rpc_listen: SocketAddr,
+        /// The address others reach this TaskManager at, if not --rpc-listen.
+        #[arg(long)]
+        advertise: Option<String>,
+        /// Its ResourceID; by default derived from its address.
+        #[arg(long)]
+        resource_id: Option<String>,
+        /// Slots (taskmanager.numberOfTaskSlots).
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// Where its local state is kept.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Give up when registration has not succeeded for this long.
+        #[arg(long, default_value_t = 300_000)]
+        registration_timeout_ms: u64,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Measure throughput (see docs/benchmarks.md).
     Bench(server::bench::BenchArgs),
+}
+
+/// Settings every process of a cluster understands (docs/cluster.md).
+#[derive(Debug, clap::Args)]
+struct ClusterArgs {
+    /// Milliseconds between checkpoints.
+    #[arg(long, default_value_t = 1000)]
+    checkpoint_interval_ms: u64,
+    /// Milliseconds a job waits for slots before it fails (53000).
+    #[arg(long, default_value_t = 10_000)]
+    slot_request_timeout_ms: u64,
+    /// Milliseconds between a TaskManager's heartbeats.
+    #[arg(long, default_value_t = 10_000)]
+    heartbeat_interval_ms: u64,
+    /// A TaskManager silent this many milliseconds is lost.
+    #[arg(long, default_value_t = 50_000)]
+    heartbeat_timeout_ms: u64,
+    /// fixed-delay or exponential-delay.
+    #[arg(long, default_value = "fixed-delay")]
+    restart_strategy: String,
+    /// fixed-delay: restarts before a job stays failed.
+    #[arg(long, default_value_t = 3)]
+    restart_attempts: u32,
+    /// Milliseconds before a restart (the first one, for exponential-delay).
+    #[arg(long, default_value_t = 1000)]
+    restart_delay_ms: u64,
+    /// exponential-delay: the longest delay, in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    restart_max_delay_ms: u64,
+    /// Managed memory of a TaskManager for state, in MiB (split among its
+    /// slots).
+    #[arg(long, default_value_t = 128)]
+    managed_memory_mb: usize,
+}
+
+impl ClusterArgs {
+    fn config(&self, slots: usize) -> Result<ClusterConfig, String> {
+        let ms = Duration::from_millis;
+        Ok(ClusterConfig {
+            slots_per_task_manager: slots.max(1),
+            checkpoint_interval: ms(self.checkpoint_interval_ms.max(10)),
+            slot_request_timeout: ms(self.slot_request_timeout_ms),
+            heartbeat_interval: ms(self.heartbeat_interval_ms.max(10)),
+            heartbeat_timeout: ms(self.heartbeat_timeout_ms.max(self.heartbeat_interval_ms)),
+            restart_strategy: RestartStrategy::parse(
+                &self.restart_strategy,
+                self.restart_attempts,
+                ms(self.restart_delay_ms),
+                ms(self.restart_max_delay_ms),
+            )?,
+            managed_memory_bytes: self.managed_memory_mb.max(1) << 20,
+            ..ClusterConfig::default()
+        })
+    }
 }
 
 fn main() {
@@ -64,16 +160,54 @@ fn main() {
                 listen,
                 data_dir,
                 slots,
-                checkpoint_interval_ms,
-                slot_request_timeout_ms,
+                cluster,
             } => {
-                let config = ClusterConfig {
-                    slots_per_task_manager: slots.max(1),
-                    checkpoint_interval: Duration::from_millis(checkpoint_interval_ms.max(10)),
-                    slot_request_timeout: Duration::from_millis(slot_request_timeout_ms),
-                    ..ClusterConfig::default()
+                let config = cluster.config(slots)?;
+                let db = Database::open(&data_dir, config)
+                    .await
+                    .map_err(|e| format!("cannot open {}: {e}", data_dir.display()))?;
+                tracing::info!(%listen, data_dir = %data_dir.display(), "weir playground ready: psql -h {} -p {} -U weir -d weir", listen.ip(), listen.port());
+                serve(db, listen).await
+            }
+            Command::Jobmanager {
+                listen,
+                rpc_listen,
+                data_dir,
+                default_parallelism,
+                cluster,
+            } => {
+                let config = cluster.config(1)?;
+                let db =
+                    Database::open_job_manager(&data_dir, config, rpc_listen, default_parallelism)
+                        .await
+                        .map_err(|e| format!("cannot open {}: {e}", data_dir.display()))?;
+                tracing::info!(%listen, %rpc_listen, data_dir = %data_dir.display(), "weir jobmanager ready: psql -h {} -p {} -U weir -d weir", listen.ip(), listen.port());
+                serve(db, listen).await
+            }
+            Command::Taskmanager {
+                jobmanager,
+                rpc_listen,
+                advertise,
+                resource_id,
+                slots,
+                data_dir,
+                registration_timeout_ms,
+                cluster,
+            } => {
+                let mut config = cluster.config(slots)?;
+                config.registration_timeout = Duration::from_millis(registration_timeout_ms);
+                let opts = TaskManagerOptions {
+                    job_manager: jobmanager,
+                    rpc_listen,
+                    advertise,
+                    resource_id,
+                    data_dir,
+                    config,
                 };
-                playground(listen, data_dir, config).await
+                tokio::select! {
+                    r = run_task_manager(opts) => r.map_err(|e| format!("task manager stopped: {e}")),
+                    _ = shutdown_signal() => Ok(()),
+                }
             }
             Command::Bench(args) => server::bench::run(args).await,
         }
@@ -84,30 +218,23 @@ fn main() {
     }
 }
 
-async fn playground(
-    listen: SocketAddr,
-    data_dir: PathBuf,
-    config: ClusterConfig,
-) -> Result<(), String> {
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Serves pgwire on `listen` until SIGINT or SIGTERM, then stops the jobs.
+async fn serve(db: std::sync::Arc<Database>, listen: SocketAddr) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let db = Database::open(&data_dir, config)
-        .await
-        .map_err(|e| format!("cannot open {}: {e}", data_dir.display()))?;
-    tracing::info!(%listen, data_dir = %data_dir.display(), "weir playground ready: psql -h {} -p {} -U weir -d weir", listen.ip(), listen.port());
-    let shutdown = async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => return std::future::pending().await,
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
-    server::pg::serve(db.clone(), listener, shutdown).await;
+    server::pg::serve(db.clone(), listener, shutdown_signal()).await;
     tracing::info!("shutting down");
     db.shutdown().await;
     Ok(())

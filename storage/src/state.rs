@@ -143,6 +143,17 @@ impl StateStore {
     }
 
     /// Removes a dropped job's tables and checkpoint marker.
+    /// Writes committed entries restored from elsewhere (a checkpoint
+    /// downloaded from the JobManager's checkpoint storage): `(table, entry)`.
+    pub fn import(&self, entries: Vec<(u64, StateEntry)>) -> Result<()> {
+        self.kv.write(
+            entries
+                .into_iter()
+                .map(|(t, e)| (keys::state_key(t, e.key_group, &e.key), Some(e.value))),
+            false,
+        )
+    }
+
     pub fn drop_job(&self, job: u64, tables: &[u64]) -> Result<()> {
         self.discard_staged(job)?;
         for t in tables {

@@ -11,7 +11,6 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
 use storage::chunk::Chunk;
 use storage::codec::RowCodec;
-use storage::keys::MAX_PARALLELISM;
 use storage::state::{StateStore, StateWrite};
 
 use crate::message::Barrier;
@@ -77,13 +76,11 @@ impl Operator for Materialize {
             let sign = chunk.op(r).sign();
             let entry = self.rows.entry(row.clone()).or_insert((key_groups[r], 0));
             entry.1 += sign;
-            if entry.1 <= 0 {
-                if entry.1 < 0 {
-                    tracing::error!(
-                        state_table = self.state_table,
-                        "view row retracted below zero"
-                    );
-                }
+            // A count may dip below zero for a while: a row's insert and
+            // delete can come from different upstream subtasks, in either
+            // order. At a barrier every channel has delivered its part, so
+            // committed counts are exact.
+            if entry.1 == 0 {
                 self.rows.remove(&row);
             }
             self.dirty.insert(row, key_groups[r]);
@@ -109,13 +106,15 @@ impl Operator for Materialize {
     }
 }
 
-/// The committed rows of a view, each repeated by its count.
+/// The committed rows of a view in some key groups (all of them:
+/// `0..MAX_PARALLELISM`), each repeated by its count.
 pub fn read_view(
     state: &StateStore,
     state_table: u64,
     schema: &SchemaRef,
+    key_groups: std::ops::Range<u16>,
 ) -> Result<Vec<RecordBatch>> {
-    let entries = state.scan(state_table, 0..MAX_PARALLELISM)?;
+    let entries = state.scan(state_table, key_groups)?;
     let codec = codec_for(schema)?;
     let mut batches = Vec::new();
     for page in entries.chunks(8192) {
@@ -183,7 +182,13 @@ mod tests {
         ));
         store.stage(1, 1, writes).unwrap();
         store.commit(1, 1).unwrap();
-        let batches = read_view(&store, 9, &expr::output_schema(&schema)).unwrap();
+        let batches = read_view(
+            &store,
+            9,
+            &expr::output_schema(&schema),
+            0..storage::keys::MAX_PARALLELISM,
+        )
+        .unwrap();
         let n: usize = batches.iter().map(|b| b.num_rows()).sum();
         assert_eq!(n, 1);
     }

@@ -10,14 +10,15 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
 use storage::chunk::Chunk;
 use storage::state::StateWrite;
-use storage::table::TableStore;
 use tokio::sync::watch;
 
 use crate::operator::OperatorContext;
+use crate::task::TableLog;
 use crate::{Result, expr};
 
 const POSITION_KEY: &[u8] = b"position";
@@ -29,9 +30,10 @@ pub struct TableSource {
     projection: Vec<usize>,
     state_table: u64,
     schema: SchemaRef,
-    store: Arc<TableStore>,
+    log: Arc<dyn TableLog>,
     position: Option<u64>,
-    seq: watch::Receiver<u64>,
+    /// The table's last sequence number; `None` until [`TableSource::open`].
+    seq: Option<watch::Receiver<u64>>,
 }
 
 impl std::fmt::Debug for TableSource {
@@ -49,18 +51,23 @@ impl TableSource {
         projection: Vec<usize>,
         state_table: u64,
         output: &DFSchema,
-        store: Arc<TableStore>,
-    ) -> Result<Self> {
-        let seq = store.subscribe(table_id)?;
-        Ok(Self {
+        log: Arc<dyn TableLog>,
+    ) -> Self {
+        Self {
             table_id,
             projection,
             state_table,
             schema: expr::output_schema(output),
-            store,
+            log,
             position: None,
-            seq,
-        })
+            seq: None,
+        }
+    }
+
+    /// Starts following the table's log.
+    pub async fn open(&mut self) -> Result<()> {
+        self.seq = Some(self.log.subscribe(self.table_id).await?);
+        Ok(())
     }
 
     pub fn table_id(&self) -> u64 {
@@ -94,11 +101,11 @@ impl TableSource {
     }
 
     /// On a fresh start, the table's rows as inserts; afterwards nothing.
-    pub fn backfill(&mut self) -> Result<Vec<Chunk>> {
+    pub async fn backfill(&mut self) -> Result<Vec<Chunk>> {
         if self.position.is_some() {
             return Ok(Vec::new());
         }
-        let (batches, seq) = self.store.snapshot(self.table_id)?;
+        let (batches, seq) = self.log.snapshot(self.table_id).await?;
         self.position = Some(seq);
         batches
             .into_iter()
@@ -108,10 +115,11 @@ impl TableSource {
     }
 
     /// Log entries after the position, up to a batch of them; advances.
-    pub fn poll(&mut self) -> Result<Vec<Chunk>> {
+    pub async fn poll(&mut self) -> Result<Vec<Chunk>> {
         let entries = self
-            .store
-            .read_log(self.table_id, self.position(), LOG_BATCH)?;
+            .log
+            .read_log(self.table_id, self.position(), LOG_BATCH)
+            .await?;
         let mut out = Vec::with_capacity(entries.len());
         for (seq, chunk) in entries {
             self.position = Some(seq);
@@ -122,7 +130,7 @@ impl TableSource {
 
     /// The table's last log sequence number.
     pub fn latest(&self) -> u64 {
-        *self.seq.borrow()
+        self.seq.as_ref().map(|s| *s.borrow()).unwrap_or(0)
     }
 
     /// Whether the log has entries past the position.
@@ -132,7 +140,10 @@ impl TableSource {
 
     /// Waits until the table's log grows.
     pub async fn changed(&mut self) {
-        if self.seq.changed().await.is_err() {
+        let Some(seq) = self.seq.as_mut() else {
+            return std::future::pending().await;
+        };
+        if seq.changed().await.is_err() {
             // The table was dropped; the job is being cancelled.
             std::future::pending::<()>().await;
         }
@@ -149,13 +160,31 @@ impl TableSource {
     }
 }
 
+/// A TaskManager in the JobManager's process reads the tables directly.
+#[async_trait::async_trait]
+impl TableLog for storage::table::TableStore {
+    async fn subscribe(&self, table: u64) -> Result<watch::Receiver<u64>> {
+        Ok(storage::table::TableStore::subscribe(self, table)?)
+    }
+
+    async fn snapshot(&self, table: u64) -> Result<(Vec<RecordBatch>, u64)> {
+        Ok(storage::table::TableStore::snapshot(self, table)?)
+    }
+
+    async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>> {
+        Ok(storage::table::TableStore::read_log(
+            self, table, after, max,
+        )?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::operators::test_util::{MemState, ctx, int_schema};
-    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use storage::table::TableDesc;
+    use storage::table::{TableDesc, TableStore};
 
     fn table() -> (tempfile::TempDir, Arc<TableStore>) {
         let dir = tempfile::tempdir().unwrap();
@@ -191,31 +220,33 @@ mod tests {
         store.apply(1, &Chunk::inserts(batch)).unwrap();
     }
 
-    #[test]
-    fn backfills_then_follows_and_resumes_from_its_position() {
+    #[tokio::test]
+    async fn backfills_then_follows_and_resumes_from_its_position() {
         let (_dir, store) = table();
         insert(&store, 1);
         insert(&store, 2);
         let output = int_schema(&["b"]);
-        let mut s = TableSource::new(1, vec![1], 7, &output, store.clone()).unwrap();
+        let mut s = TableSource::new(1, vec![1], 7, &output, store.clone());
         s.restore(&ctx(Arc::new(MemState::default()))).unwrap();
-        let snapshot = s.backfill().unwrap();
+        s.open().await.unwrap();
+        let snapshot = s.backfill().await.unwrap();
         assert_eq!(snapshot.iter().map(|c| c.num_rows()).sum::<usize>(), 2);
         assert_eq!(snapshot[0].data().num_columns(), 1, "projected");
         assert!(!s.has_more());
         insert(&store, 3);
         assert!(s.has_more());
-        assert_eq!(s.poll().unwrap().len(), 1);
+        assert_eq!(s.poll().await.unwrap().len(), 1);
         let mut writes = vec![];
         s.snapshot(&mut writes);
         insert(&store, 4);
         // A restart from that checkpoint resumes after row 3, without a backfill.
-        let mut again = TableSource::new(1, vec![1], 7, &output, store).unwrap();
+        let mut again = TableSource::new(1, vec![1], 7, &output, store);
         again
             .restore(&ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))))
             .unwrap();
-        assert!(again.backfill().unwrap().is_empty());
-        let rest = again.poll().unwrap();
+        again.open().await.unwrap();
+        assert!(again.backfill().await.unwrap().is_empty());
+        let rest = again.poll().await.unwrap();
         assert_eq!(rest.len(), 1);
         assert_eq!(
             rest[0]

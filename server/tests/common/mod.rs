@@ -16,7 +16,7 @@ pub struct Server {
     log: PathBuf,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -42,32 +42,15 @@ impl Server {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args([
-                "playground",
-                "--listen",
-                &format!("127.0.0.1:{}", self.port),
-                "--data-dir",
-            ])
-            .arg(self.dir.path().join("data"))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start weir");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if Instant::now() > deadline {
-                panic!("weir did not start:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let args = [
+            "playground".to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.port),
+            "--data-dir".into(),
+            self.dir.path().join("data").display().to_string(),
+        ];
+        self.child = Some(spawn_weir(&args, &self.log));
+        wait_for_port(self.port, "weir", &self.log);
     }
 
     pub fn log_text(&self) -> String {
@@ -126,4 +109,46 @@ pub async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<String>
         }
     }
     out
+}
+
+/// Starts `weir` with `args`, appending its log to `log`.
+pub fn spawn_weir(args: &[String], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start weir")
+}
+
+/// Waits until something listens on `port`.
+pub fn wait_for_port(port: u16, what: &str, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            panic!(
+                "{what} did not start:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Connects to a server on `port`.
+pub async fn connect(port: u16) -> tokio_postgres::Client {
+    let url = format!("host=127.0.0.1 port={port} user=weir dbname=weir");
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
 }

@@ -1,0 +1,266 @@
+//! The cluster's gRPC: the services of `proto/cluster.proto`, each serving
+//! one gateway trait, and clients that implement those traits for the far
+//! side. A multi-process cluster is the same JobManager and TaskExecutor
+//! code as the playground with these in between.
+//!
+//! - [`server`]: JobManager side (ResourceManager, JobMaster, TableLog) and
+//!   TaskManager side (TaskExecutor, Shuffle) services.
+//! - [`client`]: `Remote*` gateways calling those services.
+//! - [`shuffle`]: network channels with credit-based flow control.
+
+pub(crate) mod client;
+pub(crate) mod server;
+pub(crate) mod shuffle;
+
+use std::time::Duration;
+
+use executor::message::{Barrier, BarrierKind, Message, Mutation, Watermark};
+use executor::task::{SourcePosition, TaskId};
+use planner::execution_graph::{ExecutionState, SlotId};
+use storage::chunk::Chunk;
+use storage::state::{StateEntry, StateWrite};
+
+use crate::ClusterError;
+
+/// Generated from `proto/cluster.proto`.
+#[allow(clippy::all, unreachable_pub, missing_debug_implementations)]
+pub(crate) mod pb {
+    tonic::include_proto!("weir.cluster");
+}
+
+/// How long a unary call may take before the peer counts as unreachable.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting to a peer may take.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest message either side accepts (chunks, snapshots, state).
+pub(crate) const MAX_MESSAGE: usize = 256 << 20;
+
+/// `host:port` → `http://host:port`.
+pub(crate) fn uri(address: &str) -> String {
+    if address.starts_with("http://") || address.starts_with("https://") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+pub(crate) fn status(e: ClusterError) -> tonic::Status {
+    match e {
+        ClusterError::UnknownTaskManager(id) => tonic::Status::not_found(id),
+        ClusterError::UnknownJob(job) => tonic::Status::not_found(format!("job {job} not found")),
+        other => tonic::Status::internal(other.to_string()),
+    }
+}
+
+pub(crate) fn from_status(s: tonic::Status, resource: &str) -> ClusterError {
+    match s.code() {
+        tonic::Code::NotFound if s.message() == resource => {
+            ClusterError::UnknownTaskManager(resource.to_string())
+        }
+        _ => ClusterError::Rpc(format!("{}: {}", s.code(), s.message())),
+    }
+}
+
+pub(crate) fn missing(field: &str) -> tonic::Status {
+    tonic::Status::invalid_argument(format!("missing {field}"))
+}
+
+impl From<&TaskId> for pb::TaskId {
+    fn from(t: &TaskId) -> Self {
+        pb::TaskId {
+            job: t.job,
+            vertex: t.vertex as u32,
+            subtask: t.subtask as u32,
+            attempt: t.attempt,
+        }
+    }
+}
+
+impl From<pb::TaskId> for TaskId {
+    fn from(t: pb::TaskId) -> Self {
+        TaskId {
+            job: t.job,
+            vertex: t.vertex as usize,
+            subtask: t.subtask as usize,
+            attempt: t.attempt,
+        }
+    }
+}
+
+impl From<&SlotId> for pb::SlotId {
+    fn from(s: &SlotId) -> Self {
+        pb::SlotId {
+            task_manager: s.task_manager.clone(),
+            index: s.index as u32,
+        }
+    }
+}
+
+impl From<pb::SlotId> for SlotId {
+    fn from(s: pb::SlotId) -> Self {
+        SlotId {
+            task_manager: s.task_manager,
+            index: s.index as usize,
+        }
+    }
+}
+
+impl From<StateWrite> for pb::StateWrite {
+    fn from(w: StateWrite) -> Self {
+        pb::StateWrite {
+            table: w.table,
+            key_group: w.key_group as u32,
+            key: w.key,
+            value: w.value,
+        }
+    }
+}
+
+impl From<pb::StateWrite> for StateWrite {
+    fn from(w: pb::StateWrite) -> Self {
+        StateWrite {
+            table: w.table,
+            key_group: w.key_group as u16,
+            key: w.key,
+            value: w.value,
+        }
+    }
+}
+
+pub(crate) fn entry_to_pb(table: u64, e: StateEntry) -> pb::StateEntry {
+    pb::StateEntry {
+        table,
+        key_group: e.key_group as u32,
+        key: e.key,
+        value: e.value,
+    }
+}
+
+pub(crate) fn entry_from_pb(e: pb::StateEntry) -> (u64, StateEntry) {
+    (
+        e.table,
+        StateEntry {
+            key_group: e.key_group as u16,
+            key: e.key,
+            value: e.value,
+        },
+    )
+}
+
+impl From<SourcePosition> for pb::SourcePosition {
+    fn from(p: SourcePosition) -> Self {
+        pb::SourcePosition {
+            table: p.table,
+            seq: p.seq,
+        }
+    }
+}
+
+impl From<pb::SourcePosition> for SourcePosition {
+    fn from(p: pb::SourcePosition) -> Self {
+        SourcePosition {
+            table: p.table,
+            seq: p.seq,
+        }
+    }
+}
+
+pub(crate) fn state_name(s: ExecutionState) -> String {
+    s.to_string()
+}
+
+pub(crate) fn parse_state(s: &str) -> Result<ExecutionState, tonic::Status> {
+    Ok(match s {
+        "CREATED" => ExecutionState::Created,
+        "SCHEDULED" => ExecutionState::Scheduled,
+        "DEPLOYING" => ExecutionState::Deploying,
+        "RUNNING" => ExecutionState::Running,
+        "FINISHED" => ExecutionState::Finished,
+        "CANCELING" => ExecutionState::Canceling,
+        "CANCELED" => ExecutionState::Canceled,
+        "FAILED" => ExecutionState::Failed,
+        other => {
+            return Err(tonic::Status::invalid_argument(format!(
+                "unknown execution state {other}"
+            )));
+        }
+    })
+}
+
+impl From<Barrier> for pb::Barrier {
+    fn from(b: Barrier) -> Self {
+        pb::Barrier {
+            checkpoint_id: b.checkpoint_id,
+            kind: match b.kind {
+                BarrierKind::Checkpoint => 0,
+                BarrierKind::Savepoint => 1,
+            },
+            mutation: match b.mutation {
+                Mutation::None => 0,
+                Mutation::Stop => 1,
+                Mutation::Pause => 2,
+                Mutation::Resume => 3,
+            },
+        }
+    }
+}
+
+impl From<pb::Barrier> for Barrier {
+    fn from(b: pb::Barrier) -> Self {
+        Barrier {
+            checkpoint_id: b.checkpoint_id,
+            kind: if b.kind == 1 {
+                BarrierKind::Savepoint
+            } else {
+                BarrierKind::Checkpoint
+            },
+            mutation: match b.mutation {
+                1 => Mutation::Stop,
+                2 => Mutation::Pause,
+                3 => Mutation::Resume,
+                _ => Mutation::None,
+            },
+        }
+    }
+}
+
+/// A channel message as a frame; `None` for what never crosses the network.
+pub(crate) fn frame(msg: Message) -> Result<Option<pb::Frame>, ClusterError> {
+    use pb::frame::Kind;
+    let kind = match msg {
+        Message::Chunk(c) => Kind::Chunk(c.to_ipc()?),
+        Message::Barrier(b) => Kind::Barrier(b.into()),
+        Message::Watermark(w) => Kind::Watermark(pb::Watermark {
+            column: w.column as u32,
+            timestamp: w.timestamp,
+        }),
+        Message::Broken(_) => return Ok(None),
+    };
+    Ok(Some(pb::Frame { kind: Some(kind) }))
+}
+
+pub(crate) fn message(frame: pb::Frame) -> Result<Message, ClusterError> {
+    use pb::frame::Kind;
+    match frame.kind {
+        Some(Kind::Chunk(bytes)) => Ok(Message::Chunk(Chunk::from_ipc(&bytes)?)),
+        Some(Kind::Barrier(b)) => Ok(Message::Barrier(b.into())),
+        Some(Kind::Watermark(w)) => Ok(Message::Watermark(Watermark {
+            column: w.column as usize,
+            timestamp: w.timestamp,
+        })),
+        None => Err(ClusterError::Rpc("empty frame".into())),
+    }
+}
+
+/// A record batch as Arrow IPC (through a chunk of inserts).
+pub(crate) fn batch_to_ipc(
+    batch: datafusion::arrow::array::RecordBatch,
+) -> Result<Vec<u8>, ClusterError> {
+    Ok(Chunk::inserts(batch).to_ipc()?)
+}
+
+pub(crate) fn batch_from_ipc(
+    bytes: &[u8],
+) -> Result<datafusion::arrow::array::RecordBatch, ClusterError> {
+    Ok(Chunk::from_ipc(bytes)?.data().clone())
+}

@@ -1,0 +1,494 @@
+//! The gRPC services: the JobManager's (ResourceManager, JobMaster,
+//! TableLog) and a TaskManager's (TaskExecutor, Shuffle), each a thin
+//! translation onto the gateway it serves.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use executor::task::{TaskDeployment, TaskId};
+use futures::Stream;
+use storage::table::TableStore;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::client::{RemoteJobMaster, RemoteTaskExecutor};
+use super::pb;
+use super::pb::job_master_server::{JobMaster as JobMasterService, JobMasterServer};
+use super::pb::resource_manager_server::{
+    ResourceManager as ResourceManagerService, ResourceManagerServer,
+};
+use super::pb::shuffle_server::{Shuffle as ShuffleService, ShuffleServer};
+use super::pb::table_log_server::{TableLog as TableLogService, TableLogServer};
+use super::pb::task_executor_server::{TaskExecutor as TaskExecutorService, TaskExecutorServer};
+use super::{MAX_MESSAGE, missing, status};
+use crate::gateway::{
+    HardwareDescription, JobMasterGateway, ResourceManagerGateway, SlotReport, SlotStatus,
+    TaskExecutorGateway, TaskExecutorRegistration,
+};
+use crate::{ClusterError, JobManager, ResourceManager, TaskExecutor};
+
+type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// State entries per message of a checkpoint-state stream.
+const STATE_PAGE: usize = 4096;
+
+fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> RpcStream<T> {
+    Box::pin(ReceiverStream::new(rx))
+}
+
+fn report_from_pb(r: Option<pb::SlotReport>) -> SlotReport {
+    SlotReport {
+        slots: r
+            .map(|r| r.slots)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|s| {
+                Some(SlotStatus {
+                    slot: s.slot?.into(),
+                    jobs: s.jobs,
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The JobManager's services.
+#[derive(Clone)]
+pub(crate) struct JobManagerServices {
+    pub(crate) rm: Arc<ResourceManager>,
+    pub(crate) jm: Arc<JobManager>,
+    pub(crate) tables: Arc<TableStore>,
+}
+
+impl JobManagerServices {
+    /// Serves on `listener` until the process ends.
+    pub(crate) fn serve(self, listener: tokio::net::TcpListener) {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(
+                ResourceManagerServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .add_service(
+                JobMasterServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .add_service(
+                TableLogServer::new(self)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            );
+        tokio::spawn(async move {
+            if let Err(e) = router.serve_with_incoming(incoming).await {
+                tracing::error!(error = %e, "cluster rpc server stopped");
+            }
+        });
+    }
+}
+
+#[tonic::async_trait]
+impl ResourceManagerService for JobManagerServices {
+    async fn register_task_executor(
+        &self,
+        request: Request<pb::Registration>,
+    ) -> Result<Response<pb::RegistrationResponse>, Status> {
+        let r = request.into_inner();
+        let hardware = r.hardware.unwrap_or_default();
+        let gateway = Arc::new(
+            RemoteTaskExecutor::new(r.resource_id.clone(), r.address.clone()).map_err(status)?,
+        );
+        let registration = TaskExecutorRegistration {
+            resource_id: r.resource_id,
+            address: r.address,
+            hardware: HardwareDescription {
+                cpu_cores: hardware.cpu_cores as usize,
+                managed_memory_bytes: hardware.managed_memory_bytes as usize,
+            },
+            slots: report_from_pb(r.slots),
+        };
+        let id = self
+            .rm
+            .register_task_executor(registration, gateway)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::RegistrationResponse {
+            job_manager_id: id,
+        }))
+    }
+
+    type HeartbeatsStream = RpcStream<pb::HeartbeatResponse>;
+
+    async fn heartbeats(
+        &self,
+        request: Request<Streaming<pb::Heartbeat>>,
+    ) -> Result<Response<Self::HeartbeatsStream>, Status> {
+        let mut beats = request.into_inner();
+        let rm = self.rm.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            // The registration this stream belongs to, from its first beat.
+            let mut watched: Option<(String, u64)> = None;
+            let cause = loop {
+                let beat = match beats.message().await {
+                    Ok(Some(beat)) => beat,
+                    Ok(None) => break "heartbeat connection closed".to_string(),
+                    Err(e) => break format!("heartbeat connection dropped: {e}"),
+                };
+                if watched.is_none() {
+                    watched = rm
+                        .registration_instance(&beat.resource_id)
+                        .map(|i| (beat.resource_id.clone(), i));
+                }
+                let reply = match rm
+                    .heartbeat_from_task_executor(&beat.resource_id, report_from_pb(beat.slots))
+                    .await
+                {
+                    Ok(()) => Ok(pb::HeartbeatResponse {
+                        job_manager_id: rm.id().to_string(),
+                    }),
+                    Err(e) => {
+                        // Unknown: it must register again; this stream is done.
+                        let _ = tx.send(Err(status(e))).await;
+                        return;
+                    }
+                };
+                if tx.send(reply).await.is_err() {
+                    break "heartbeat connection closed".to_string();
+                }
+            };
+            if let Some((id, instance)) = watched {
+                rm.disconnect_instance(&id, instance, &cause);
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl JobMasterService for JobManagerServices {
+    async fn acknowledge_checkpoint(
+        &self,
+        request: Request<pb::CheckpointAck>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let ack = request.into_inner();
+        let task: TaskId = ack.task.ok_or_else(|| missing("task"))?.into();
+        if let Some(jm) = self.jm.job_master(task.job) {
+            jm.acknowledge_checkpoint(
+                &task,
+                ack.checkpoint_id,
+                ack.writes.into_iter().map(Into::into).collect(),
+                ack.positions.into_iter().map(Into::into).collect(),
+            );
+        }
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn update_task_execution_state(
+        &self,
+        request: Request<pb::TaskExecutionState>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let s = request.into_inner();
+        let task: TaskId = s.task.ok_or_else(|| missing("task"))?.into();
+        let state = super::parse_state(&s.state)?;
+        if let Some(jm) = self.jm.job_master(task.job) {
+            jm.update_task_execution_state(&task, state, s.error);
+        }
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    type ReadCheckpointStateStream = RpcStream<pb::StateEntries>;
+
+    async fn read_checkpoint_state(
+        &self,
+        request: Request<pb::StateRequest>,
+    ) -> Result<Response<Self::ReadCheckpointStateStream>, Status> {
+        let r = request.into_inner();
+        let entries = self
+            .jm
+            .read_checkpoint_state(
+                r.job,
+                r.tables,
+                r.key_group_start as u16..r.key_group_end as u16,
+            )
+            .await
+            .map_err(status)?;
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut entries = entries.into_iter().peekable();
+            while entries.peek().is_some() {
+                let page = pb::StateEntries {
+                    entries: entries
+                        .by_ref()
+                        .take(STATE_PAGE)
+                        .map(|(t, e)| super::entry_to_pb(t, e))
+                        .collect(),
+                };
+                if tx.send(Ok(page)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+}
+
+fn storage_status(e: storage::StorageError) -> Status {
+    match e {
+        storage::StorageError::UnknownTable(id) => Status::not_found(format!("table {id}")),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl TableLogService for JobManagerServices {
+    type SubscribeStream = RpcStream<pb::LogPosition>;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::TableRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let mut seq = self
+            .tables
+            .subscribe(request.into_inner().table)
+            .map_err(storage_status)?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let now = *seq.borrow_and_update();
+                if tx.send(Ok(pb::LogPosition { seq: now })).await.is_err() {
+                    return;
+                }
+                if seq.changed().await.is_err() {
+                    // The table was dropped.
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    type SnapshotStream = RpcStream<pb::SnapshotPart>;
+
+    async fn snapshot(
+        &self,
+        request: Request<pb::TableRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        let table = request.into_inner().table;
+        let tables = self.tables.clone();
+        let (batches, seq) = tokio::task::spawn_blocking(move || tables.snapshot(table))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(storage_status)?;
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            // At least one part, so the sequence number always arrives.
+            let _ = tx
+                .send(Ok(pb::SnapshotPart {
+                    batch: Vec::new(),
+                    seq,
+                }))
+                .await;
+            for b in batches {
+                let part = super::batch_to_ipc(b)
+                    .map(|batch| pb::SnapshotPart { batch, seq })
+                    .map_err(status);
+                if tx.send(part).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    async fn read_log(
+        &self,
+        request: Request<pb::ReadLogRequest>,
+    ) -> Result<Response<pb::LogEntries>, Status> {
+        let r = request.into_inner();
+        let entries = self
+            .tables
+            .read_log(r.table, r.after, r.max as usize)
+            .map_err(storage_status)?;
+        let entries = entries
+            .into_iter()
+            .map(|(seq, chunk)| {
+                Ok(pb::LogEntry {
+                    seq,
+                    chunk: chunk.to_ipc().map_err(storage_status)?,
+                })
+            })
+            .collect::<Result<_, Status>>()?;
+        Ok(Response::new(pb::LogEntries { entries }))
+    }
+}
+
+/// A TaskManager's services.
+#[derive(Clone)]
+pub(crate) struct TaskManagerServices {
+    pub(crate) te: Arc<TaskExecutor>,
+    pub(crate) job_master: Arc<RemoteJobMaster>,
+}
+
+impl TaskManagerServices {
+    /// Serves on `listener`; the returned future ends with the server.
+    pub(crate) async fn serve(self, listener: tokio::net::TcpListener) -> Result<(), ClusterError> {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(
+                TaskExecutorServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .add_service(
+                ShuffleServer::new(self)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .serve_with_incoming(incoming)
+            .await
+            .map_err(|e| ClusterError::Rpc(e.to_string()))
+    }
+}
+
+fn empty<E: Into<ClusterError>>(r: Result<(), E>) -> Result<Response<pb::Empty>, Status> {
+    r.map_err(|e| status(e.into()))?;
+    Ok(Response::new(pb::Empty {}))
+}
+
+#[tonic::async_trait]
+impl TaskExecutorService for TaskManagerServices {
+    async fn request_slot(
+        &self,
+        request: Request<pb::SlotRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = request.into_inner();
+        let slot = r.slot.ok_or_else(|| missing("slot"))?.into();
+        empty(self.te.request_slot(slot, r.job).await)
+    }
+
+    async fn free_slots(
+        &self,
+        request: Request<pb::JobRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        empty(self.te.free_slots(request.into_inner().job).await)
+    }
+
+    async fn submit_task(
+        &self,
+        request: Request<pb::TaskDeployment>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let d = request.into_inner();
+        let graph = planner::wire::decode_job_graph(&d.job_graph)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let deployment = TaskDeployment {
+            id: d.id.ok_or_else(|| missing("id"))?.into(),
+            graph: Arc::new(graph),
+            locations: Arc::new(d.locations.into_iter().map(|l| l.addresses).collect()),
+        };
+        let master: Arc<dyn JobMasterGateway> = self.job_master.clone();
+        empty(self.te.submit_task(deployment, master).await)
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::JobRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        empty(self.te.cancel_job(request.into_inner().job).await)
+    }
+
+    async fn trigger_checkpoint(
+        &self,
+        request: Request<pb::TriggerRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = request.into_inner();
+        let task = r.task.ok_or_else(|| missing("task"))?.into();
+        let barrier = r.barrier.ok_or_else(|| missing("barrier"))?.into();
+        empty(self.te.trigger_checkpoint(task, barrier).await)
+    }
+
+    async fn notify_checkpoint_complete(
+        &self,
+        request: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = request.into_inner();
+        empty(
+            self.te
+                .notify_checkpoint_complete(r.job, r.checkpoint_id)
+                .await,
+        )
+    }
+
+    async fn abort_checkpoint(
+        &self,
+        request: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = request.into_inner();
+        empty(self.te.abort_checkpoint(r.job, r.checkpoint_id).await)
+    }
+
+    async fn drop_job_state(
+        &self,
+        request: Request<pb::DropStateRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = request.into_inner();
+        empty(self.te.drop_job_state(r.job, r.tables).await)
+    }
+
+    type ScanViewStream = RpcStream<pb::ScanPart>;
+
+    async fn scan_view(
+        &self,
+        request: Request<pb::ScanRequest>,
+    ) -> Result<Response<Self::ScanViewStream>, Status> {
+        let r = request.into_inner();
+        let schema = super::batch_from_ipc(&r.schema).map_err(status)?.schema();
+        let batches = self
+            .te
+            .scan_view(
+                r.state_table,
+                schema,
+                r.key_group_start as u16..r.key_group_end as u16,
+            )
+            .await
+            .map_err(status)?;
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            for b in batches {
+                let part = super::batch_to_ipc(b)
+                    .map(|batch| pb::ScanPart { batch })
+                    .map_err(status);
+                if tx.send(part).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl ShuffleService for TaskManagerServices {
+    type OpenChannelStream = ReceiverStream<Result<pb::Frame, Status>>;
+
+    async fn open_channel(
+        &self,
+        request: Request<Streaming<pb::Credit>>,
+    ) -> Result<Response<Self::OpenChannelStream>, Status> {
+        let stream =
+            super::shuffle::serve_channel(self.te.shuffle().clone(), request.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
+}
+
+/// Binds `addr` for a cluster RPC server.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ClusterError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ClusterError::Rpc(format!("cannot listen on {addr}: {e}")))
+}

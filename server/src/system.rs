@@ -1,0 +1,255 @@
+//! System tables in the schema `weir_catalog`: the cluster as SQL sees it,
+//! read fresh on every query (what Flink's web UI shows, and RisingWave's
+//! `rw_catalog` tables).
+//!
+//! - `task_managers`: every registered TaskManager (and those lost lately):
+//!   address, hardware, slots total and free, registration and last
+//!   heartbeat, state;
+//! - `slots`: every slot, free or with the jobs and subtasks it holds;
+//! - `jobs`: every view's job with its state, attempt, restarts and last
+//!   completed checkpoint;
+//! - `subtasks`: every subtask with its ExecutionState and slot.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use cluster::gateway::ResourceManagerGateway;
+use datafusion::arrow::array::{
+    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::catalog::{MemTable, SchemaProvider, TableProvider};
+use datafusion::error::Result as DfResult;
+
+use crate::engine::Database;
+use crate::types::UTC;
+
+/// The schema holding the system tables.
+pub const SCHEMA: &str = "weir_catalog";
+
+const TABLES: [&str; 4] = ["task_managers", "slots", "jobs", "subtasks"];
+
+/// `weir_catalog` for one statement.
+#[derive(Debug)]
+pub struct SystemSchema {
+    pub db: Arc<Database>,
+}
+
+enum Col {
+    Text(Vec<Option<String>>),
+    Int(Vec<Option<i64>>),
+    Time(Vec<Option<i64>>),
+}
+
+impl Col {
+    fn field(&self, name: &str) -> Field {
+        let t = match self {
+            Col::Text(_) => DataType::Utf8,
+            Col::Int(_) => DataType::Int64,
+            Col::Time(_) => DataType::Timestamp(TimeUnit::Microsecond, Some(Arc::from(UTC))),
+        };
+        Field::new(name, t, true)
+    }
+
+    fn array(self) -> ArrayRef {
+        match self {
+            Col::Text(v) => Arc::new(StringArray::from(v)),
+            Col::Int(v) => Arc::new(Int64Array::from(v)),
+            Col::Time(v) => Arc::new(TimestampMicrosecondArray::from(v).with_timezone(UTC)),
+        }
+    }
+}
+
+fn micros(t: SystemTime) -> Option<i64> {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_micros() as i64)
+}
+
+fn table(columns: Vec<(&str, Col)>) -> DfResult<Arc<dyn TableProvider>> {
+    let schema = Arc::new(Schema::new(
+        columns.iter().map(|(n, c)| c.field(n)).collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, c)| c.array()).collect(),
+    )?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
+}
+
+impl SystemSchema {
+    fn view_name(&self, job: u64) -> Option<String> {
+        self.db.catalog.get(job).map(|e| e.name().to_string())
+    }
+
+    fn task_managers(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let tms = self.db.cluster.resource_manager.task_managers();
+        table(vec![
+            (
+                "resource_id",
+                Col::Text(tms.iter().map(|t| Some(t.resource_id.clone())).collect()),
+            ),
+            (
+                "address",
+                Col::Text(tms.iter().map(|t| Some(t.address.clone())).collect()),
+            ),
+            (
+                "cpu_cores",
+                Col::Int(tms.iter().map(|t| Some(t.cpu_cores as i64)).collect()),
+            ),
+            (
+                "managed_memory_bytes",
+                Col::Int(
+                    tms.iter()
+                        .map(|t| Some(t.managed_memory_bytes as i64))
+                        .collect(),
+                ),
+            ),
+            (
+                "slots_total",
+                Col::Int(tms.iter().map(|t| Some(t.slots_total as i64)).collect()),
+            ),
+            (
+                "slots_free",
+                Col::Int(tms.iter().map(|t| Some(t.slots_free as i64)).collect()),
+            ),
+            (
+                "registered_at",
+                Col::Time(tms.iter().map(|t| micros(t.registered_at)).collect()),
+            ),
+            (
+                "last_heartbeat",
+                Col::Time(tms.iter().map(|t| micros(t.last_heartbeat)).collect()),
+            ),
+            (
+                "state",
+                Col::Text(tms.iter().map(|t| Some(t.state.to_string())).collect()),
+            ),
+        ])
+    }
+
+    fn slots(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let tms = self.db.cluster.resource_manager.task_managers();
+        let jobs = self.db.cluster.job_manager.jobs();
+        let (mut tm, mut index, mut state, mut job, mut view, mut subtasks) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for t in tms.iter().filter(|t| t.state == "REGISTERED") {
+            for (i, held) in t.slot_jobs.iter().enumerate() {
+                let slot = format!("{}#{i}", t.resource_id);
+                let rows: Vec<Option<u64>> = if held.is_empty() {
+                    vec![None]
+                } else {
+                    held.iter().map(|j| Some(*j)).collect()
+                };
+                for j in rows {
+                    tm.push(Some(t.resource_id.clone()));
+                    index.push(Some(i as i64));
+                    state.push(Some(
+                        if j.is_some() { "ALLOCATED" } else { "FREE" }.to_string(),
+                    ));
+                    job.push(j.map(|j| j as i64));
+                    view.push(j.and_then(|j| self.view_name(j)));
+                    subtasks.push(j.map(|j| {
+                        jobs.iter()
+                            .filter(|s| s.job == j)
+                            .flat_map(|s| s.subtasks.iter())
+                            .filter(|(_, _, s, _)| *s == slot)
+                            .map(|(v, i, _, _)| format!("{v}#{i}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }));
+                }
+            }
+        }
+        table(vec![
+            ("task_manager", Col::Text(tm)),
+            ("slot", Col::Int(index)),
+            ("state", Col::Text(state)),
+            ("job", Col::Int(job)),
+            ("view", Col::Text(view)),
+            ("subtasks", Col::Text(subtasks)),
+        ])
+    }
+
+    fn jobs(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let jobs = self.db.cluster.job_manager.jobs();
+        table(vec![
+            (
+                "job",
+                Col::Int(jobs.iter().map(|j| Some(j.job as i64)).collect()),
+            ),
+            (
+                "view",
+                Col::Text(jobs.iter().map(|j| self.view_name(j.job)).collect()),
+            ),
+            (
+                "state",
+                Col::Text(jobs.iter().map(|j| Some(j.state.clone())).collect()),
+            ),
+            (
+                "attempt",
+                Col::Int(jobs.iter().map(|j| Some(j.attempt as i64)).collect()),
+            ),
+            (
+                "restarts",
+                Col::Int(jobs.iter().map(|j| Some(j.restarts as i64)).collect()),
+            ),
+            (
+                "last_checkpoint",
+                Col::Int(
+                    jobs.iter()
+                        .map(|j| Some(j.last_checkpoint as i64))
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+
+    fn subtasks(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let jobs = self.db.cluster.job_manager.jobs();
+        let (mut job, mut view, mut vertex, mut subtask, mut state, mut slot, mut tm) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for j in &jobs {
+            for (v, i, s, st) in &j.subtasks {
+                job.push(Some(j.job as i64));
+                view.push(self.view_name(j.job));
+                vertex.push(Some(v.clone()));
+                subtask.push(Some(*i as i64));
+                state.push(Some(st.to_string()));
+                slot.push(Some(s.clone()));
+                tm.push(s.rsplit_once('#').map(|(t, _)| t.to_string()));
+            }
+        }
+        table(vec![
+            ("job", Col::Int(job)),
+            ("view", Col::Text(view)),
+            ("vertex", Col::Text(vertex)),
+            ("subtask", Col::Int(subtask)),
+            ("state", Col::Text(state)),
+            ("slot", Col::Text(slot)),
+            ("task_manager", Col::Text(tm)),
+        ])
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for SystemSchema {
+    fn table_names(&self) -> Vec<String> {
+        TABLES.iter().map(|t| t.to_string()).collect()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        Ok(Some(match name {
+            "task_managers" => self.task_managers()?,
+            "slots" => self.slots()?,
+            "jobs" => self.jobs()?,
+            "subtasks" => self.subtasks()?,
+            _ => return Ok(None),
+        }))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        TABLES.contains(&name)
+    }
+}

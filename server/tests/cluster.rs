@@ -1,0 +1,522 @@
+//! A real cluster on loopback: one `weir jobmanager` and several
+//! `weir taskmanager` processes talking gRPC.
+//!
+//! - Views whose subtasks are spread over TaskManagers (network shuffle
+//!   between them, state gathered from all of them by `SELECT`) equal their
+//!   queries recomputed from the tables.
+//! - `kill -9` of a TaskManager while rows stream in: it is declared lost,
+//!   its jobs restart on the slots that are left (and later on a
+//!   TaskManager started afterwards), and the views are still exact.
+//! - A JobManager killed and restarted: the TaskManagers register again and
+//!   the views go on.
+//! - A TaskManager that cannot reach a JobManager gives up after its
+//!   registration timeout, with a message that says so.
+//!
+//! Detection and recovery times are printed (`--nocapture`); the figures in
+//! docs/cluster.md come from here.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{connect, free_port, rows, spawn_weir, wait_for_port};
+
+/// Settings that make failure detection quick enough for a test.
+fn cluster_args() -> Vec<String> {
+    [
+        "--checkpoint-interval-ms",
+        "200",
+        "--heartbeat-interval-ms",
+        "300",
+        "--heartbeat-timeout-ms",
+        "3000",
+        "--restart-strategy",
+        "fixed-delay",
+        "--restart-attempts",
+        "20",
+        "--restart-delay-ms",
+        "300",
+        "--slot-request-timeout-ms",
+        "20000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+struct TaskManager {
+    child: Option<Child>,
+    rpc: u16,
+}
+
+/// A JobManager and its TaskManagers, each with its own port and directory.
+struct TestCluster {
+    dir: tempfile::TempDir,
+    jm: Option<Child>,
+    pg: u16,
+    rpc: u16,
+    tms: Vec<TaskManager>,
+}
+
+impl TestCluster {
+    fn start(task_managers: usize, slots: usize, parallelism: usize) -> Self {
+        let mut c = TestCluster {
+            dir: tempfile::tempdir().expect("temp dir"),
+            jm: None,
+            pg: free_port(),
+            rpc: free_port(),
+            tms: Vec::new(),
+        };
+        c.start_job_manager(parallelism);
+        for _ in 0..task_managers {
+            c.add_task_manager(slots);
+        }
+        c
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    fn start_job_manager(&mut self, parallelism: usize) {
+        let mut args: Vec<String> = vec![
+            "jobmanager".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.pg),
+            "--rpc-listen".into(),
+            format!("127.0.0.1:{}", self.rpc),
+            "--data-dir".into(),
+            self.dir.path().join("jobmanager").display().to_string(),
+            "--default-parallelism".into(),
+            parallelism.to_string(),
+        ];
+        args.extend(cluster_args());
+        let log = self.log("jobmanager");
+        self.jm = Some(spawn_weir(&args, &log));
+        wait_for_port(self.pg, "jobmanager", &log);
+    }
+
+    fn add_task_manager(&mut self, slots: usize) -> usize {
+        let i = self.tms.len();
+        let rpc = free_port();
+        let mut args: Vec<String> = vec![
+            "taskmanager".into(),
+            "--jobmanager".into(),
+            format!("127.0.0.1:{}", self.rpc),
+            "--rpc-listen".into(),
+            format!("127.0.0.1:{rpc}"),
+            "--slots".into(),
+            slots.to_string(),
+            "--data-dir".into(),
+            self.dir.path().join(format!("tm{i}")).display().to_string(),
+        ];
+        args.extend(cluster_args());
+        let log = self.log(&format!("tm{i}"));
+        self.tms.push(TaskManager {
+            child: Some(spawn_weir(&args, &log)),
+            rpc,
+        });
+        wait_for_port(rpc, "taskmanager", &log);
+        i
+    }
+
+    fn kill9(child: &mut Option<Child>) {
+        if let Some(mut c) = child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        let mut names = vec!["jobmanager".to_string()];
+        names.extend((0..self.tms.len()).map(|i| format!("tm{i}")));
+        for n in names {
+            let text = std::fs::read_to_string(self.log(&n)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            out.push_str(&format!("--- {n} (last lines)\n"));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    async fn client(&self) -> tokio_postgres::Client {
+        connect(self.pg).await
+    }
+
+    /// Waits until `sql` returns rows that satisfy `ok`.
+    async fn wait_for(
+        &self,
+        sql: &str,
+        timeout: Duration,
+        ok: impl Fn(&[Vec<String>]) -> bool,
+    ) -> Vec<Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok((client, conn)) = tokio_postgres::connect(
+                &format!("host=127.0.0.1 port={} user=weir dbname=weir", self.pg),
+                tokio_postgres::NoTls,
+            )
+            .await
+            {
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                if let Ok(msgs) = client.simple_query(sql).await {
+                    let mut got = Vec::new();
+                    for m in msgs {
+                        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                            got.push(
+                                (0..r.len())
+                                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
+                                    .collect(),
+                            );
+                        }
+                    }
+                    if ok(&got) {
+                        return got;
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {sql}\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for tm in &mut self.tms {
+            Self::kill9(&mut tm.child);
+        }
+        Self::kill9(&mut self.jm);
+    }
+}
+
+const VIEWS: &[(&str, &str)] = &[
+    (
+        "per_kind",
+        "SELECT kind, count(*) AS n, sum(v) AS s, min(v) AS lo, max(v) AS hi FROM events GROUP BY kind",
+    ),
+    (
+        "joined",
+        "SELECT e.id, e.v, k.label FROM events e JOIN kinds k ON e.kind = k.kind",
+    ),
+    (
+        "label_totals",
+        "SELECT label, count(*) AS n, sum(v) AS s FROM joined GROUP BY label",
+    ),
+];
+
+async fn create_schema(client: &tokio_postgres::Client) {
+    client
+        .batch_execute(
+            "CREATE TABLE events (id BIGINT PRIMARY KEY, kind TEXT, v BIGINT);
+             CREATE TABLE kinds (kind TEXT PRIMARY KEY, label TEXT);
+             INSERT INTO kinds VALUES ('k0', 'zero'), ('k1', 'one'), ('k2', 'two'), ('k3', 'three'), ('k4', 'four');",
+        )
+        .await
+        .expect("schema");
+    for (name, sql) in VIEWS {
+        client
+            .batch_execute(&format!("CREATE MATERIALIZED VIEW {name} AS {sql}"))
+            .await
+            .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    }
+}
+
+/// Every view equals its query over the tables, after a FLUSH.
+async fn assert_views_exact(cluster: &TestCluster) {
+    let client = cluster.client().await;
+    client.batch_execute("FLUSH").await.expect("flush");
+    for (name, sql) in VIEWS {
+        let mut view = rows(&client, &format!("SELECT * FROM {name}")).await;
+        let mut recomputed = rows(&client, sql).await;
+        view.sort();
+        recomputed.sort();
+        assert_eq!(
+            view,
+            recomputed,
+            "view {name} differs from its query\n{}",
+            cluster.logs()
+        );
+    }
+}
+
+/// Inserts and deletes until stopped; returns how many inserts were
+/// acknowledged.
+async fn writer(port: u16, next: Arc<AtomicI64>, stop: Arc<AtomicBool>) -> usize {
+    let client = connect(port).await;
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let id = next.fetch_add(1, Ordering::SeqCst);
+        let sql = format!(
+            "INSERT INTO events VALUES ({id}, 'k{}', {})",
+            id % 5,
+            id % 97
+        );
+        if client.simple_query(&sql).await.is_ok() {
+            n += 1;
+        }
+        if id % 7 == 0 {
+            let _ = client
+                .simple_query(&format!(
+                    "UPDATE events SET v = v + 1 WHERE id = {}",
+                    id - 5
+                ))
+                .await;
+        }
+        if id % 10 == 0 {
+            let _ = client
+                .simple_query(&format!("DELETE FROM events WHERE id = {}", id - 3))
+                .await;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_spread_over_task_managers_are_exact() {
+    // Parallelism 4 over two TaskManagers of two slots: every hash exchange
+    // crosses the network.
+    let cluster = TestCluster::start(2, 2, 4);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
+            Duration::from_secs(30),
+            |r| r[0][0] == "2",
+        )
+        .await;
+    let client = cluster.client().await;
+    create_schema(&client).await;
+    for id in 0..400 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {})",
+                id % 5,
+                id % 13
+            ))
+            .await
+            .unwrap();
+    }
+    client
+        .batch_execute("UPDATE events SET v = v * 2 WHERE id % 3 = 0; DELETE FROM events WHERE id % 11 = 0; UPDATE kinds SET label = 'ONE' WHERE kind = 'k1'")
+        .await
+        .unwrap();
+    assert_views_exact(&cluster).await;
+
+    // The subtasks of each view run on both TaskManagers.
+    let spread = rows(
+        &client,
+        "SELECT view, count(DISTINCT task_manager) FROM weir_catalog.subtasks GROUP BY view ORDER BY view",
+    )
+    .await;
+    assert_eq!(spread.len(), VIEWS.len(), "{spread:?}");
+    for r in &spread {
+        assert_eq!(r[1], "2", "{r:?} runs on one task manager only");
+    }
+    let running = rows(
+        &client,
+        "SELECT count(*) FROM weir_catalog.subtasks WHERE state <> 'RUNNING'",
+    )
+    .await;
+    assert_eq!(running[0][0], "0");
+    let slots = rows(
+        &client,
+        "SELECT count(*) FROM weir_catalog.slots WHERE state = 'ALLOCATED'",
+    )
+    .await;
+    assert!(slots[0][0].parse::<i64>().unwrap() >= 4, "{slots:?}");
+    let jobs = rows(&client, "SHOW JOBS").await;
+    assert_eq!(jobs.len(), VIEWS.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_task_manager_fails_its_jobs_over() {
+    // Six slots on three TaskManagers, jobs of parallelism 4: losing one
+    // TaskManager leaves four.
+    let mut cluster = TestCluster::start(3, 2, 4);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
+            Duration::from_secs(30),
+            |r| r[0][0] == "3",
+        )
+        .await;
+    let client = cluster.client().await;
+    create_schema(&client).await;
+
+    for round in 0..2 {
+        let next = Arc::new(AtomicI64::new(100_000 * (round + 1)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|_| tokio::spawn(writer(cluster.pg, next.clone(), stop.clone())))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+
+        // A TaskManager that runs subtasks of the views.
+        let victims = rows(
+            &client,
+            "SELECT DISTINCT task_manager FROM weir_catalog.subtasks ORDER BY task_manager",
+        )
+        .await;
+        let victim_id = victims.last().expect("subtasks")[0].clone();
+        let victim = cluster
+            .tms
+            .iter()
+            .position(|tm| victim_id.ends_with(&format!(":{}", tm.rpc)))
+            .unwrap_or_else(|| panic!("no task manager {victim_id}"));
+        let killed = Instant::now();
+        TestCluster::kill9(&mut cluster.tms[victim].child);
+
+        cluster
+            .wait_for(
+                &format!(
+                    "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{victim_id}'"
+                ),
+                Duration::from_secs(30),
+                |r| r.first().is_some_and(|r| r[0] == "LOST"),
+            )
+            .await;
+        let detected = killed.elapsed();
+        cluster
+            .wait_for(
+                "SELECT count(*) FROM weir_catalog.jobs WHERE state = 'RUNNING' AND restarts > 0",
+                Duration::from_secs(60),
+                |r| r[0][0] == VIEWS.len().to_string(),
+            )
+            .await;
+        cluster
+            .wait_for(
+                &format!(
+                    "SELECT count(*) FROM weir_catalog.subtasks WHERE task_manager = '{victim_id}' OR state <> 'RUNNING'"
+                ),
+                Duration::from_secs(60),
+                |r| r[0][0] == "0",
+            )
+            .await;
+        let recovered = killed.elapsed();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        stop.store(true, Ordering::SeqCst);
+        let mut acknowledged = 0;
+        for w in writers {
+            acknowledged += w.await.unwrap();
+        }
+        assert!(acknowledged > 0, "no write went through");
+        assert_views_exact(&cluster).await;
+        println!(
+            "round {round}: task manager {victim_id} killed; declared lost after {:?}, views running again after {:?} ({acknowledged} inserts meanwhile)",
+            detected, recovered
+        );
+        // A fresh TaskManager joins; the next round may land on it.
+        let added = cluster.add_task_manager(2);
+        let rpc = cluster.tms[added].rpc;
+        cluster
+            .wait_for(
+                &format!(
+                    "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED' AND address = '127.0.0.1:{rpc}'"
+                ),
+                Duration::from_secs(30),
+                |r| r[0][0] == "1",
+            )
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_managers_register_again_after_a_job_manager_restart() {
+    let mut cluster = TestCluster::start(2, 2, 2);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers",
+            Duration::from_secs(30),
+            |r| r[0][0] == "2",
+        )
+        .await;
+    let client = cluster.client().await;
+    create_schema(&client).await;
+    for id in 0..100 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+    assert_views_exact(&cluster).await;
+
+    TestCluster::kill9(&mut cluster.jm);
+    let restarted = Instant::now();
+    cluster.start_job_manager(2);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
+            Duration::from_secs(60),
+            |r| r[0][0] == "2",
+        )
+        .await;
+    let registered = restarted.elapsed();
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.jobs WHERE state = 'RUNNING'",
+            Duration::from_secs(60),
+            |r| r[0][0] == VIEWS.len().to_string(),
+        )
+        .await;
+    let running = restarted.elapsed();
+    println!(
+        "job manager restarted: task managers registered again after {registered:?}, views running after {running:?}"
+    );
+    let client = cluster.client().await;
+    for id in 100..200 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+    assert_views_exact(&cluster).await;
+    let count = rows(&client, "SELECT sum(n) FROM per_kind").await;
+    assert_eq!(count[0][0], "200");
+}
+
+#[test]
+fn a_task_manager_without_a_job_manager_gives_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("tm.log");
+    let args: Vec<String> = [
+        "taskmanager",
+        "--jobmanager",
+        &format!("127.0.0.1:{}", free_port()),
+        "--rpc-listen",
+        &format!("127.0.0.1:{}", free_port()),
+        "--data-dir",
+        &dir.path().join("tm").display().to_string(),
+        "--registration-timeout-ms",
+        "1500",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let started = Instant::now();
+    let status = spawn_weir(&args, &log).wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success());
+    assert!(
+        text.contains("could not register with the job manager"),
+        "{text}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
