@@ -427,6 +427,29 @@ mod tests {
     }
 
     #[test]
+    fn a_job_graph_survives_the_wire() {
+        let plan = scan("t", 1)
+            .filter(col("v").gt(lit(0i64)).and(col("k").is_not_null()))
+            .unwrap()
+            .aggregate(vec![col("k")], vec![count(lit(1)), sum(col("v"))])
+            .unwrap()
+            .build()
+            .unwrap();
+        let graph = crate::job_graph::JobGraph::from_stream_graph(lower(&plan, &opts(2)).unwrap());
+        let bytes = crate::wire::encode_job_graph(&graph).unwrap();
+        let back = crate::wire::decode_job_graph(&bytes).unwrap();
+        assert_eq!(back.explain(), graph.explain());
+        assert_eq!(back.stream.explain(), graph.stream.explain());
+        for (a, b) in back.stream.nodes.iter().zip(&graph.stream.nodes) {
+            // Columns and types; functional dependencies do not travel
+            // (the executor does not use them).
+            assert_eq!(a.schema.inner(), b.schema.inner());
+            assert_eq!(a.schema.columns(), b.schema.columns());
+        }
+        assert!(crate::wire::decode_job_graph(b"not a graph").is_err());
+    }
+
+    #[test]
     fn global_aggregate_runs_once() {
         let plan = scan("t", 1)
             .aggregate(Vec::<Expr>::new(), vec![count(lit(1))])

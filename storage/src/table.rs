@@ -394,4 +394,25 @@ mod tests {
         assert_eq!(log.len(), 1);
         assert_eq!(log[0].1.op(1), Op::UpdateInsert);
     }
+    #[test]
+    fn retracting_a_row_changed_meanwhile_is_a_serialization_failure() {
+        let (_d, s) = store();
+        s.apply(1, &Chunk::inserts(rows(&s, vec![1], vec!["a"])))
+            .unwrap();
+        // Two statements both read (1, 'a'); the first updates it.
+        let first = Chunk::with_ops(
+            &[Op::UpdateDelete, Op::UpdateInsert],
+            rows(&s, vec![1, 1], vec!["a", "b"]),
+        );
+        s.apply(1, &first).unwrap();
+        let second = Chunk::with_ops(&[Op::Delete], rows(&s, vec![1], vec!["a"]));
+        let err = s.apply(1, &second).unwrap_err();
+        assert!(
+            matches!(err, StorageError::SerializationFailure(_)),
+            "{err}"
+        );
+        assert_eq!(s.last_seq(1).unwrap(), 2, "nothing logged");
+        let gone = Chunk::with_ops(&[Op::Delete], rows(&s, vec![2], vec!["x"]));
+        assert!(s.apply(1, &gone).is_err(), "a row that never was");
+    }
 }

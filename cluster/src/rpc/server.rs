@@ -19,7 +19,7 @@ use super::pb::job_master_server::{JobMaster as JobMasterService, JobMasterServe
 use super::pb::resource_manager_server::{
     ResourceManager as ResourceManagerService, ResourceManagerServer,
 };
-use super::pb::shuffle_server::{Shuffle as ShuffleService, ShuffleServer};
+use super::pb::shuffle_server::ShuffleServer;
 use super::pb::table_log_server::{TableLog as TableLogService, TableLogServer};
 use super::pb::task_executor_server::{TaskExecutor as TaskExecutorService, TaskExecutorServer};
 use super::{MAX_MESSAGE, missing, status};
@@ -346,7 +346,7 @@ impl TaskManagerServices {
                     .max_encoding_message_size(MAX_MESSAGE),
             )
             .add_service(
-                ShuffleServer::new(self)
+                ShuffleServer::new(super::shuffle::ShuffleService(self.te.shuffle().clone()))
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
             )
@@ -469,20 +469,6 @@ impl TaskExecutorService for TaskManagerServices {
             }
         });
         Ok(Response::new(stream_of(rx)))
-    }
-}
-
-#[tonic::async_trait]
-impl ShuffleService for TaskManagerServices {
-    type OpenChannelStream = ReceiverStream<Result<pb::Frame, Status>>;
-
-    async fn open_channel(
-        &self,
-        request: Request<Streaming<pb::Credit>>,
-    ) -> Result<Response<Self::OpenChannelStream>, Status> {
-        let stream =
-            super::shuffle::serve_channel(self.te.shuffle().clone(), request.into_inner()).await?;
-        Ok(Response::new(stream))
     }
 }
 

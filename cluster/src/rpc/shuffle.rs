@@ -45,9 +45,26 @@ fn channel_from_pb(c: pb::ChannelId) -> ChannelId {
     }
 }
 
+/// The Shuffle service of a TaskManager: the producing ends of its
+/// channels.
+pub(crate) struct ShuffleService(pub(crate) Arc<LocalShuffle>);
+
+#[tonic::async_trait]
+impl pb::shuffle_server::Shuffle for ShuffleService {
+    type OpenChannelStream = ReceiverStream<Result<pb::Frame, tonic::Status>>;
+
+    async fn open_channel(
+        &self,
+        request: tonic::Request<tonic::Streaming<pb::Credit>>,
+    ) -> Result<tonic::Response<Self::OpenChannelStream>, tonic::Status> {
+        let stream = serve_channel(self.0.clone(), request.into_inner()).await?;
+        Ok(tonic::Response::new(stream))
+    }
+}
+
 /// Producer side: streams the channel's messages to the consumer, one per
 /// credit.
-pub(crate) async fn serve_channel(
+async fn serve_channel(
     shuffle: Arc<LocalShuffle>,
     mut credits: tonic::Streaming<pb::Credit>,
 ) -> Result<ReceiverStream<Result<pb::Frame, tonic::Status>>, tonic::Status> {
@@ -167,5 +184,101 @@ async fn consume(
                 credits: 1,
             })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use executor::message::Barrier;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use storage::chunk::Chunk;
+
+    fn chunk(v: i64) -> Message {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![v]))]).unwrap();
+        Message::Chunk(Chunk::inserts(batch))
+    }
+
+    fn value(m: &Message) -> i64 {
+        match m {
+            Message::Chunk(c) => c
+                .data()
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0),
+            other => panic!("expected a chunk, got {other:?}"),
+        }
+    }
+
+    /// A consumer that does not read holds its producer back: the producer
+    /// gets only as far as the buffers on both sides and the credits allow.
+    /// Then everything arrives, in order, the barrier in its place.
+    #[tokio::test]
+    async fn a_slow_consumer_holds_its_producer_back() {
+        let shuffle = Arc::new(LocalShuffle::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(pb::shuffle_server::ShuffleServer::new(ShuffleService(
+                    shuffle.clone(),
+                )))
+                .serve_with_incoming(incoming),
+        );
+        let id = ChannelId {
+            job: 1,
+            attempt: 0,
+            edge: 0,
+            from: 0,
+            to: 0,
+        };
+        let producer = shuffle.sender(id.clone()).unwrap();
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = sent.clone();
+        let total = 500usize;
+        tokio::spawn(async move {
+            for v in 0..total {
+                if v == 250 {
+                    producer
+                        .send(Message::Barrier(Barrier::checkpoint(7)))
+                        .await
+                        .unwrap();
+                }
+                producer.send(chunk(v as i64)).await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let mut rx = NetworkChannels.connect(&addr.to_string(), id).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = sent.load(Ordering::SeqCst);
+        // Producer queue + frames sent against credits + consumer buffer,
+        // and the message each forwarding task holds in hand.
+        assert!(
+            held <= 3 * CHANNEL_CAPACITY + 4,
+            "producer ran ahead to {held} messages"
+        );
+        assert!(held >= CHANNEL_CAPACITY, "nothing flowed: {held}");
+        let mut next = 0;
+        let mut barriers = 0;
+        while next < total as i64 {
+            let m = rx.recv().await.expect("channel open");
+            if let Message::Barrier(b) = m {
+                assert_eq!(b.checkpoint_id, 7);
+                assert_eq!(next, 250, "barrier in its place");
+                barriers += 1;
+                continue;
+            }
+            assert_eq!(value(&m), next);
+            next += 1;
+        }
+        assert_eq!(barriers, 1);
     }
 }
