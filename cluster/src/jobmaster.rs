@@ -244,6 +244,7 @@ impl JobMaster {
                     subtask: ev.subtask,
                     attempt,
                 },
+                slot: ev.slot.index,
                 graph: graph.clone(),
                 locations: locations.clone(),
             };
@@ -274,11 +275,19 @@ impl JobMaster {
     async fn teardown(&self) {
         let tms = self.task_executors();
         let _ = self.storage.discard_staged(self.job);
-        for tm in tms {
-            if let Err(e) = tm.cancel_job(self.job).await {
-                tracing::debug!(job = self.job, error = %e, "cancel on a task manager failed");
+        let patience = self.config.heartbeat_timeout;
+        let cancels = tms.iter().map(|tm| async move {
+            match tokio::time::timeout(patience, tm.cancel_job(self.job)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(job = self.job, error = %e, "cancel on a task manager failed")
+                }
+                Err(_) => {
+                    tracing::warn!(job = self.job, "a task manager did not confirm the cancel")
+                }
             }
-        }
+        });
+        futures::future::join_all(cancels).await;
         if let Err(e) = self.rm.release_slots(self.job).await {
             tracing::warn!(job = self.job, error = %e, "releasing slots failed");
         }
@@ -456,10 +465,15 @@ impl JobMaster {
         }
         tracing::debug!(job = self.job, checkpoint = id, "trigger checkpoint");
         for (task, slot) in sources {
-            self.rm
-                .task_executor(&slot)?
-                .trigger_checkpoint(task, Barrier::checkpoint(id))
-                .await?;
+            // Not awaited here: a TaskManager that hangs must not hold up
+            // the coordinator (the checkpoint then expires or fails over).
+            let tm = self.rm.task_executor(&slot)?;
+            let job = self.job;
+            tokio::spawn(async move {
+                if let Err(e) = tm.trigger_checkpoint(task, Barrier::checkpoint(id)).await {
+                    tracing::warn!(job, checkpoint = id, error = %e, "checkpoint trigger failed");
+                }
+            });
         }
         Ok(())
     }
@@ -488,12 +502,24 @@ impl JobMaster {
             }
             return;
         }
+        // Every TaskManager at once; one that does not answer within the
+        // heartbeat timeout is about to be declared lost anyway.
+        let patience = self.config.heartbeat_timeout;
+        let tms = self.task_executors();
+        let notified =
+            futures::future::join_all(tms.iter().map(|tm| {
+                tokio::time::timeout(patience, tm.notify_checkpoint_complete(self.job, id))
+            }))
+            .await;
         let mut stale = false;
-        for tm in self.task_executors() {
-            if let Err(e) = tm.notify_checkpoint_complete(self.job, id).await {
-                tracing::warn!(job = self.job, checkpoint = id, error = %e, "task manager did not commit");
-                stale = true;
-            }
+        for result in notified {
+            let error = match result {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer".to_string(),
+            };
+            tracing::warn!(job = self.job, checkpoint = id, error = %error, "task manager did not commit");
+            stale = true;
         }
         if let Ok(mut inner) = self.lock() {
             inner.committing = false;

@@ -89,10 +89,7 @@ impl Cluster {
     /// (`weir playground`, Flink's MiniCluster).
     pub async fn playground(data_dir: &Path, config: ClusterConfig) -> Result<Self> {
         let (mut cluster, _) = Self::open(data_dir, &config).await?;
-        let state = Arc::new(StateStore::new(Arc::new(KvStore::open(
-            &data_dir.join("taskmanager-0"),
-            config.managed_memory_bytes,
-        )?)));
+        let state = slot_stores(&data_dir.join("taskmanager-0"), &config)?;
         let rm: Arc<dyn ResourceManagerGateway> = cluster.resource_manager.clone();
         let te = TaskExecutor::start(
             TaskExecutorServices {
@@ -141,6 +138,19 @@ impl Cluster {
     }
 }
 
+/// One state store per slot under `dir` (`slot-<i>`), each with its share
+/// of the managed memory.
+fn slot_stores(dir: &Path, config: &ClusterConfig) -> Result<Vec<Arc<StateStore>>> {
+    (0..config.slots_per_task_manager.max(1))
+        .map(|i| {
+            Ok(Arc::new(StateStore::new(Arc::new(KvStore::open(
+                &dir.join(format!("slot-{i}")),
+                config.managed_memory_per_slot(),
+            )?))))
+        })
+        .collect()
+}
+
 /// How to start a standalone TaskManager.
 #[derive(Debug, Clone)]
 pub struct TaskManagerOptions {
@@ -179,10 +189,7 @@ pub async fn run_task_manager(opts: TaskManagerOptions) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("taskmanager-{address}"));
     std::fs::create_dir_all(&opts.data_dir).map_err(|e| io(&opts.data_dir, e))?;
-    let state = Arc::new(StateStore::new(Arc::new(KvStore::open(
-        &opts.data_dir.join("state"),
-        opts.config.managed_memory_bytes,
-    )?)));
+    let state = slot_stores(&opts.data_dir, &opts.config)?;
     let te = TaskExecutor::new(
         TaskExecutorServices {
             resource_id: resource_id.clone(),

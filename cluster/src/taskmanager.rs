@@ -16,6 +16,11 @@
 //! acknowledgement to the job's JobMaster, and commits the local copy when
 //! the JobMaster says the checkpoint is complete. The local copy is what
 //! the view-scan service reads.
+//!
+//! Managed memory: each slot has its own RocksDB instance, opened with an
+//! equal share of the TaskManager's managed memory for its block cache and
+//! write buffers, and the tasks of a slot keep their state there — a slot's
+//! state cannot crowd out another's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -72,7 +77,8 @@ pub struct TaskExecutorServices {
     pub resource_id: ResourceId,
     /// Where this TaskManager serves its shuffle (and TaskExecutor RPC).
     pub address: String,
-    pub state: Arc<StateStore>,
+    /// One local state store per slot, each with its share of memory.
+    pub state: Vec<Arc<StateStore>>,
     pub tables: Arc<dyn TableLog>,
     pub remote: Arc<dyn RemoteChannels>,
 }
@@ -81,13 +87,15 @@ pub struct TaskExecutorServices {
 pub struct TaskExecutor {
     resource_id: ResourceId,
     address: String,
-    state: Arc<StateStore>,
+    state: Vec<Arc<StateStore>>,
     tables: Arc<dyn TableLog>,
     remote: Arc<dyn RemoteChannels>,
     shuffle: Arc<LocalShuffle>,
     slots: Mutex<Vec<BTreeSet<u64>>>,
     tasks: Mutex<HashMap<u64, Vec<RunningTask>>>,
     masters: Mutex<HashMap<u64, Arc<dyn JobMasterGateway>>>,
+    /// The slot of each running task, for its checkpoint writes.
+    task_slots: Mutex<HashMap<TaskId, usize>>,
     /// The attempt of each job whose state this TaskManager holds.
     prepared: tokio::sync::Mutex<HashMap<u64, u64>>,
     hardware: HardwareDescription,
@@ -107,8 +115,9 @@ fn poisoned() -> ClusterError {
 }
 
 impl TaskExecutor {
-    /// Creates a TaskExecutor with `config.slots_per_task_manager` empty slots.
+    /// Creates a TaskExecutor with one empty slot per state store.
     pub fn new(services: TaskExecutorServices, config: &ClusterConfig) -> Arc<Self> {
+        let slots = services.state.len();
         Arc::new_cyclic(|me| TaskExecutor {
             resource_id: services.resource_id,
             address: services.address,
@@ -116,7 +125,8 @@ impl TaskExecutor {
             tables: services.tables,
             remote: services.remote,
             shuffle: Arc::new(LocalShuffle::default()),
-            slots: Mutex::new(vec![BTreeSet::new(); config.slots_per_task_manager]),
+            slots: Mutex::new(vec![BTreeSet::new(); slots]),
+            task_slots: Mutex::new(HashMap::new()),
             tasks: Mutex::new(HashMap::new()),
             masters: Mutex::new(HashMap::new()),
             prepared: tokio::sync::Mutex::new(HashMap::new()),
@@ -133,6 +143,13 @@ impl TaskExecutor {
     /// The shuffle of this TaskManager (served over RPC by the cluster).
     pub fn shuffle(&self) -> &Arc<LocalShuffle> {
         &self.shuffle
+    }
+
+    fn store(&self, slot: usize) -> Result<Arc<StateStore>> {
+        self.state
+            .get(slot)
+            .cloned()
+            .ok_or_else(|| ClusterError::Internal(format!("no slot {slot}")))
     }
 
     /// Registers with the ResourceManager — retrying with back-off, for at
@@ -308,11 +325,13 @@ impl TaskExecutor {
         {
             let mut prepared = self.prepared.lock().await;
             if prepared.get(&job) != Some(&deployment.id.attempt) {
-                let state = self.state.clone();
+                let stores = self.state.clone();
                 let tables = graph.stream.state_tables();
-                tokio::task::spawn_blocking(move || state.drop_job(job, &tables))
-                    .await
-                    .map_err(|e| ClusterError::Internal(e.to_string()))??;
+                tokio::task::spawn_blocking(move || {
+                    stores.iter().try_for_each(|s| s.drop_job(job, &tables))
+                })
+                .await
+                .map_err(|e| ClusterError::Internal(e.to_string()))??;
                 prepared.insert(job, deployment.id.attempt);
             }
         }
@@ -333,7 +352,7 @@ impl TaskExecutor {
             .read_checkpoint_state(job, tables, key_groups)
             .await?;
         let restored = entries.len();
-        let state = self.state.clone();
+        let state = self.store(deployment.slot)?;
         tokio::task::spawn_blocking(move || state.import(entries))
             .await
             .map_err(|e| ClusterError::Internal(e.to_string()))??;
@@ -353,7 +372,18 @@ impl TaskReporter for TaskExecutor {
         let Some(master) = self.master(task.job) else {
             return;
         };
-        if let Err(e) = self.state.stage(task.job, checkpoint_id, writes.clone()) {
+        let slot = self
+            .task_slots
+            .lock()
+            .ok()
+            .and_then(|s| s.get(task).copied());
+        let staged = match slot.map(|s| self.store(s)) {
+            Some(Ok(store)) => store.stage(task.job, checkpoint_id, writes.clone()),
+            _ => Err(storage::StorageError::Internal(format!(
+                "{task} has no slot"
+            ))),
+        };
+        if let Err(e) = staged {
             tracing::error!(task = %task, error = %e, "staging checkpoint state failed");
             master.update_task_execution_state(task, ExecutionState::Failed, Some(e.to_string()));
             return;
@@ -410,7 +440,7 @@ impl TaskExecutorGateway for TaskExecutor {
             .insert(deployment.id.job, job_master);
         let env = TaskEnvironment {
             tables: self.tables.clone(),
-            state: Arc::new(StoreReader(self.state.clone())),
+            state: Arc::new(StoreReader(self.store(deployment.slot)?)),
             shuffle: self.shuffle.clone(),
             remote: self.remote.clone(),
             address: self.address.clone(),
@@ -418,6 +448,10 @@ impl TaskExecutorGateway for TaskExecutor {
         };
         let (task, commands) = build_task(&deployment, &env)?;
         let id = deployment.id.clone();
+        self.task_slots
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(id.clone(), deployment.slot);
         let span = tracing::info_span!(
             "task",
             job = id.job,
@@ -476,7 +510,13 @@ impl TaskExecutorGateway for TaskExecutor {
         for attempt in attempts {
             self.shuffle.release(job, attempt);
         }
-        self.state.discard_staged(job)?;
+        self.task_slots
+            .lock()
+            .map_err(|_| poisoned())?
+            .retain(|t, _| t.job != job);
+        for store in &self.state {
+            store.discard_staged(job)?;
+        }
         self.prepared.lock().await.remove(&job);
         Ok(())
     }
@@ -490,10 +530,26 @@ impl TaskExecutorGateway for TaskExecutor {
     }
 
     async fn notify_checkpoint_complete(&self, job: u64, checkpoint_id: u64) -> Result<()> {
-        let state = self.state.clone();
-        tokio::task::spawn_blocking(move || state.commit(job, checkpoint_id))
-            .await
-            .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        // The stores of the slots that run the job's tasks.
+        let stores: Vec<Arc<StateStore>> = {
+            let slots: BTreeSet<usize> = self
+                .task_slots
+                .lock()
+                .map_err(|_| poisoned())?
+                .iter()
+                .filter(|(t, _)| t.job == job)
+                .map(|(_, s)| *s)
+                .collect();
+            slots
+                .into_iter()
+                .filter_map(|s| self.state.get(s).cloned())
+                .collect()
+        };
+        tokio::task::spawn_blocking(move || {
+            stores.iter().try_for_each(|s| s.commit(job, checkpoint_id))
+        })
+        .await
+        .map_err(|e| ClusterError::Internal(e.to_string()))??;
         self.send(
             job,
             |_| true,
@@ -502,13 +558,19 @@ impl TaskExecutorGateway for TaskExecutor {
     }
 
     async fn abort_checkpoint(&self, job: u64, _checkpoint_id: u64) -> Result<()> {
-        Ok(self.state.discard_staged(job)?)
+        for store in &self.state {
+            store.discard_staged(job)?;
+        }
+        Ok(())
     }
 
     async fn drop_job_state(&self, job: u64, tables: Vec<u64>) -> Result<()> {
         self.masters.lock().map_err(|_| poisoned())?.remove(&job);
         self.prepared.lock().await.remove(&job);
-        Ok(self.state.drop_job(job, &tables)?)
+        for store in &self.state {
+            store.drop_job(job, &tables)?;
+        }
+        Ok(())
     }
 
     async fn scan_view(
@@ -517,9 +579,19 @@ impl TaskExecutorGateway for TaskExecutor {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
     ) -> Result<Vec<RecordBatch>> {
-        let state = self.state.clone();
+        // Only the slot that runs the subtask holds these key groups.
+        let stores = self.state.clone();
         tokio::task::spawn_blocking(move || {
-            executor::operators::materialize::read_view(&state, state_table, &schema, key_groups)
+            let mut out = Vec::new();
+            for store in &stores {
+                out.extend(executor::operators::materialize::read_view(
+                    store,
+                    state_table,
+                    &schema,
+                    key_groups.clone(),
+                )?);
+            }
+            Ok::<_, executor::ExecError>(out)
         })
         .await
         .map_err(|e| ClusterError::Internal(e.to_string()))?

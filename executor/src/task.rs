@@ -115,6 +115,8 @@ pub struct TaskEnvironment {
 #[derive(Debug, Clone)]
 pub struct TaskDeployment {
     pub id: TaskId,
+    /// Index of the slot of this TaskManager the task runs in.
+    pub slot: usize,
     pub graph: Arc<JobGraph>,
     /// Shuffle address of the TaskManager of every subtask, by vertex: where
     /// each input channel comes from.

@@ -5,7 +5,8 @@
 //! - `task_managers`: every registered TaskManager (and those lost lately):
 //!   address, hardware, slots total and free, registration and last
 //!   heartbeat, state;
-//! - `slots`: every slot, free or with the jobs and subtasks it holds;
+//! - `slots`: every slot, its share of managed memory, free or with the
+//!   jobs and subtasks it holds;
 //! - `jobs`: every view's job with its state, attempt, restarts and last
 //!   completed checkpoint;
 //! - `subtasks`: every subtask with its ExecutionState and slot.
@@ -132,8 +133,8 @@ impl SystemSchema {
     fn slots(&self) -> DfResult<Arc<dyn TableProvider>> {
         let tms = self.db.cluster.resource_manager.task_managers();
         let jobs = self.db.cluster.job_manager.jobs();
-        let (mut tm, mut index, mut state, mut job, mut view, mut subtasks) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut tm, mut index, mut memory, mut state, mut job, mut view, mut subtasks) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         for t in tms.iter().filter(|t| t.state == "REGISTERED") {
             for (i, held) in t.slot_jobs.iter().enumerate() {
                 let slot = format!("{}#{i}", t.resource_id);
@@ -145,6 +146,7 @@ impl SystemSchema {
                 for j in rows {
                     tm.push(Some(t.resource_id.clone()));
                     index.push(Some(i as i64));
+                    memory.push(Some((t.managed_memory_bytes / t.slots_total.max(1)) as i64));
                     state.push(Some(
                         if j.is_some() { "ALLOCATED" } else { "FREE" }.to_string(),
                     ));
@@ -165,6 +167,7 @@ impl SystemSchema {
         table(vec![
             ("task_manager", Col::Text(tm)),
             ("slot", Col::Int(index)),
+            ("managed_memory_bytes", Col::Int(memory)),
             ("state", Col::Text(state)),
             ("job", Col::Int(job)),
             ("view", Col::Text(view)),

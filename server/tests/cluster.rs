@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use common::{connect, free_port, rows, spawn_weir, wait_for_port};
 
 /// Settings that make failure detection quick enough for a test.
-fn cluster_args() -> Vec<String> {
-    [
+fn cluster_args(slot_timeout_ms: u64) -> Vec<String> {
+    let mut args: Vec<String> = [
         "--checkpoint-interval-ms",
         "200",
         "--heartbeat-interval-ms",
@@ -40,12 +40,15 @@ fn cluster_args() -> Vec<String> {
         "20",
         "--restart-delay-ms",
         "300",
-        "--slot-request-timeout-ms",
-        "20000",
+        "--managed-memory-mb",
+        "64",
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    args.push("--slot-request-timeout-ms".into());
+    args.push(slot_timeout_ms.to_string());
+    args
 }
 
 struct TaskManager {
@@ -60,16 +63,27 @@ struct TestCluster {
     pg: u16,
     rpc: u16,
     tms: Vec<TaskManager>,
+    slot_timeout_ms: u64,
 }
 
 impl TestCluster {
     fn start(task_managers: usize, slots: usize, parallelism: usize) -> Self {
+        Self::start_with(task_managers, slots, parallelism, 20_000)
+    }
+
+    fn start_with(
+        task_managers: usize,
+        slots: usize,
+        parallelism: usize,
+        slot_timeout_ms: u64,
+    ) -> Self {
         let mut c = TestCluster {
             dir: tempfile::tempdir().expect("temp dir"),
             jm: None,
             pg: free_port(),
             rpc: free_port(),
             tms: Vec::new(),
+            slot_timeout_ms,
         };
         c.start_job_manager(parallelism);
         for _ in 0..task_managers {
@@ -94,7 +108,7 @@ impl TestCluster {
             "--default-parallelism".into(),
             parallelism.to_string(),
         ];
-        args.extend(cluster_args());
+        args.extend(cluster_args(self.slot_timeout_ms));
         let log = self.log("jobmanager");
         self.jm = Some(spawn_weir(&args, &log));
         wait_for_port(self.pg, "jobmanager", &log);
@@ -114,7 +128,7 @@ impl TestCluster {
             "--data-dir".into(),
             self.dir.path().join(format!("tm{i}")).display().to_string(),
         ];
-        args.extend(cluster_args());
+        args.extend(cluster_args(self.slot_timeout_ms));
         let log = self.log(&format!("tm{i}"));
         self.tms.push(TaskManager {
             child: Some(spawn_weir(&args, &log)),
@@ -338,6 +352,74 @@ async fn views_spread_over_task_managers_are_exact() {
     assert!(slots[0][0].parse::<i64>().unwrap() >= 4, "{slots:?}");
     let jobs = rows(&client, "SHOW JOBS").await;
     assert_eq!(jobs.len(), VIEWS.len());
+    // Each slot owns an equal share of its TaskManager's managed memory.
+    let memory = rows(
+        &client,
+        "SELECT DISTINCT managed_memory_bytes FROM weir_catalog.slots",
+    )
+    .await;
+    assert_eq!(memory, vec![vec![(32 << 20).to_string()]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_waits_for_the_slots_a_late_task_manager_brings() {
+    let mut cluster = TestCluster::start_with(1, 2, 4, 4000);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers",
+            Duration::from_secs(30),
+            |r| r[0][0] == "1",
+        )
+        .await;
+    let client = cluster.client().await;
+    client
+        .batch_execute("CREATE TABLE t (k INT, v INT); INSERT INTO t VALUES (1, 10), (2, 20)")
+        .await
+        .unwrap();
+    // Four subtasks, two slots: the request waits for a TaskManager.
+    let pending = tokio::spawn({
+        let port = cluster.pg;
+        async move {
+            let client = connect(port).await;
+            client
+                .batch_execute(
+                    "CREATE MATERIALIZED VIEW s AS SELECT k, sum(v) AS s FROM t GROUP BY k",
+                )
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.add_task_manager(2);
+    pending
+        .await
+        .unwrap()
+        .expect("the view gets the late slots");
+    assert_eq!(
+        rows(&client, "SELECT k, s FROM s ORDER BY k").await,
+        vec![vec!["1", "10"], vec!["2", "20"]]
+    );
+    // More subtasks than the cluster has slots: 53000 once the wait is over.
+    client
+        .batch_execute("SET streaming_parallelism = 8")
+        .await
+        .unwrap();
+    let err = client
+        .batch_execute("CREATE MATERIALIZED VIEW big AS SELECT k, count(*) FROM t GROUP BY k")
+        .await
+        .unwrap_err();
+    let db = err.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "53000");
+    assert!(
+        db.message().contains("needs 8 slots") && db.message().contains("has 4"),
+        "{}",
+        db.message()
+    );
+    let gone = client.simple_query("SELECT * FROM big").await.unwrap_err();
+    assert_eq!(
+        gone.as_db_error().map(|e| e.code().code()),
+        Some("42P01"),
+        "a view that could not start is not in the catalog"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -519,4 +601,111 @@ fn a_task_manager_without_a_job_manager_gives_up() {
         "{text}"
     );
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+fn signal(child: &Option<Child>, sig: &str) {
+    let pid = child.as_ref().expect("running").id().to_string();
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
+    let cluster = TestCluster::start(3, 2, 4);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
+            Duration::from_secs(30),
+            |r| r[0][0] == "3",
+        )
+        .await;
+    let client = cluster.client().await;
+    create_schema(&client).await;
+    for id in 0..200 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+    assert_views_exact(&cluster).await;
+    let victims = rows(
+        &client,
+        "SELECT DISTINCT task_manager FROM weir_catalog.subtasks ORDER BY task_manager",
+    )
+    .await;
+    let victim_id = victims[0][0].clone();
+    let victim = cluster
+        .tms
+        .iter()
+        .position(|tm| victim_id.ends_with(&format!(":{}", tm.rpc)))
+        .expect("victim");
+    // Stopped, not killed: its connections stay open, only its heartbeats
+    // stop.
+    signal(&cluster.tms[victim].child, "-STOP");
+    let stopped = Instant::now();
+    cluster
+        .wait_for(
+            &format!(
+                "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{victim_id}'"
+            ),
+            Duration::from_secs(30),
+            |r| r.first().is_some_and(|r| r[0] == "LOST"),
+        )
+        .await;
+    let detected = stopped.elapsed();
+    assert!(
+        detected >= Duration::from_secs(2),
+        "lost before its heartbeat timeout: {detected:?}"
+    );
+    cluster
+        .wait_for(
+            &format!(
+                "SELECT count(*) FROM weir_catalog.subtasks WHERE task_manager = '{victim_id}' OR state <> 'RUNNING'"
+            ),
+            Duration::from_secs(60),
+            |r| r[0][0] == "0",
+        )
+        .await;
+    let recovered = stopped.elapsed();
+    for id in 200..300 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+    assert_views_exact(&cluster).await;
+    println!("views exact after {:?}", stopped.elapsed());
+    if std::env::var_os("WEIR_DUMP_LOGS").is_some() {
+        println!(
+            "{}",
+            std::fs::read_to_string(cluster.log("jobmanager")).unwrap_or_default()
+        );
+    }
+    // Woken up, it learns it was lost, drops what it ran and registers again.
+    signal(&cluster.tms[victim].child, "-CONT");
+    let woken = stopped.elapsed();
+    cluster
+        .wait_for(
+            &format!(
+                "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{victim_id}'"
+            ),
+            Duration::from_secs(30),
+            |r| r.first().is_some_and(|r| r[0] == "REGISTERED"),
+        )
+        .await;
+    let registered = stopped.elapsed();
+    assert_views_exact(&cluster).await;
+    println!(
+        "silent task manager {victim_id}: declared lost after {detected:?} (heartbeat timeout 3 s), views running again after {recovered:?}, registered again {:?} after being woken",
+        registered - woken
+    );
 }

@@ -24,13 +24,17 @@ impl std::fmt::Debug for KvStore {
 }
 
 impl KvStore {
-    /// Opens (creating if missing) the database at `path`.
-    pub fn open(path: &Path, cache_bytes: usize) -> Result<Self> {
+    /// Opens (creating if missing) the database at `path`, with
+    /// `memory_bytes` for RocksDB's own memory: half for the block cache,
+    /// half for (two) write buffers.
+    pub fn open(path: &Path, memory_bytes: usize) -> Result<Self> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.set_write_buffer_size((memory_bytes / 4).max(1 << 20));
+        opts.set_max_write_buffer_number(2);
         let mut block = rocksdb::BlockBasedOptions::default();
-        block.set_block_cache(&rocksdb::Cache::new_lru_cache(cache_bytes));
+        block.set_block_cache(&rocksdb::Cache::new_lru_cache(memory_bytes / 2));
         opts.set_block_based_table_factory(&block);
         let db = DB::open(&opts, path)?;
         Ok(Self { db })

@@ -236,6 +236,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
     ) -> Result<()> {
         let request = pb::TaskDeployment {
             id: Some((&deployment.id).into()),
+            slot: deployment.slot as u32,
             job_graph: planner::wire::encode_job_graph(&deployment.graph)?,
             locations: deployment
                 .locations

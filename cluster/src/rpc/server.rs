@@ -388,6 +388,7 @@ impl TaskExecutorService for TaskManagerServices {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let deployment = TaskDeployment {
             id: d.id.ok_or_else(|| missing("id"))?.into(),
+            slot: d.slot as usize,
             graph: Arc::new(graph),
             locations: Arc::new(d.locations.into_iter().map(|l| l.addresses).collect()),
         };
