@@ -120,9 +120,10 @@ impl JobManager {
         Ok(())
     }
 
-    /// Restarts a job from its latest completed checkpoint without waiting:
-    /// if its slots are not there yet (TaskManagers still registering after
-    /// a JobManager restart), it keeps trying as its restart strategy says.
+    /// Restarts a job from its latest completed checkpoint without waiting.
+    /// Until TaskManagers bring enough slots (they may still be registering
+    /// after a JobManager restart) it waits, however long that takes; any
+    /// other failure goes to the restart strategy.
     pub fn recover_job(&self, job: u64, graph: JobGraph) -> Result<()> {
         let jm = JobMaster::new(
             job,
@@ -136,8 +137,26 @@ impl JobManager {
             .map_err(|_| poisoned())?
             .insert(job, jm.clone());
         tokio::spawn(async move {
-            if let Err(e) = jm.launch().await {
-                jm.failover(e.to_string()).await;
+            loop {
+                match jm.launch().await {
+                    Ok(()) => return,
+                    Err(ClusterError::NotEnoughSlots { needed, total, .. })
+                        if jm.state() == JobState::Created =>
+                    {
+                        tracing::info!(
+                            job,
+                            needed,
+                            total,
+                            "waiting for task managers to bring slots"
+                        );
+                    }
+                    Err(e) => {
+                        if jm.state() == JobState::Created {
+                            jm.failover(e.to_string()).await;
+                        }
+                        return;
+                    }
+                }
             }
         });
         Ok(())

@@ -310,23 +310,34 @@ async fn views_spread_over_task_managers_are_exact() {
             |r| r[0][0] == "2",
         )
         .await;
+    // The same statements on a playground, for comparison.
+    let playground = common::Server::start();
+    let reference = playground.client().await;
     let client = cluster.client().await;
-    create_schema(&client).await;
-    for id in 0..400 {
-        client
-            .batch_execute(&format!(
+    for c in [&client, &reference] {
+        create_schema(c).await;
+        for id in 0..400 {
+            c.batch_execute(&format!(
                 "INSERT INTO events VALUES ({id}, 'k{}', {})",
                 id % 5,
                 id % 13
             ))
             .await
             .unwrap();
+        }
+        c.batch_execute("UPDATE events SET v = v * 2 WHERE id % 3 = 0; DELETE FROM events WHERE id % 11 = 0; UPDATE kinds SET label = 'ONE' WHERE kind = 'k1'; FLUSH")
+            .await
+            .unwrap();
     }
-    client
-        .batch_execute("UPDATE events SET v = v * 2 WHERE id % 3 = 0; DELETE FROM events WHERE id % 11 = 0; UPDATE kinds SET label = 'ONE' WHERE kind = 'k1'")
-        .await
-        .unwrap();
     assert_views_exact(&cluster).await;
+    for (name, _) in VIEWS {
+        let sql = format!("SELECT * FROM {name} ORDER BY 1, 2, 3");
+        assert_eq!(
+            rows(&client, &sql).await,
+            rows(&reference, &sql).await,
+            "{name}: cluster and playground differ"
+        );
+    }
 
     // The subtasks of each view run on both TaskManagers.
     let spread = rows(
@@ -495,6 +506,19 @@ async fn a_killed_task_manager_fails_its_jobs_over() {
         }
         assert!(acknowledged > 0, "no write went through");
         assert_views_exact(&cluster).await;
+        if round == 1 {
+            // The TaskManager that joined after round 0 had the least
+            // loaded slots: the restarted jobs run on it.
+            let newcomer = format!("taskmanager-127.0.0.1:{}", cluster.tms[3].rpc);
+            let on_it = rows(
+                &client,
+                &format!(
+                    "SELECT count(*) FROM weir_catalog.subtasks WHERE task_manager = '{newcomer}'"
+                ),
+            )
+            .await;
+            assert_ne!(on_it[0][0], "0", "nothing runs on {newcomer}");
+        }
         println!(
             "round {round}: task manager {victim_id} killed; declared lost after {:?}, views running again after {:?} ({acknowledged} inserts meanwhile)",
             detected, recovered
@@ -683,7 +707,6 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
             .unwrap();
     }
     assert_views_exact(&cluster).await;
-    println!("views exact after {:?}", stopped.elapsed());
     if std::env::var_os("WEIR_DUMP_LOGS").is_some() {
         println!(
             "{}",
@@ -708,4 +731,64 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
         "silent task manager {victim_id}: declared lost after {detected:?} (heartbeat timeout 3 s), views running again after {recovered:?}, registered again {:?} after being woken",
         registered - woken
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_wait_for_task_managers_after_a_full_restart() {
+    let mut cluster = TestCluster::start_with(2, 2, 2, 2000);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers",
+            Duration::from_secs(30),
+            |r| r[0][0] == "2",
+        )
+        .await;
+    let client = cluster.client().await;
+    create_schema(&client).await;
+    for id in 0..50 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+    assert_views_exact(&cluster).await;
+    // Everything goes down; the JobManager comes back alone, for longer
+    // than the slot request timeout.
+    for tm in &mut cluster.tms {
+        TestCluster::kill9(&mut tm.child);
+    }
+    TestCluster::kill9(&mut cluster.jm);
+    cluster.start_job_manager(2);
+    let client = cluster.client().await;
+    // Meanwhile the views answer from the checkpoint storage.
+    let n = rows(&client, "SELECT sum(n) FROM per_kind").await;
+    assert_eq!(n[0][0], "50");
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    let jobs = rows(&client, "SELECT state FROM weir_catalog.jobs").await;
+    assert!(
+        jobs.iter().all(|r| r[0] == "CREATED"),
+        "jobs still waiting for slots: {jobs:?}"
+    );
+    cluster.add_task_manager(2);
+    cluster.add_task_manager(2);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.jobs WHERE state = 'RUNNING'",
+            Duration::from_secs(60),
+            |r| r[0][0] == VIEWS.len().to_string(),
+        )
+        .await;
+    for id in 50..80 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+    assert_views_exact(&cluster).await;
 }
