@@ -1,11 +1,14 @@
 //! `weir bench`: throughput of the write path into views, measured in
-//! process (no network), from the first `INSERT` until `FLUSH` has made every
-//! row visible in the view.
+//! process (no pgwire), from the first `INSERT` until `FLUSH` has made every
+//! row visible in the view. With `--task-managers N` the view runs on N
+//! TaskManagers reached over gRPC on loopback (network shuffle, remote
+//! table reads, checkpoint acks over RPC) instead of the playground's
+//! in-process one.
 
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use cluster::ClusterConfig;
+use cluster::{ClusterConfig, TaskManagerOptions, run_task_manager};
 
 use crate::engine::Database;
 use crate::session::Session;
@@ -34,6 +37,56 @@ pub struct BenchArgs {
     /// streaming_parallelism of the view.
     #[arg(long, default_value_t = 2)]
     parallelism: usize,
+    /// Run the view on this many TaskManagers over gRPC (0: playground).
+    #[arg(long, default_value_t = 0)]
+    task_managers: usize,
+}
+
+/// A JobManager with `n` TaskManagers of `slots` slots, all in this
+/// process but talking gRPC over loopback.
+async fn open_cluster(
+    dir: &std::path::Path,
+    n: usize,
+    slots: usize,
+) -> Result<std::sync::Arc<Database>, String> {
+    let rpc = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?;
+    let config = ClusterConfig {
+        slots_per_task_manager: slots,
+        ..ClusterConfig::default()
+    };
+    let db = Database::open_job_manager(&dir.join("jobmanager"), config.clone(), rpc, slots)
+        .await
+        .map_err(|e| e.to_string())?;
+    for i in 0..n {
+        let opts = TaskManagerOptions {
+            job_manager: rpc.to_string(),
+            rpc_listen: "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+            advertise: None,
+            resource_id: Some(format!("taskmanager-{i}")),
+            data_dir: dir.join(format!("taskmanager-{i}")),
+            config: config.clone(),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = run_task_manager(opts).await {
+                eprintln!("weir bench: task manager {i} stopped: {e}");
+            }
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster::gateway::ResourceManagerGateway::task_managers(
+        db.cluster.resource_manager.as_ref(),
+    )
+    .len()
+        < n
+    {
+        if Instant::now() > deadline {
+            return Err("task managers did not register".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(db)
 }
 
 async fn run_sql(
@@ -53,9 +106,14 @@ async fn run_sql(
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let db = Database::open(&dir, ClusterConfig::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let db = if args.task_managers > 0 {
+        let slots = args.parallelism.div_ceil(args.task_managers).max(1);
+        open_cluster(&dir, args.task_managers, slots).await?
+    } else {
+        Database::open(&dir, ClusterConfig::default())
+            .await
+            .map_err(|e| e.to_string())?
+    };
     let mut session = Session::new(args.parallelism);
     session
         .set("streaming_parallelism", &args.parallelism.to_string())
@@ -135,8 +193,15 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .copied()
         .unwrap_or(Duration::ZERO);
     println!(
-        "workload: {:?}, parallelism {}, {} rows in batches of {}",
-        args.workload, args.parallelism, rows, args.batch
+        "workload: {:?}, parallelism {}, {} rows in batches of {}, {}",
+        args.workload,
+        args.parallelism,
+        rows,
+        args.batch,
+        match args.task_managers {
+            0 => "playground".to_string(),
+            n => format!("{n} task managers over gRPC"),
+        }
     );
     println!(
         "inserts acknowledged after {:.2} s; visible in the view after {:.2} s",

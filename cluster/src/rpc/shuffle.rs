@@ -131,6 +131,8 @@ impl RemoteChannels for NetworkChannels {
         tokio::spawn(async move {
             let why = match consume(&address, &channel, &tx).await {
                 Ok(()) => return,
+                // The consuming task is gone too: a cancellation, not a failure.
+                Err(_) if tx.is_closed() => return,
                 Err(why) => why,
             };
             tracing::warn!(channel = ?channel, address = %address, error = %why, "input channel broken");
