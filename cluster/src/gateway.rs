@@ -90,8 +90,14 @@ pub trait ResourceManagerGateway: Send + Sync {
 
     /// A JobMaster asks for `count` distinct slots, so that no two subtasks
     /// of a vertex share one; waits for TaskManagers to bring them up to the
-    /// slot request timeout.
-    async fn request_slots(&self, job: u64, count: usize) -> Result<Vec<SlotId>>;
+    /// slot request timeout. Each chosen TaskManager allocates its slot and
+    /// offers it to `job_master`; the request returns the slots accepted.
+    async fn request_slots(
+        &self,
+        job: u64,
+        count: usize,
+        job_master: Arc<dyn JobMasterGateway>,
+    ) -> Result<Vec<SlotId>>;
 
     /// The slots `request_slots` would return, without allocating them.
     fn preview_slots(&self, count: usize) -> Result<Vec<SlotId>>;
@@ -115,8 +121,15 @@ pub trait TaskExecutorGateway: Send + Sync {
     /// of its subtasks' consumers connect to.
     fn address(&self) -> String;
 
-    /// The ResourceManager assigns `slot` to `job`.
-    async fn request_slot(&self, slot: SlotId, job: u64) -> Result<()>;
+    /// The ResourceManager assigns `slot` to `job`: the TaskManager
+    /// allocates it and offers it to the job's JobMaster (Flink's
+    /// `requestSlot` then `offerSlots`). An error if the offer is declined.
+    async fn request_slot(
+        &self,
+        slot: SlotId,
+        job: u64,
+        job_master: Arc<dyn JobMasterGateway>,
+    ) -> Result<()>;
 
     /// The job's slots are free again.
     async fn free_slots(&self, job: u64) -> Result<()>;
@@ -175,6 +188,10 @@ pub trait JobMasterGateway: Send + Sync {
         state: ExecutionState,
         error: Option<String>,
     );
+
+    /// A TaskManager offers slots it allocated for `job`; the answer is
+    /// the ones the JobMaster accepts into its slot pool.
+    async fn offer_slots(&self, job: u64, slots: Vec<SlotId>) -> Result<Vec<SlotId>>;
 
     /// The job's state in `tables` and `key_groups` at its latest completed
     /// checkpoint: `(table, entry)`.

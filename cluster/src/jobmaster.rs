@@ -63,6 +63,8 @@ struct Inner {
     running_since: Instant,
     /// A failure reported while the job was being (re)deployed.
     deploy_failure: Option<String>,
+    /// Slots TaskManagers offered for the coming deployment (the slot pool).
+    offered: BTreeSet<SlotId>,
     next_checkpoint: u64,
     pending: Option<PendingCheckpoint>,
     /// The pending checkpoint is complete and being committed.
@@ -121,6 +123,7 @@ impl JobMaster {
                 restarts: 0,
                 running_since: Instant::now(),
                 deploy_failure: None,
+                offered: BTreeSet::new(),
                 next_checkpoint: last + 1,
                 pending: None,
                 committing: false,
@@ -199,10 +202,27 @@ impl JobMaster {
     /// Requests slots, builds the ExecutionGraph on them and submits every
     /// subtask; each restores its state from the checkpoint storage first.
     async fn allocate_and_deploy(&self) -> Result<()> {
+        let me: Arc<dyn JobMasterGateway> = self
+            .me
+            .upgrade()
+            .ok_or_else(|| ClusterError::Internal("job master gone".into()))?;
+        self.lock()?.offered.clear();
         let slots = self
             .rm
-            .request_slots(self.job, ExecutionGraph::slots_needed(&self.graph))
+            .request_slots(
+                self.job,
+                ExecutionGraph::slots_needed(&self.graph),
+                me.clone(),
+            )
             .await?;
+        {
+            let inner = self.lock()?;
+            if let Some(missing) = slots.iter().find(|s| !inner.offered.contains(s)) {
+                return Err(ClusterError::Internal(format!(
+                    "slot {missing} was never offered"
+                )));
+            }
+        }
         let mut exec = ExecutionGraph::build(self.graph.clone(), &slots)?;
         let _deploying = self.commit.write().await;
         let mut locations = Vec::new();
@@ -231,10 +251,6 @@ impl JobMaster {
             inner.attempt
         };
         let graph = Arc::new(self.graph.clone());
-        let me: Arc<dyn JobMasterGateway> = self
-            .me
-            .upgrade()
-            .ok_or_else(|| ClusterError::Internal("job master gone".into()))?;
         for ev in exec.all() {
             let tm = self.rm.task_executor(&ev.slot)?;
             let deployment = TaskDeployment {
@@ -735,6 +751,16 @@ impl JobMasterGateway for JobMaster {
             let error = error.unwrap_or_else(|| format!("{task} failed"));
             tokio::spawn(me.failover(error));
         }
+    }
+
+    async fn offer_slots(&self, job: u64, slots: Vec<SlotId>) -> Result<Vec<SlotId>> {
+        let mut inner = self.lock()?;
+        // Slots are wanted while the job waits for them.
+        if job != self.job || !matches!(inner.state, JobState::Created | JobState::Restarting) {
+            return Ok(Vec::new());
+        }
+        inner.offered.extend(slots.iter().cloned());
+        Ok(slots)
     }
 
     async fn read_checkpoint_state(

@@ -26,8 +26,8 @@ use planner::execution_graph::SlotId;
 use tokio::sync::{Notify, broadcast};
 
 use crate::gateway::{
-    ResourceId, ResourceManagerGateway, SlotReport, TaskExecutorGateway, TaskExecutorRegistration,
-    TaskManagerInfo,
+    JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport, TaskExecutorGateway,
+    TaskExecutorRegistration, TaskManagerInfo,
 };
 use crate::{ClusterError, Result};
 
@@ -251,7 +251,12 @@ impl ResourceManagerGateway for ResourceManager {
         }
     }
 
-    async fn request_slots(&self, job: u64, count: usize) -> Result<Vec<SlotId>> {
+    async fn request_slots(
+        &self,
+        job: u64,
+        count: usize,
+        job_master: Arc<dyn JobMasterGateway>,
+    ) -> Result<Vec<SlotId>> {
         let deadline = tokio::time::Instant::now() + self.slot_request_timeout;
         let slots = loop {
             // A pending request: wait for TaskManagers to bring slots.
@@ -271,7 +276,9 @@ impl ResourceManagerGateway for ResourceManager {
         };
         for slot in &slots {
             let gateway = self.task_executor(slot)?;
-            gateway.request_slot(slot.clone(), job).await?;
+            gateway
+                .request_slot(slot.clone(), job, job_master.clone())
+                .await?;
             if let Some(tm) = self.lock()?.get_mut(&slot.task_manager) {
                 tm.slot_jobs[slot.index].insert(job);
             }

@@ -408,12 +408,34 @@ impl TaskExecutorGateway for TaskExecutor {
         self.address.clone()
     }
 
-    async fn request_slot(&self, slot: SlotId, job: u64) -> Result<()> {
-        let mut slots = self.slots.lock().map_err(|_| poisoned())?;
-        let jobs = slots
-            .get_mut(slot.index)
-            .ok_or_else(|| ClusterError::Internal(format!("no slot {slot}")))?;
-        jobs.insert(job);
+    async fn request_slot(
+        &self,
+        slot: SlotId,
+        job: u64,
+        job_master: Arc<dyn JobMasterGateway>,
+    ) -> Result<()> {
+        {
+            let mut slots = self.slots.lock().map_err(|_| poisoned())?;
+            let jobs = slots
+                .get_mut(slot.index)
+                .ok_or_else(|| ClusterError::Internal(format!("no slot {slot}")))?;
+            jobs.insert(job);
+        }
+        let accepted = job_master.offer_slots(job, vec![slot.clone()]).await;
+        if !matches!(&accepted, Ok(a) if a.contains(&slot)) {
+            if let Some(jobs) = self
+                .slots
+                .lock()
+                .map_err(|_| poisoned())?
+                .get_mut(slot.index)
+            {
+                jobs.remove(&job);
+            }
+            return Err(ClusterError::Internal(format!(
+                "job {job} declined slot {slot}: {}",
+                accepted.err().map(|e| e.to_string()).unwrap_or_default()
+            )));
+        }
         Ok(())
     }
 

@@ -149,7 +149,12 @@ impl ResourceManagerGateway for RemoteResourceManager {
 
     fn disconnect_task_executor(&self, _resource_id: &ResourceId, _cause: &str) {}
 
-    async fn request_slots(&self, _job: u64, _count: usize) -> Result<Vec<SlotId>> {
+    async fn request_slots(
+        &self,
+        _job: u64,
+        _count: usize,
+        _job_master: Arc<dyn JobMasterGateway>,
+    ) -> Result<Vec<SlotId>> {
         Err(ClusterError::Internal(
             "slots are requested inside the JobManager".into(),
         ))
@@ -210,7 +215,13 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         self.address.clone()
     }
 
-    async fn request_slot(&self, slot: SlotId, job: u64) -> Result<()> {
+    /// The TaskManager offers the slot to the JobMaster it knows, over RPC.
+    async fn request_slot(
+        &self,
+        slot: SlotId,
+        job: u64,
+        _job_master: Arc<dyn JobMasterGateway>,
+    ) -> Result<()> {
         self.client()
             .request_slot(pb::SlotRequest {
                 slot: Some((&slot).into()),
@@ -385,6 +396,24 @@ impl JobMasterGateway for RemoteJobMaster {
             state: super::state_name(state),
             error,
         }));
+    }
+
+    async fn offer_slots(&self, job: u64, slots: Vec<SlotId>) -> Result<Vec<SlotId>> {
+        let response = self
+            .client
+            .clone()
+            .offer_slots(pb::SlotOffer {
+                job,
+                slots: slots.iter().map(Into::into).collect(),
+            })
+            .await
+            .map_err(rpc)?;
+        Ok(response
+            .into_inner()
+            .accepted
+            .into_iter()
+            .map(Into::into)
+            .collect())
     }
 
     async fn read_checkpoint_state(

@@ -201,6 +201,21 @@ impl JobMasterService for JobManagerServices {
         Ok(Response::new(pb::Empty {}))
     }
 
+    async fn offer_slots(
+        &self,
+        request: Request<pb::SlotOffer>,
+    ) -> Result<Response<pb::SlotOfferResponse>, Status> {
+        let offer = request.into_inner();
+        let slots = offer.slots.into_iter().map(Into::into).collect();
+        let accepted = match self.jm.job_master(offer.job) {
+            Some(jm) => jm.offer_slots(offer.job, slots).await.map_err(status)?,
+            None => Vec::new(),
+        };
+        Ok(Response::new(pb::SlotOfferResponse {
+            accepted: accepted.iter().map(Into::into).collect(),
+        }))
+    }
+
     type ReadCheckpointStateStream = RpcStream<pb::StateEntries>;
 
     async fn read_checkpoint_state(
@@ -369,7 +384,8 @@ impl TaskExecutorService for TaskManagerServices {
     ) -> Result<Response<pb::Empty>, Status> {
         let r = request.into_inner();
         let slot = r.slot.ok_or_else(|| missing("slot"))?.into();
-        empty(self.te.request_slot(slot, r.job).await)
+        let master: Arc<dyn JobMasterGateway> = self.job_master.clone();
+        empty(self.te.request_slot(slot, r.job, master).await)
     }
 
     async fn free_slots(
