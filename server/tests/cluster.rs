@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use common::{connect, free_port, rows, spawn_weir, wait_for_port};
 
 /// Settings that make failure detection quick enough for a test.
-fn cluster_args(slot_timeout_ms: u64) -> Vec<String> {
+fn cluster_args(slot_timeout_ms: u64, restart_strategy: &str) -> Vec<String> {
     let mut args: Vec<String> = [
         "--checkpoint-interval-ms",
         "200",
@@ -34,8 +34,6 @@ fn cluster_args(slot_timeout_ms: u64) -> Vec<String> {
         "300",
         "--heartbeat-timeout-ms",
         "3000",
-        "--restart-strategy",
-        "fixed-delay",
         "--restart-attempts",
         "20",
         "--restart-delay-ms",
@@ -48,6 +46,8 @@ fn cluster_args(slot_timeout_ms: u64) -> Vec<String> {
     .collect();
     args.push("--slot-request-timeout-ms".into());
     args.push(slot_timeout_ms.to_string());
+    args.push("--restart-strategy".into());
+    args.push(restart_strategy.into());
     args
 }
 
@@ -64,6 +64,7 @@ struct TestCluster {
     rpc: u16,
     tms: Vec<TaskManager>,
     slot_timeout_ms: u64,
+    restart_strategy: &'static str,
 }
 
 impl TestCluster {
@@ -77,6 +78,22 @@ impl TestCluster {
         parallelism: usize,
         slot_timeout_ms: u64,
     ) -> Self {
+        Self::start_full(
+            task_managers,
+            slots,
+            parallelism,
+            slot_timeout_ms,
+            "fixed-delay",
+        )
+    }
+
+    fn start_full(
+        task_managers: usize,
+        slots: usize,
+        parallelism: usize,
+        slot_timeout_ms: u64,
+        restart_strategy: &'static str,
+    ) -> Self {
         let mut c = TestCluster {
             dir: tempfile::tempdir().expect("temp dir"),
             jm: None,
@@ -84,6 +101,7 @@ impl TestCluster {
             rpc: free_port(),
             tms: Vec::new(),
             slot_timeout_ms,
+            restart_strategy,
         };
         c.start_job_manager(parallelism);
         for _ in 0..task_managers {
@@ -108,7 +126,7 @@ impl TestCluster {
             "--default-parallelism".into(),
             parallelism.to_string(),
         ];
-        args.extend(cluster_args(self.slot_timeout_ms));
+        args.extend(cluster_args(self.slot_timeout_ms, self.restart_strategy));
         let log = self.log("jobmanager");
         self.jm = Some(spawn_weir(&args, &log));
         wait_for_port(self.pg, "jobmanager", &log);
@@ -128,7 +146,7 @@ impl TestCluster {
             "--data-dir".into(),
             self.dir.path().join(format!("tm{i}")).display().to_string(),
         ];
-        args.extend(cluster_args(self.slot_timeout_ms));
+        args.extend(cluster_args(self.slot_timeout_ms, self.restart_strategy));
         let log = self.log(&format!("tm{i}"));
         self.tms.push(TaskManager {
             child: Some(spawn_weir(&args, &log)),
@@ -638,7 +656,8 @@ fn signal(child: &Option<Child>, sig: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
-    let cluster = TestCluster::start(3, 2, 4);
+    // Jobs restart with exponential back-off here.
+    let cluster = TestCluster::start_full(3, 2, 4, 20_000, "exponential-delay");
     cluster
         .wait_for(
             "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
@@ -697,6 +716,8 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
         )
         .await;
     let recovered = stopped.elapsed();
+    let restarts = rows(&client, "SELECT max(restarts) FROM weir_catalog.jobs").await;
+    assert_eq!(restarts[0][0], "1", "the jobs on it restarted once");
     for id in 200..300 {
         client
             .batch_execute(&format!(
@@ -791,4 +812,19 @@ async fn views_wait_for_task_managers_after_a_full_restart() {
             .unwrap();
     }
     assert_views_exact(&cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_across_task_managers_see_whole_statements() {
+    // Four subtasks on two TaskManagers: a SELECT gathers each part from
+    // its TaskManager, all at one completed checkpoint.
+    let cluster = TestCluster::start(2, 2, 4);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers",
+            Duration::from_secs(30),
+            |r| r[0][0] == "2",
+        )
+        .await;
+    common::transfers_never_show_half_done(cluster.pg).await;
 }
