@@ -98,9 +98,9 @@ impl JobManager {
         &self.rm
     }
 
-    /// Starts a job; returns once its subtasks are deployed, or fails
-    /// (with SQLSTATE 53000 when there are not enough slots).
-    pub async fn submit_job(&self, job: u64, graph: JobGraph) -> Result<()> {
+    /// A JobMaster for `job`, known to the Dispatcher (so TaskManagers can
+    /// reach it) before it asks for slots.
+    fn register(&self, job: u64, graph: JobGraph) -> Result<Arc<JobMaster>> {
         let jm = JobMaster::new(
             job,
             graph,
@@ -112,6 +112,13 @@ impl JobManager {
             .lock()
             .map_err(|_| poisoned())?
             .insert(job, jm.clone());
+        Ok(jm)
+    }
+
+    /// Starts a job; returns once its subtasks are deployed, or fails
+    /// (with SQLSTATE 53000 when there are not enough slots).
+    pub async fn submit_job(&self, job: u64, graph: JobGraph) -> Result<()> {
+        let jm = self.register(job, graph)?;
         if let Err(e) = jm.launch().await {
             self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
             let _ = jm.stop(false).await;
@@ -125,17 +132,7 @@ impl JobManager {
     /// after a JobManager restart) it waits, however long that takes; any
     /// other failure goes to the restart strategy.
     pub fn recover_job(&self, job: u64, graph: JobGraph) -> Result<()> {
-        let jm = JobMaster::new(
-            job,
-            graph,
-            self.rm.clone(),
-            self.storage.clone(),
-            self.config.clone(),
-        )?;
-        self.jobs
-            .lock()
-            .map_err(|_| poisoned())?
-            .insert(job, jm.clone());
+        let jm = self.register(job, graph)?;
         tokio::spawn(async move {
             loop {
                 match jm.launch().await {

@@ -183,6 +183,16 @@ impl TestCluster {
         connect(self.pg).await
     }
 
+    /// Waits until `n` TaskManagers are registered.
+    async fn wait_registered(&self, n: usize) {
+        self.wait_for(
+            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
+            Duration::from_secs(60),
+            |r| r[0][0] == n.to_string(),
+        )
+        .await;
+    }
+
     /// Waits until `sql` returns rows that satisfy `ok`.
     async fn wait_for(
         &self,
@@ -266,6 +276,19 @@ async fn create_schema(client: &tokio_postgres::Client) {
     }
 }
 
+/// Inserts events `ids`, `v` = id, spread over the five kinds.
+async fn insert_events(client: &tokio_postgres::Client, ids: std::ops::Range<i64>) {
+    for id in ids {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
+                id % 5
+            ))
+            .await
+            .unwrap();
+    }
+}
+
 /// Every view equals its query over the tables, after a FLUSH.
 async fn assert_views_exact(cluster: &TestCluster) {
     let client = cluster.client().await;
@@ -321,13 +344,7 @@ async fn views_spread_over_task_managers_are_exact() {
     // Parallelism 4 over two TaskManagers of two slots: every hash exchange
     // crosses the network.
     let cluster = TestCluster::start(2, 2, 4);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
-            Duration::from_secs(30),
-            |r| r[0][0] == "2",
-        )
-        .await;
+    cluster.wait_registered(2).await;
     // The same statements on a playground, for comparison.
     let playground = common::Server::start();
     let reference = playground.client().await;
@@ -393,13 +410,7 @@ async fn views_spread_over_task_managers_are_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_waits_for_the_slots_a_late_task_manager_brings() {
     let mut cluster = TestCluster::start_with(1, 2, 4, 4000);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers",
-            Duration::from_secs(30),
-            |r| r[0][0] == "1",
-        )
-        .await;
+    cluster.wait_registered(1).await;
     let client = cluster.client().await;
     client
         .batch_execute("CREATE TABLE t (k INT, v INT); INSERT INTO t VALUES (1, 10), (2, 20)")
@@ -456,13 +467,7 @@ async fn a_killed_task_manager_fails_its_jobs_over() {
     // Six slots on three TaskManagers, jobs of parallelism 4: losing one
     // TaskManager leaves four.
     let mut cluster = TestCluster::start(3, 2, 4);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
-            Duration::from_secs(30),
-            |r| r[0][0] == "3",
-        )
-        .await;
+    cluster.wait_registered(3).await;
     let client = cluster.client().await;
     create_schema(&client).await;
 
@@ -559,36 +564,16 @@ async fn a_killed_task_manager_fails_its_jobs_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_managers_register_again_after_a_job_manager_restart() {
     let mut cluster = TestCluster::start(2, 2, 2);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers",
-            Duration::from_secs(30),
-            |r| r[0][0] == "2",
-        )
-        .await;
+    cluster.wait_registered(2).await;
     let client = cluster.client().await;
     create_schema(&client).await;
-    for id in 0..100 {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
-                id % 5
-            ))
-            .await
-            .unwrap();
-    }
+    insert_events(&client, 0..100).await;
     assert_views_exact(&cluster).await;
 
     TestCluster::kill9(&mut cluster.jm);
     let restarted = Instant::now();
     cluster.start_job_manager(2);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
-            Duration::from_secs(60),
-            |r| r[0][0] == "2",
-        )
-        .await;
+    cluster.wait_registered(2).await;
     let registered = restarted.elapsed();
     cluster
         .wait_for(
@@ -602,15 +587,7 @@ async fn task_managers_register_again_after_a_job_manager_restart() {
         "job manager restarted: task managers registered again after {registered:?}, views running after {running:?}"
     );
     let client = cluster.client().await;
-    for id in 100..200 {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
-                id % 5
-            ))
-            .await
-            .unwrap();
-    }
+    insert_events(&client, 100..200).await;
     assert_views_exact(&cluster).await;
     let count = rows(&client, "SELECT sum(n) FROM per_kind").await;
     assert_eq!(count[0][0], "200");
@@ -658,24 +635,10 @@ fn signal(child: &Option<Child>, sig: &str) {
 async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
     // Jobs restart with exponential back-off here.
     let cluster = TestCluster::start_full(3, 2, 4, 20_000, "exponential-delay");
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers WHERE state = 'REGISTERED'",
-            Duration::from_secs(30),
-            |r| r[0][0] == "3",
-        )
-        .await;
+    cluster.wait_registered(3).await;
     let client = cluster.client().await;
     create_schema(&client).await;
-    for id in 0..200 {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
-                id % 5
-            ))
-            .await
-            .unwrap();
-    }
+    insert_events(&client, 0..200).await;
     assert_views_exact(&cluster).await;
     let victims = rows(
         &client,
@@ -718,15 +681,7 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
     let recovered = stopped.elapsed();
     let restarts = rows(&client, "SELECT max(restarts) FROM weir_catalog.jobs").await;
     assert_eq!(restarts[0][0], "1", "the jobs on it restarted once");
-    for id in 200..300 {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
-                id % 5
-            ))
-            .await
-            .unwrap();
-    }
+    insert_events(&client, 200..300).await;
     assert_views_exact(&cluster).await;
     if std::env::var_os("WEIR_DUMP_LOGS").is_some() {
         println!(
@@ -757,24 +712,10 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_wait_for_task_managers_after_a_full_restart() {
     let mut cluster = TestCluster::start_with(2, 2, 2, 2000);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers",
-            Duration::from_secs(30),
-            |r| r[0][0] == "2",
-        )
-        .await;
+    cluster.wait_registered(2).await;
     let client = cluster.client().await;
     create_schema(&client).await;
-    for id in 0..50 {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
-                id % 5
-            ))
-            .await
-            .unwrap();
-    }
+    insert_events(&client, 0..50).await;
     assert_views_exact(&cluster).await;
     // Everything goes down; the JobManager comes back alone, for longer
     // than the slot request timeout.
@@ -802,15 +743,7 @@ async fn views_wait_for_task_managers_after_a_full_restart() {
             |r| r[0][0] == VIEWS.len().to_string(),
         )
         .await;
-    for id in 50..80 {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO events VALUES ({id}, 'k{}', {id})",
-                id % 5
-            ))
-            .await
-            .unwrap();
-    }
+    insert_events(&client, 50..80).await;
     assert_views_exact(&cluster).await;
 }
 
@@ -819,12 +752,6 @@ async fn reads_across_task_managers_see_whole_statements() {
     // Four subtasks on two TaskManagers: a SELECT gathers each part from
     // its TaskManager, all at one completed checkpoint.
     let cluster = TestCluster::start(2, 2, 4);
-    cluster
-        .wait_for(
-            "SELECT count(*) FROM weir_catalog.task_managers",
-            Duration::from_secs(30),
-            |r| r[0][0] == "2",
-        )
-        .await;
+    cluster.wait_registered(2).await;
     common::transfers_never_show_half_done(cluster.pg).await;
 }
