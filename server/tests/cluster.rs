@@ -183,6 +183,18 @@ impl TestCluster {
         connect(self.pg).await
     }
 
+    /// Waits until the TaskManager `resource_id` is in `state`.
+    async fn wait_state(&self, resource_id: &str, state: &str) {
+        self.wait_for(
+            &format!(
+                "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{resource_id}'"
+            ),
+            Duration::from_secs(30),
+            |r| r.first().is_some_and(|r| r[0] == state),
+        )
+        .await;
+    }
+
     /// Waits until `n` TaskManagers are registered.
     async fn wait_registered(&self, n: usize) {
         self.wait_for(
@@ -494,15 +506,7 @@ async fn a_killed_task_manager_fails_its_jobs_over() {
         let killed = Instant::now();
         TestCluster::kill9(&mut cluster.tms[victim].child);
 
-        cluster
-            .wait_for(
-                &format!(
-                    "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{victim_id}'"
-                ),
-                Duration::from_secs(30),
-                |r| r.first().is_some_and(|r| r[0] == "LOST"),
-            )
-            .await;
+        cluster.wait_state(&victim_id, "LOST").await;
         let detected = killed.elapsed();
         cluster
             .wait_for(
@@ -655,15 +659,7 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
     // stop.
     signal(&cluster.tms[victim].child, "-STOP");
     let stopped = Instant::now();
-    cluster
-        .wait_for(
-            &format!(
-                "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{victim_id}'"
-            ),
-            Duration::from_secs(30),
-            |r| r.first().is_some_and(|r| r[0] == "LOST"),
-        )
-        .await;
+    cluster.wait_state(&victim_id, "LOST").await;
     let detected = stopped.elapsed();
     assert!(
         detected >= Duration::from_secs(2),
@@ -692,15 +688,7 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
     // Woken up, it learns it was lost, drops what it ran and registers again.
     signal(&cluster.tms[victim].child, "-CONT");
     let woken = stopped.elapsed();
-    cluster
-        .wait_for(
-            &format!(
-                "SELECT state FROM weir_catalog.task_managers WHERE resource_id = '{victim_id}'"
-            ),
-            Duration::from_secs(30),
-            |r| r.first().is_some_and(|r| r[0] == "REGISTERED"),
-        )
-        .await;
+    cluster.wait_state(&victim_id, "REGISTERED").await;
     let registered = stopped.elapsed();
     assert_views_exact(&cluster).await;
     println!(
