@@ -607,7 +607,12 @@ impl JobMaster {
             }
             match self.allocate_and_deploy().await {
                 Ok(()) => return,
-                Err(e) => error = e.to_string(),
+                Err(e) if self.state() == JobState::Restarting => error = e.to_string(),
+                Err(_) => {
+                    // Stopped while it got its slots: give them back.
+                    self.teardown().await;
+                    return;
+                }
             }
         }
     }
