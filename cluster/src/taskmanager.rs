@@ -11,7 +11,8 @@
 //! Deploying a task first restores its state: the first task of a job
 //! attempt clears the job's local state, and every task downloads its
 //! operators' state tables in its key groups from the JobManager's
-//! checkpoint storage. Tasks report to it through [`TaskReporter`]; it
+//! checkpoint storage. Cancelling a job deletes its local copy: it lives as
+//! long as the job's tasks run here. Tasks report to it through [`TaskReporter`]; it
 //! stages their checkpoint writes locally, forwards them with the
 //! acknowledgement to the job's JobMaster, and commits the local copy when
 //! the JobMaster says the checkpoint is complete. The local copy is what
@@ -97,7 +98,9 @@ pub struct TaskExecutor {
     /// The slot of each running task, for its checkpoint writes.
     task_slots: Mutex<HashMap<TaskId, usize>>,
     /// The attempt of each job whose state this TaskManager holds.
-    prepared: tokio::sync::Mutex<HashMap<u64, u64>>,
+    /// For every job whose state this TaskManager holds: the attempt it
+    /// was restored for and the job's state tables.
+    prepared: tokio::sync::Mutex<HashMap<u64, (u64, Vec<u64>)>>,
     hardware: HardwareDescription,
     me: Weak<TaskExecutor>,
 }
@@ -262,10 +265,11 @@ impl TaskExecutor {
 
     /// Cancels every job and frees every slot.
     async fn cancel_all(&self) {
-        let jobs: Vec<u64> = match self.tasks.lock() {
+        let mut jobs: BTreeSet<u64> = match self.tasks.lock() {
             Ok(t) => t.keys().copied().collect(),
             Err(_) => return,
         };
+        jobs.extend(self.prepared.lock().await.keys().copied());
         for job in jobs {
             let _ = self.cancel_job(job).await;
         }
@@ -274,7 +278,17 @@ impl TaskExecutor {
                 jobs.clear();
             }
         }
-        self.prepared.lock().await.clear();
+    }
+
+    /// Deletes a job's local state in every slot's store.
+    async fn drop_local_state(&self, job: u64, tables: Vec<u64>) -> Result<()> {
+        let stores = self.state.clone();
+        tokio::task::spawn_blocking(move || {
+            stores.iter().try_for_each(|s| s.drop_job(job, &tables))
+        })
+        .await
+        .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        Ok(())
     }
 
     fn slot_report(&self) -> Result<SlotReport> {
@@ -324,15 +338,10 @@ impl TaskExecutor {
         let graph = &deployment.graph;
         {
             let mut prepared = self.prepared.lock().await;
-            if prepared.get(&job) != Some(&deployment.id.attempt) {
-                let stores = self.state.clone();
+            if prepared.get(&job).map(|(a, _)| *a) != Some(deployment.id.attempt) {
                 let tables = graph.stream.state_tables();
-                tokio::task::spawn_blocking(move || {
-                    stores.iter().try_for_each(|s| s.drop_job(job, &tables))
-                })
-                .await
-                .map_err(|e| ClusterError::Internal(e.to_string()))??;
-                prepared.insert(job, deployment.id.attempt);
+                self.drop_local_state(job, tables.clone()).await?;
+                prepared.insert(job, (deployment.id.attempt, tables));
             }
         }
         let vertex = graph
@@ -539,7 +548,12 @@ impl TaskExecutorGateway for TaskExecutor {
         for store in &self.state {
             store.discard_staged(job)?;
         }
-        self.prepared.lock().await.remove(&job);
+        // The local copy lives as long as the tasks: a redeployment, here
+        // or elsewhere, restores from the checkpoint storage.
+        let held = self.prepared.lock().await.remove(&job);
+        if let Some((_, tables)) = held {
+            self.drop_local_state(job, tables).await?;
+        }
         Ok(())
     }
 
@@ -589,10 +603,7 @@ impl TaskExecutorGateway for TaskExecutor {
     async fn drop_job_state(&self, job: u64, tables: Vec<u64>) -> Result<()> {
         self.masters.lock().map_err(|_| poisoned())?.remove(&job);
         self.prepared.lock().await.remove(&job);
-        for store in &self.state {
-            store.drop_job(job, &tables)?;
-        }
-        Ok(())
+        self.drop_local_state(job, tables).await
     }
 
     async fn scan_view(
