@@ -1,11 +1,52 @@
 //! The CheckpointCoordinator's bookkeeping: one pending checkpoint at a time
 //! (Flink's default `max-concurrent-checkpoints = 1`), which completes when
-//! every subtask has acknowledged it.
+//! every subtask has acknowledged it; and the statistics of recent
+//! checkpoints (Flink's checkpoint history, `weir_catalog.checkpoints`).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
-use executor::task::{SourcePosition, TaskId};
+use executor::task::{CheckpointAck, TaskId};
+
+/// Where a checkpoint got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointStatus {
+    InProgress,
+    Completed,
+    /// Its state could not be committed.
+    Failed,
+    /// Expired, or dropped by a failover before it completed.
+    Aborted,
+}
+
+impl std::fmt::Display for CheckpointStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CheckpointStatus::InProgress => "IN_PROGRESS",
+            CheckpointStatus::Completed => "COMPLETED",
+            CheckpointStatus::Failed => "FAILED",
+            CheckpointStatus::Aborted => "ABORTED",
+        })
+    }
+}
+
+/// One checkpoint as the history shows it.
+#[derive(Debug, Clone)]
+pub struct CheckpointStats {
+    pub id: u64,
+    pub status: CheckpointStatus,
+    pub triggered_at: SystemTime,
+    /// From trigger to completion (or failure).
+    pub duration: Option<Duration>,
+    /// The longest any task held channels back to align the barrier.
+    pub alignment: Duration,
+    /// Bytes of state written by this checkpoint (changed keys and values).
+    pub state_bytes: u64,
+    pub acknowledged: usize,
+    pub tasks: usize,
+    /// Why it failed or was aborted.
+    pub cause: Option<String>,
+}
 
 /// A checkpoint every subtask has acknowledged and every TaskManager has
 /// committed.
@@ -23,14 +64,27 @@ pub(crate) struct PendingCheckpoint {
     pub(crate) started: Instant,
     waiting: HashSet<TaskId>,
     positions: HashMap<u64, u64>,
+    pub(crate) stats: CheckpointStats,
 }
 
 impl PendingCheckpoint {
     pub(crate) fn new(id: u64, tasks: impl IntoIterator<Item = TaskId>) -> Self {
+        let waiting: HashSet<TaskId> = tasks.into_iter().collect();
         Self {
             id,
             started: Instant::now(),
-            waiting: tasks.into_iter().collect(),
+            stats: CheckpointStats {
+                id,
+                status: CheckpointStatus::InProgress,
+                triggered_at: SystemTime::now(),
+                duration: None,
+                alignment: Duration::ZERO,
+                state_bytes: 0,
+                acknowledged: 0,
+                tasks: waiting.len(),
+                cause: None,
+            },
+            waiting,
             positions: HashMap::new(),
         }
     }
@@ -41,29 +95,42 @@ impl PendingCheckpoint {
     }
 
     /// Records an acknowledgement; true when it was the last one.
-    pub(crate) fn acknowledge(&mut self, task: &TaskId, positions: &[SourcePosition]) -> bool {
+    pub(crate) fn acknowledge(&mut self, task: &TaskId, ack: &CheckpointAck) -> bool {
         if self.waiting.remove(task) {
-            for p in positions {
+            for p in &ack.positions {
                 self.positions
                     .entry(p.table)
                     .and_modify(|s| *s = (*s).min(p.seq))
                     .or_insert(p.seq);
             }
+            self.stats.acknowledged += 1;
+            self.stats.alignment = self.stats.alignment.max(ack.alignment);
+            self.stats.state_bytes += ack
+                .writes
+                .iter()
+                .map(|w| (w.key.len() + w.value.as_ref().map_or(0, |v| v.len())) as u64)
+                .sum::<u64>();
         }
         self.waiting.is_empty()
     }
 
-    pub(crate) fn complete(self) -> CompletedCheckpoint {
-        CompletedCheckpoint {
-            id: self.id,
-            positions: self.positions,
-        }
+    /// The checkpoint, and its statistics (still in progress: it is yet
+    /// to be committed).
+    pub(crate) fn complete(self) -> (CompletedCheckpoint, CheckpointStats) {
+        (
+            CompletedCheckpoint {
+                id: self.id,
+                positions: self.positions,
+            },
+            self.stats,
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use executor::task::SourcePosition;
 
     fn t(v: usize, s: usize) -> TaskId {
         TaskId {
@@ -76,15 +143,25 @@ mod tests {
 
     #[test]
     fn completes_on_last_ack_with_minimum_positions() {
+        let ack = |seq: Option<u64>, alignment_ms: u64| CheckpointAck {
+            checkpoint_id: 3,
+            positions: seq
+                .map(|seq| vec![SourcePosition { table: 5, seq }])
+                .unwrap_or_default(),
+            alignment: Duration::from_millis(alignment_ms),
+            ..Default::default()
+        };
         let mut p = PendingCheckpoint::new(3, [t(0, 0), t(1, 0), t(2, 0)]);
-        assert!(!p.acknowledge(&t(0, 0), &[SourcePosition { table: 5, seq: 10 }]));
+        assert!(!p.acknowledge(&t(0, 0), &ack(Some(10), 0)));
         assert!(
-            !p.acknowledge(&t(0, 0), &[]),
+            !p.acknowledge(&t(0, 0), &ack(None, 0)),
             "a duplicate ack does not count"
         );
-        assert!(!p.acknowledge(&t(1, 0), &[SourcePosition { table: 5, seq: 7 }]));
-        assert!(p.acknowledge(&t(2, 0), &[]));
-        let c = p.complete();
+        assert!(!p.acknowledge(&t(1, 0), &ack(Some(7), 4)));
+        assert!(p.acknowledge(&t(2, 0), &ack(None, 2)));
+        assert_eq!(p.stats.acknowledged, 3);
+        assert_eq!(p.stats.alignment, Duration::from_millis(4));
+        let (c, _) = p.complete();
         assert_eq!(c.id, 3);
         assert_eq!(c.positions[&5], 7);
     }

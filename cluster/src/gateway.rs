@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::task::{SourcePosition, TaskDeployment, TaskId};
+use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
-use storage::state::{StateEntry, StateWrite};
+use storage::state::StateEntry;
 
 use crate::Result;
 
@@ -173,14 +173,8 @@ pub trait TaskExecutorGateway: Send + Sync {
 #[async_trait]
 pub trait JobMasterGateway: Send + Sync {
     /// A task took its part of a checkpoint: its state writes (kept in the
-    /// JobManager's checkpoint storage) and source positions.
-    fn acknowledge_checkpoint(
-        &self,
-        task: &TaskId,
-        checkpoint_id: u64,
-        writes: Vec<StateWrite>,
-        positions: Vec<SourcePosition>,
-    );
+    /// JobManager's checkpoint storage), source positions and alignment time.
+    fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck);
 
     fn update_task_execution_state(
         &self,

@@ -318,6 +318,43 @@ impl JobManager {
             .collect()
     }
 
+    /// Recent checkpoints of every job: `(job, checkpoint)`.
+    pub fn checkpoints(&self) -> Vec<(u64, crate::CheckpointStats)> {
+        let Ok(jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        jobs.values()
+            .flat_map(|jm| {
+                jm.checkpoint_history()
+                    .into_iter()
+                    .map(move |c| (jm.job, c))
+            })
+            .collect()
+    }
+
+    /// Triggers a checkpoint of every job and waits until each has
+    /// completed one triggered after this call (`CHECKPOINT`).
+    pub async fn checkpoint_all(&self) -> Result<()> {
+        let jobs: Vec<u64> = self
+            .jobs
+            .lock()
+            .map_err(|_| poisoned())?
+            .keys()
+            .copied()
+            .collect();
+        let waits = jobs.into_iter().map(|job| async move {
+            match self.checkpoint_now(job).await {
+                // Dropped meanwhile: nothing to wait for.
+                Err(ClusterError::UnknownJob(_)) => Ok(()),
+                other => other,
+            }
+        });
+        for r in futures::future::join_all(waits).await {
+            r?;
+        }
+        Ok(())
+    }
+
     /// Every job with its subtasks.
     pub fn jobs(&self) -> Vec<JobStatus> {
         let Ok(jobs) = self.jobs.lock() else {

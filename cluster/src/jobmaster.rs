@@ -22,7 +22,7 @@
 //! TaskManager at the same completed checkpoint and never a half-restored
 //! one.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -30,15 +30,17 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::task::{SourcePosition, TaskDeployment, TaskId};
+use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
 use planner::spec::OperatorSpec;
 use storage::keys::{MAX_PARALLELISM, key_group_range};
-use storage::state::{StateEntry, StateStore, StateWrite};
+use storage::state::{StateEntry, StateStore};
 use tokio::sync::{Notify, RwLock, watch};
 
-use crate::checkpoint::{CompletedCheckpoint, PendingCheckpoint};
+use crate::checkpoint::{
+    CheckpointStats, CheckpointStatus, CompletedCheckpoint, PendingCheckpoint,
+};
 use crate::config::ClusterConfig;
 use crate::gateway::{JobMasterGateway, ResourceId, ResourceManagerGateway, TaskExecutorGateway};
 use crate::{ClusterError, Result};
@@ -69,6 +71,8 @@ struct Inner {
     pending: Option<PendingCheckpoint>,
     /// The pending checkpoint is complete and being committed.
     committing: bool,
+    /// Recent checkpoints, oldest first; the pending one is in `pending`.
+    history: VecDeque<CheckpointStats>,
     /// A TaskManager could not commit the last checkpoint locally: scans
     /// read the checkpoint storage until the next one commits everywhere.
     stale_task_manager: bool,
@@ -98,6 +102,39 @@ fn poisoned() -> ClusterError {
     ClusterError::Internal("job master lock poisoned".into())
 }
 
+/// Checkpoints the history keeps per job.
+const HISTORY: usize = 100;
+
+impl Inner {
+    /// Moves a checkpoint's statistics into the history.
+    fn archive(&mut self, stats: CheckpointStats) {
+        self.history.push_back(stats);
+        while self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+    }
+
+    /// The pending checkpoint, if any, ends with `status`.
+    fn abort_pending(&mut self, cause: &str) {
+        if let Some(p) = self.pending.take() {
+            let mut stats = p.stats;
+            stats.status = CheckpointStatus::Aborted;
+            stats.duration = Some(p.started.elapsed());
+            stats.cause = Some(cause.to_string());
+            self.archive(stats);
+        }
+    }
+
+    /// A checkpoint in the history ended.
+    fn finish(&mut self, id: u64, status: CheckpointStatus, cause: Option<String>) {
+        if let Some(s) = self.history.iter_mut().rev().find(|s| s.id == id) {
+            s.status = status;
+            s.duration = s.triggered_at.elapsed().ok();
+            s.cause = cause;
+        }
+    }
+}
+
 impl JobMaster {
     /// A JobMaster for `graph`, not yet deployed.
     pub(crate) fn new(
@@ -124,6 +161,7 @@ impl JobMaster {
                 running_since: Instant::now(),
                 deploy_failure: None,
                 offered: BTreeSet::new(),
+                history: VecDeque::new(),
                 next_checkpoint: last + 1,
                 pending: None,
                 committing: false,
@@ -316,7 +354,7 @@ impl JobMaster {
         {
             let mut inner = self.lock()?;
             inner.state = JobState::Canceled;
-            inner.pending = None;
+            inner.abort_pending("job stopped");
             if let Some(exec) = &mut inner.exec {
                 for ev in exec.subtasks.iter_mut().flatten() {
                     ev.state = ExecutionState::Canceled;
@@ -374,6 +412,16 @@ impl JobMaster {
 
     pub(crate) fn completed(&self) -> watch::Receiver<CompletedCheckpoint> {
         self.completed.subscribe()
+    }
+
+    /// Recent checkpoints, oldest first, the one in progress last.
+    pub(crate) fn checkpoint_history(&self) -> Vec<CheckpointStats> {
+        let Ok(inner) = self.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<CheckpointStats> = inner.history.iter().cloned().collect();
+        out.extend(inner.pending.as_ref().map(|p| p.stats.clone()));
+        out
     }
 
     /// The id the next triggered checkpoint will get.
@@ -466,7 +514,7 @@ impl JobMaster {
                     "checkpoint expired before completing; aborted"
                 );
                 aborted = Some(p.id);
-                inner.pending = None;
+                inner.abort_pending("expired before every task acknowledged it");
                 let _ = self.storage.discard_staged(self.job);
             }
             let id = inner.next_checkpoint;
@@ -503,6 +551,13 @@ impl JobMaster {
             .unwrap_or(false);
         if !current {
             // A failover came first and discarded the staged state.
+            if let Ok(mut inner) = self.lock() {
+                inner.finish(
+                    checkpoint.id,
+                    CheckpointStatus::Aborted,
+                    Some("the job failed before it was committed".into()),
+                );
+            }
             return;
         }
         let storage = self.storage.clone();
@@ -515,6 +570,7 @@ impl JobMaster {
             tracing::error!(job = self.job, checkpoint = id, error = %e, "checkpoint storage commit failed");
             if let Ok(mut inner) = self.lock() {
                 inner.committing = false;
+                inner.finish(id, CheckpointStatus::Failed, Some(e.to_string()));
             }
             return;
         }
@@ -540,6 +596,7 @@ impl JobMaster {
         if let Ok(mut inner) = self.lock() {
             inner.committing = false;
             inner.stale_task_manager = stale;
+            inner.finish(id, CheckpointStatus::Completed, None);
         }
         tracing::debug!(job = self.job, checkpoint = id, "checkpoint completed");
         self.completed.send_replace(checkpoint);
@@ -568,7 +625,7 @@ impl JobMaster {
                 if inner.state != JobState::Restarting {
                     return;
                 }
-                inner.pending = None;
+                inner.abort_pending(&format!("job restarting: {error}"));
                 inner.committing = false;
                 if let Some(reset) = self.config.restart_strategy.reset_after()
                     && inner.running_since.elapsed() > reset
@@ -695,13 +752,8 @@ pub(crate) async fn read_stored_view(
 
 #[async_trait]
 impl JobMasterGateway for JobMaster {
-    fn acknowledge_checkpoint(
-        &self,
-        task: &TaskId,
-        checkpoint_id: u64,
-        writes: Vec<StateWrite>,
-        positions: Vec<SourcePosition>,
-    ) {
+    fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck) {
+        let checkpoint_id = ack.checkpoint_id;
         let done = {
             let Ok(mut inner) = self.inner.lock() else {
                 return;
@@ -709,13 +761,20 @@ impl JobMasterGateway for JobMaster {
             let attempt = inner.attempt;
             match &mut inner.pending {
                 Some(p) if p.id == checkpoint_id && p.is_waiting_for(task) => {
-                    if let Err(e) = self.storage.stage(self.job, checkpoint_id, writes) {
+                    let last = p.acknowledge(task, &ack);
+                    if let Err(e) = self.storage.stage(self.job, checkpoint_id, ack.writes) {
                         tracing::error!(job = self.job, error = %e, "staging checkpoint state failed");
+                        inner.abort_pending(&format!("staging its state failed: {e}"));
+                        let _ = self.storage.discard_staged(self.job);
                         return;
                     }
-                    if p.acknowledge(task, &positions) {
+                    if last {
                         inner.committing = true;
-                        inner.pending.take().map(|p| (p.complete(), attempt))
+                        inner.pending.take().map(|p| {
+                            let (done, stats) = p.complete();
+                            inner.archive(stats);
+                            (done, attempt)
+                        })
                     } else {
                         None
                     }

@@ -21,7 +21,7 @@ mod resource_manager;
 mod rpc;
 mod taskmanager;
 
-pub use checkpoint::CompletedCheckpoint;
+pub use checkpoint::{CheckpointStats, CheckpointStatus, CompletedCheckpoint};
 pub use config::{ClusterConfig, RestartStrategy};
 pub use error::{ClusterError, Result};
 pub use jobmanager::{JobManager, JobSources, JobStatus};

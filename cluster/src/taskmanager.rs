@@ -34,14 +34,14 @@ use executor::exchange::LocalShuffle;
 use executor::message::Barrier;
 use executor::operator::StateReader;
 use executor::task::{
-    RemoteChannels, SourcePosition, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
+    CheckpointAck, RemoteChannels, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
     TaskReporter, build_task,
 };
 use futures::FutureExt;
 use planner::execution_graph::{ExecutionState, SlotId};
 use std::panic::AssertUnwindSafe;
 use storage::keys::key_group_range;
-use storage::state::{StateEntry, StateStore, StateWrite};
+use storage::state::{StateEntry, StateStore};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -371,13 +371,7 @@ impl TaskExecutor {
 }
 
 impl TaskReporter for TaskExecutor {
-    fn acknowledge_checkpoint(
-        &self,
-        task: &TaskId,
-        checkpoint_id: u64,
-        writes: Vec<StateWrite>,
-        positions: Vec<SourcePosition>,
-    ) {
+    fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck) {
         let Some(master) = self.master(task.job) else {
             return;
         };
@@ -387,7 +381,7 @@ impl TaskReporter for TaskExecutor {
             .ok()
             .and_then(|s| s.get(task).copied());
         let staged = match slot.map(|s| self.store(s)) {
-            Some(Ok(store)) => store.stage(task.job, checkpoint_id, writes.clone()),
+            Some(Ok(store)) => store.stage(task.job, ack.checkpoint_id, ack.writes.clone()),
             _ => Err(storage::StorageError::Internal(format!(
                 "{task} has no slot"
             ))),
@@ -397,7 +391,7 @@ impl TaskReporter for TaskExecutor {
             master.update_task_execution_state(task, ExecutionState::Failed, Some(e.to_string()));
             return;
         }
-        master.acknowledge_checkpoint(task, checkpoint_id, writes, positions);
+        master.acknowledge_checkpoint(task, ack);
     }
 
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>) {

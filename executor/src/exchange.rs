@@ -184,8 +184,9 @@ struct InputChannel {
 pub enum GateEvent {
     /// Data from input `0` or `1`.
     Chunk(usize, Chunk),
-    /// A barrier that every open channel has delivered.
-    Barrier(Barrier),
+    /// A barrier that every open channel has delivered, and how long the
+    /// first channel to deliver it was blocked (the alignment time).
+    Barrier(Barrier, std::time::Duration),
     /// The minimum watermark over all channels advanced.
     Watermark(Watermark),
     /// Every channel is closed.
@@ -197,6 +198,8 @@ pub struct InputGate {
     channels: Vec<InputChannel>,
     next: usize,
     aligning: Option<Barrier>,
+    /// When the barrier being aligned first arrived.
+    aligning_since: Option<std::time::Instant>,
     arrived: usize,
     watermark: Option<i64>,
 }
@@ -225,6 +228,7 @@ impl InputGate {
                 .collect(),
             next: 0,
             aligning: None,
+            aligning_since: None,
             arrived: 0,
             watermark: None,
         }
@@ -245,7 +249,12 @@ impl InputGate {
         for c in &mut self.channels {
             c.blocked = false;
         }
-        Some(GateEvent::Barrier(barrier))
+        let alignment = self
+            .aligning_since
+            .take()
+            .map(|t| t.elapsed())
+            .unwrap_or_default();
+        Some(GateEvent::Barrier(barrier, alignment))
     }
 
     fn on_message(&mut self, i: usize, msg: Message) -> Result<Option<GateEvent>> {
@@ -253,7 +262,10 @@ impl InputGate {
             Message::Chunk(chunk) => Ok(Some(GateEvent::Chunk(self.channels[i].input, chunk))),
             Message::Barrier(b) => {
                 match self.aligning {
-                    None => self.aligning = Some(b),
+                    None => {
+                        self.aligning = Some(b);
+                        self.aligning_since = Some(std::time::Instant::now());
+                    }
                     Some(a) if a.checkpoint_id != b.checkpoint_id => {
                         return Err(ExecError::Protocol(format!(
                             "barrier {} arrived while aligning {}",
@@ -371,7 +383,10 @@ mod tests {
             .await
             .unwrap();
         match gate.next().await.unwrap() {
-            GateEvent::Barrier(b) => assert_eq!(b.checkpoint_id, 1),
+            GateEvent::Barrier(b, alignment) => {
+                assert_eq!(b.checkpoint_id, 1);
+                assert!(alignment > std::time::Duration::ZERO);
+            }
             other => panic!("expected barrier, got {other:?}"),
         }
         match gate.next().await.unwrap() {

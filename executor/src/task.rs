@@ -52,6 +52,19 @@ pub struct SourcePosition {
     pub seq: u64,
 }
 
+/// A task's part of a checkpoint.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointAck {
+    pub checkpoint_id: u64,
+    /// State changed since the previous checkpoint.
+    pub writes: Vec<StateWrite>,
+    /// Source tasks: where they read up to.
+    pub positions: Vec<SourcePosition>,
+    /// How long the task's input gate held channels back to align the
+    /// barrier (zero for source tasks).
+    pub alignment: std::time::Duration,
+}
+
 /// Commands from the TaskManager to a running task.
 #[derive(Debug, Clone)]
 pub enum TaskCommand {
@@ -65,13 +78,7 @@ pub enum TaskCommand {
 /// How a task reports to its TaskManager (implemented in `cluster/`).
 pub trait TaskReporter: Send + Sync {
     /// The task has taken its part of checkpoint `checkpoint_id`.
-    fn acknowledge_checkpoint(
-        &self,
-        task: &TaskId,
-        checkpoint_id: u64,
-        writes: Vec<StateWrite>,
-        positions: Vec<SourcePosition>,
-    );
+    fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck);
 
     /// The task's execution state changed.
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>);
@@ -326,7 +333,7 @@ impl StreamTask {
                         let mut writes = Vec::new();
                         source.snapshot(&mut writes);
                         let position = SourcePosition { table: source.table_id(), seq: source.position() };
-                        self.checkpoint(barrier, writes, vec![position]).await?;
+                        self.checkpoint(barrier, writes, vec![position], Default::default()).await?;
                     }
                     Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
@@ -356,7 +363,7 @@ impl StreamTask {
                 },
                 event = gate.next() => match event? {
                     GateEvent::Chunk(input, chunk) => self.push(0, input, chunk).await?,
-                    GateEvent::Barrier(barrier) => self.checkpoint(barrier, Vec::new(), Vec::new()).await?,
+                    GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment).await?,
                     GateEvent::Watermark(mut wm) => {
                         for op in &mut self.chain {
                             let mut out = Vec::new();
@@ -411,6 +418,7 @@ impl StreamTask {
         barrier: Barrier,
         mut writes: Vec<StateWrite>,
         positions: Vec<SourcePosition>,
+        alignment: std::time::Duration,
     ) -> Result<()> {
         for op in &mut self.chain {
             op.handle_checkpoint(&barrier, &mut writes)?;
@@ -419,8 +427,15 @@ impl StreamTask {
             o.broadcast(Message::Barrier(barrier)).await?;
         }
         tracing::trace!(task = %self.id, checkpoint = barrier.checkpoint_id, writes = writes.len(), "acknowledge");
-        self.reporter
-            .acknowledge_checkpoint(&self.id, barrier.checkpoint_id, writes, positions);
+        self.reporter.acknowledge_checkpoint(
+            &self.id,
+            CheckpointAck {
+                checkpoint_id: barrier.checkpoint_id,
+                writes,
+                positions,
+                alignment,
+            },
+        );
         Ok(())
     }
 

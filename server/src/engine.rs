@@ -155,6 +155,14 @@ impl Database {
                 self.flush().await?;
                 Ok(QueryResult::command("FLUSH"))
             }
+            Stmt::Checkpoint => {
+                self.cluster
+                    .job_manager
+                    .checkpoint_all()
+                    .await
+                    .map_err(|e| self.job_error(e))?;
+                Ok(QueryResult::command("CHECKPOINT"))
+            }
             Stmt::ShowMaterializedViews => query::show_objects(self, "materialized view"),
             Stmt::ShowViews => query::show_objects(self, "view"),
             Stmt::ShowJobs => query::show_jobs(self),

@@ -21,6 +21,9 @@ pub enum Stmt {
     Sql(Box<Statement>),
     /// Wait until every write so far is visible in every view.
     Flush,
+    /// `CHECKPOINT` (as in Postgres): every view's job takes a checkpoint;
+    /// returns when they have completed.
+    Checkpoint,
     ShowMaterializedViews,
     ShowViews,
     ShowJobs,
@@ -44,6 +47,9 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         let stmt = if is_word(&a, "flush") && matches!(b, Token::SemiColon | Token::EOF) {
             parser.next_token();
             Stmt::Flush
+        } else if is_word(&a, "checkpoint") && matches!(b, Token::SemiColon | Token::EOF) {
+            parser.next_token();
+            Stmt::Checkpoint
         } else if is_word(&a, "show") && is_word(&b, "materialized") && is_word(&c, "views") {
             for _ in 0..3 {
                 parser.next_token();

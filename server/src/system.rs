@@ -9,7 +9,11 @@
 //!   jobs and subtasks it holds;
 //! - `jobs`: every view's job with its state, attempt, restarts and last
 //!   completed checkpoint;
-//! - `subtasks`: every subtask with its ExecutionState and slot.
+//! - `subtasks`: every subtask with its ExecutionState and slot;
+//! - `checkpoints`: each job's recent checkpoints (Flink's checkpoint
+//!   history): trigger time, duration, alignment time, bytes of state
+//!   written, acknowledgements, and IN_PROGRESS / COMPLETED / FAILED /
+//!   ABORTED with the cause.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -17,7 +21,7 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use cluster::gateway::ResourceManagerGateway;
 use datafusion::arrow::array::{
-    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::catalog::{MemTable, SchemaProvider, TableProvider};
@@ -29,7 +33,7 @@ use crate::types::UTC;
 /// The schema holding the system tables.
 pub const SCHEMA: &str = "weir_catalog";
 
-const TABLES: [&str; 4] = ["task_managers", "slots", "jobs", "subtasks"];
+const TABLES: [&str; 5] = ["task_managers", "slots", "jobs", "subtasks", "checkpoints"];
 
 /// `weir_catalog` for one statement.
 #[derive(Debug)]
@@ -40,6 +44,7 @@ pub struct SystemSchema {
 enum Col {
     Text(Vec<Option<String>>),
     Int(Vec<Option<i64>>),
+    Float(Vec<Option<f64>>),
     Time(Vec<Option<i64>>),
 }
 
@@ -48,6 +53,7 @@ impl Col {
         let t = match self {
             Col::Text(_) => DataType::Utf8,
             Col::Int(_) => DataType::Int64,
+            Col::Float(_) => DataType::Float64,
             Col::Time(_) => DataType::Timestamp(TimeUnit::Microsecond, Some(Arc::from(UTC))),
         };
         Field::new(name, t, true)
@@ -57,6 +63,7 @@ impl Col {
         match self {
             Col::Text(v) => Arc::new(StringArray::from(v)),
             Col::Int(v) => Arc::new(Int64Array::from(v)),
+            Col::Float(v) => Arc::new(Float64Array::from(v)),
             Col::Time(v) => Arc::new(TimestampMicrosecondArray::from(v).with_timezone(UTC)),
         }
     }
@@ -209,6 +216,73 @@ impl SystemSchema {
         ])
     }
 
+    fn checkpoints(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let all = self.db.cluster.job_manager.checkpoints();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        table(vec![
+            (
+                "job",
+                Col::Int(all.iter().map(|(j, _)| Some(*j as i64)).collect()),
+            ),
+            (
+                "view",
+                Col::Text(all.iter().map(|(j, _)| self.view_name(*j)).collect()),
+            ),
+            (
+                "id",
+                Col::Int(all.iter().map(|(_, c)| Some(c.id as i64)).collect()),
+            ),
+            (
+                "kind",
+                Col::Text(all.iter().map(|_| Some("checkpoint".to_string())).collect()),
+            ),
+            (
+                "state",
+                Col::Text(
+                    all.iter()
+                        .map(|(_, c)| Some(c.status.to_string()))
+                        .collect(),
+                ),
+            ),
+            (
+                "triggered_at",
+                Col::Time(all.iter().map(|(_, c)| micros(c.triggered_at)).collect()),
+            ),
+            (
+                "duration_ms",
+                Col::Float(all.iter().map(|(_, c)| c.duration.map(ms)).collect()),
+            ),
+            (
+                "alignment_ms",
+                Col::Float(all.iter().map(|(_, c)| Some(ms(c.alignment))).collect()),
+            ),
+            (
+                "state_bytes",
+                Col::Int(
+                    all.iter()
+                        .map(|(_, c)| Some(c.state_bytes as i64))
+                        .collect(),
+                ),
+            ),
+            (
+                "acknowledged",
+                Col::Int(
+                    all.iter()
+                        .map(|(_, c)| Some(c.acknowledged as i64))
+                        .collect(),
+                ),
+            ),
+            (
+                "tasks",
+                Col::Int(all.iter().map(|(_, c)| Some(c.tasks as i64)).collect()),
+            ),
+            (
+                "cause",
+                Col::Text(all.iter().map(|(_, c)| c.cause.clone()).collect()),
+            ),
+        ])
+    }
+
     fn subtasks(&self) -> DfResult<Arc<dyn TableProvider>> {
         let jobs = self.db.cluster.job_manager.jobs();
         let (mut job, mut view, mut vertex, mut subtask, mut state, mut slot, mut tm) =
@@ -248,6 +322,7 @@ impl SchemaProvider for SystemSchema {
             "slots" => self.slots()?,
             "jobs" => self.jobs()?,
             "subtasks" => self.subtasks()?,
+            "checkpoints" => self.checkpoints()?,
             _ => return Ok(None),
         }))
     }

@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::task::{SourcePosition, TableLog, TaskDeployment, TaskId};
+use executor::task::{CheckpointAck, TableLog, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
-use storage::state::{StateEntry, StateWrite};
+use storage::state::StateEntry;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
@@ -370,18 +370,13 @@ impl RemoteJobMaster {
 
 #[async_trait]
 impl JobMasterGateway for RemoteJobMaster {
-    fn acknowledge_checkpoint(
-        &self,
-        task: &TaskId,
-        checkpoint_id: u64,
-        writes: Vec<StateWrite>,
-        positions: Vec<SourcePosition>,
-    ) {
+    fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck) {
         let _ = self.reports.send(Report::Ack(pb::CheckpointAck {
             task: Some(task.into()),
-            checkpoint_id,
-            writes: writes.into_iter().map(Into::into).collect(),
-            positions: positions.into_iter().map(Into::into).collect(),
+            checkpoint_id: ack.checkpoint_id,
+            writes: ack.writes.into_iter().map(Into::into).collect(),
+            positions: ack.positions.into_iter().map(Into::into).collect(),
+            alignment_micros: ack.alignment.as_micros() as u64,
         }));
     }
 

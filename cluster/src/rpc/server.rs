@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use executor::task::{TaskDeployment, TaskId};
+use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use futures::Stream;
 use storage::table::TableStore;
 use tokio::sync::mpsc;
@@ -180,9 +180,12 @@ impl JobMasterService for JobManagerServices {
         if let Some(jm) = self.jm.job_master(task.job) {
             jm.acknowledge_checkpoint(
                 &task,
-                ack.checkpoint_id,
-                ack.writes.into_iter().map(Into::into).collect(),
-                ack.positions.into_iter().map(Into::into).collect(),
+                CheckpointAck {
+                    checkpoint_id: ack.checkpoint_id,
+                    writes: ack.writes.into_iter().map(Into::into).collect(),
+                    positions: ack.positions.into_iter().map(Into::into).collect(),
+                    alignment: std::time::Duration::from_micros(ack.alignment_micros),
+                },
             );
         }
         Ok(Response::new(pb::Empty {}))
