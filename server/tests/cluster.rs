@@ -195,6 +195,18 @@ impl TestCluster {
         .await;
     }
 
+    /// Waits until every subtask runs again, none on `resource_id`.
+    async fn wait_moved_off(&self, resource_id: &str) {
+        self.wait_for(
+            &format!(
+                "SELECT count(*) FROM weir_catalog.subtasks WHERE task_manager = '{resource_id}' OR state <> 'RUNNING'"
+            ),
+            Duration::from_secs(60),
+            |r| r[0][0] == "0",
+        )
+        .await;
+    }
+
     /// Waits until `n` TaskManagers are registered.
     async fn wait_registered(&self, n: usize) {
         self.wait_for(
@@ -515,15 +527,7 @@ async fn a_killed_task_manager_fails_its_jobs_over() {
                 |r| r[0][0] == VIEWS.len().to_string(),
             )
             .await;
-        cluster
-            .wait_for(
-                &format!(
-                    "SELECT count(*) FROM weir_catalog.subtasks WHERE task_manager = '{victim_id}' OR state <> 'RUNNING'"
-                ),
-                Duration::from_secs(60),
-                |r| r[0][0] == "0",
-            )
-            .await;
+        cluster.wait_moved_off(&victim_id).await;
         let recovered = killed.elapsed();
         tokio::time::sleep(Duration::from_millis(1000)).await;
         stop.store(true, Ordering::SeqCst);
@@ -665,15 +669,7 @@ async fn a_silent_task_manager_is_lost_after_the_heartbeat_timeout() {
         detected >= Duration::from_secs(2),
         "lost before its heartbeat timeout: {detected:?}"
     );
-    cluster
-        .wait_for(
-            &format!(
-                "SELECT count(*) FROM weir_catalog.subtasks WHERE task_manager = '{victim_id}' OR state <> 'RUNNING'"
-            ),
-            Duration::from_secs(60),
-            |r| r[0][0] == "0",
-        )
-        .await;
+    cluster.wait_moved_off(&victim_id).await;
     let recovered = stopped.elapsed();
     let restarts = rows(&client, "SELECT max(restarts) FROM weir_catalog.jobs").await;
     assert_eq!(restarts[0][0], "1", "the jobs on it restarted once");
