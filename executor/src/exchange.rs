@@ -193,9 +193,13 @@ pub enum GateEvent {
     End,
 }
 
-/// All input channels of a subtask, with barrier alignment.
+/// All input channels of a subtask, with barrier alignment (exactly-once)
+/// or barrier tracking (at-least-once).
 pub struct InputGate {
     channels: Vec<InputChannel>,
+    /// Exactly-once holds a channel back after its barrier; at-least-once
+    /// only counts barriers.
+    align: bool,
     next: usize,
     aligning: Option<Barrier>,
     /// When the barrier being aligned first arrived.
@@ -216,6 +220,7 @@ impl InputGate {
     /// `channels`: (input index, receiver).
     pub fn new(channels: Vec<(usize, mpsc::Receiver<Message>)>) -> Self {
         Self {
+            align: true,
             channels: channels
                 .into_iter()
                 .map(|(input, rx)| InputChannel {
@@ -232,6 +237,12 @@ impl InputGate {
             arrived: 0,
             watermark: None,
         }
+    }
+
+    /// Tracks barriers instead of aligning them (at-least-once).
+    pub fn with_mode(mut self, mode: planner::spec::CheckpointMode) -> Self {
+        self.align = mode == planner::spec::CheckpointMode::ExactlyOnce;
+        self
     }
 
     fn open(&self) -> usize {
@@ -274,7 +285,7 @@ impl InputGate {
                     }
                     Some(_) => {}
                 }
-                self.channels[i].blocked = true;
+                self.channels[i].blocked = self.align;
                 self.arrived += 1;
                 Ok(self.try_complete())
             }
@@ -396,6 +407,29 @@ mod tests {
         drop(tx0);
         drop(tx1);
         assert!(matches!(gate.next().await.unwrap(), GateEvent::End));
+    }
+
+    #[tokio::test]
+    async fn at_least_once_tracks_barriers_without_holding_channels_back() {
+        let (tx0, rx0) = mpsc::channel(8);
+        let (tx1, rx1) = mpsc::channel(8);
+        let mut gate = InputGate::new(vec![(0, rx0), (1, rx1)])
+            .with_mode(planner::spec::CheckpointMode::AtLeastOnce);
+        tx0.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        tx0.send(data(2)).await.unwrap(); // after the barrier: flows at once
+        match gate.next().await.unwrap() {
+            GateEvent::Chunk(0, _) => {}
+            other => panic!("expected post-barrier data of input 0, got {other:?}"),
+        }
+        tx1.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Barrier(b, _) => assert_eq!(b.checkpoint_id, 1),
+            other => panic!("expected barrier, got {other:?}"),
+        }
     }
 
     #[tokio::test]

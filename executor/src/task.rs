@@ -210,7 +210,8 @@ pub fn build_task(
                     inputs.push((edge.input, rx));
                 }
             }
-            (Head::Gate(InputGate::new(inputs)), &vertex.nodes[..])
+            let gate = InputGate::new(inputs).with_mode(graph.stream.checkpoint_mode);
+            (Head::Gate(gate), &vertex.nodes[..])
         }
     };
     let chain = chain_nodes

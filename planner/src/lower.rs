@@ -31,6 +31,8 @@ pub struct StreamPlanOptions {
     pub parallelism: usize,
     /// `streaming_chaining`: whether operators may be chained.
     pub chaining: bool,
+    /// `checkpoint_mode`: exactly-once (aligned) or at-least-once.
+    pub checkpoint_mode: crate::spec::CheckpointMode,
     /// The catalog id of the view; state table ids derive from it.
     pub view_id: u64,
 }
@@ -76,6 +78,7 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
     let mut l = Lowering {
         graph: StreamGraph {
             chaining: opts.chaining,
+            checkpoint_mode: opts.checkpoint_mode,
             ..Default::default()
         },
         opts,
@@ -398,6 +401,7 @@ mod tests {
         StreamPlanOptions {
             parallelism,
             chaining: true,
+            checkpoint_mode: Default::default(),
             view_id: 5,
         }
     }

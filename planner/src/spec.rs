@@ -195,6 +195,39 @@ impl fmt::Display for AggCall {
     }
 }
 
+/// How a job's subtasks treat barriers (`SET checkpoint_mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointMode {
+    /// Flink's BarrierBuffer: a channel that delivered barrier *n* is held
+    /// back until every channel has; each checkpoint holds exactly the
+    /// records before it, so a restart neither loses nor repeats anything.
+    #[default]
+    ExactlyOnce,
+    /// Flink's BarrierTracker: barriers are counted, no channel is ever
+    /// held back; records after the barrier on a fast channel may already
+    /// be in the checkpoint's state, so after a restart they are counted
+    /// again. Lower latency under skew, duplicates after failures.
+    AtLeastOnce,
+}
+
+impl CheckpointMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointMode::ExactlyOnce => "exactly_once",
+            CheckpointMode::AtLeastOnce => "at_least_once",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_lowercase().replace(['-', ' '], "_").as_str() {
+            "exactly_once" => Some(CheckpointMode::ExactlyOnce),
+            "at_least_once" => Some(CheckpointMode::AtLeastOnce),
+            _ => None,
+        }
+    }
+}
+
 /// How records travel along an edge (Flink's `StreamPartitioner`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Partitioner {

@@ -35,6 +35,9 @@ pub struct StreamGraph {
     pub edges: Vec<StreamEdge>,
     /// Whether operator chaining is allowed (`SET streaming_chaining`).
     pub chaining: bool,
+    /// How the job's input gates treat barriers (`SET checkpoint_mode`).
+    #[serde(default)]
+    pub checkpoint_mode: crate::spec::CheckpointMode,
 }
 
 impl StreamGraph {

@@ -44,6 +44,8 @@ pub enum Entry {
         sql: String,
         parallelism: usize,
         chaining: bool,
+        #[serde(default)]
+        checkpoint_mode: planner::spec::CheckpointMode,
         depends_on: Vec<u64>,
     },
 }

@@ -11,7 +11,7 @@ use datafusion::sql::sqlparser::ast::{
     ColumnOption, CreateTable, CreateView, Expr as SqlExpr, ObjectName, ObjectType, TableConstraint,
 };
 use planner::job_graph::JobGraph;
-use planner::spec::OperatorSpec;
+use planner::spec::{CheckpointMode, OperatorSpec};
 use planner::{StreamPlanOptions, lower};
 use storage::table::ROW_ID_COLUMN;
 
@@ -173,6 +173,7 @@ async fn job_graph(
     id: u64,
     parallelism: usize,
     chaining: bool,
+    checkpoint_mode: CheckpointMode,
 ) -> Result<JobGraph> {
     let ctx = context(db, Mode::Stream);
     let plan = plan_query(&ctx, sql).await?;
@@ -183,6 +184,7 @@ async fn job_graph(
         &StreamPlanOptions {
             parallelism,
             chaining,
+            checkpoint_mode,
             view_id: id,
         },
     )?;
@@ -203,6 +205,7 @@ pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
         sql,
         parallelism,
         chaining,
+        checkpoint_mode,
         ..
     } = entry
     else {
@@ -211,7 +214,7 @@ pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
             entry.name()
         )));
     };
-    let graph = job_graph(db, sql, *id, *parallelism, *chaining).await?;
+    let graph = job_graph(db, sql, *id, *parallelism, *chaining, *checkpoint_mode).await?;
     db.cluster.job_manager.recover_job(*id, graph)?;
     Ok(())
 }
@@ -262,14 +265,19 @@ pub async fn create_view(
         })?;
         return Ok(QueryResult::command(tag));
     }
-    let (parallelism, chaining) = (session.streaming_parallelism, session.streaming_chaining);
-    let graph = job_graph(db, &sql, id, parallelism, chaining).await?;
+    let (parallelism, chaining, checkpoint_mode) = (
+        session.streaming_parallelism,
+        session.streaming_chaining,
+        session.checkpoint_mode,
+    );
+    let graph = job_graph(db, &sql, id, parallelism, chaining, checkpoint_mode).await?;
     db.catalog.add(Entry::MaterializedView {
         id,
         name,
         sql,
         parallelism,
         chaining,
+        checkpoint_mode,
         depends_on,
     })?;
     if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
@@ -301,6 +309,7 @@ pub async fn explain_view(
         id,
         session.streaming_parallelism,
         session.streaming_chaining,
+        session.checkpoint_mode,
     )
     .await?;
     let stream = graph.stream.explain();

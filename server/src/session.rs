@@ -11,6 +11,8 @@ pub struct Session {
     pub streaming_parallelism: usize,
     /// Whether views created later may chain operators.
     pub streaming_chaining: bool,
+    /// `checkpoint_mode` of views created from now on.
+    pub checkpoint_mode: planner::spec::CheckpointMode,
     /// Other settings, kept so that `SHOW` answers what `SET` said.
     pub vars: BTreeMap<String, String>,
 }
@@ -36,6 +38,7 @@ impl Session {
         Self {
             streaming_parallelism: default_parallelism,
             streaming_chaining: true,
+            checkpoint_mode: Default::default(),
             vars,
         }
     }
@@ -59,6 +62,14 @@ impl Session {
                     ))
                 })?;
             }
+            "checkpoint_mode" => {
+                self.checkpoint_mode =
+                    planner::spec::CheckpointMode::parse(value).ok_or_else(|| {
+                        ServerError::InvalidParameter(format!(
+                            "invalid value for parameter \"checkpoint_mode\": \"{value}\" (exactly_once or at_least_once)"
+                        ))
+                    })?;
+            }
             _ => {
                 self.vars.insert(name, value.to_string());
             }
@@ -72,6 +83,7 @@ impl Session {
         match name.as_str() {
             "streaming_parallelism" => Ok(self.streaming_parallelism.to_string()),
             "streaming_chaining" => Ok(if self.streaming_chaining { "on" } else { "off" }.into()),
+            "checkpoint_mode" => Ok(self.checkpoint_mode.name().into()),
             _ => self.vars.get(&name).cloned().ok_or_else(|| {
                 ServerError::InvalidParameter(format!(
                     "unrecognized configuration parameter \"{name}\""
