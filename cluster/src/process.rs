@@ -7,8 +7,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
 use executor::exchange::ChannelId;
 use executor::message::Message;
 use executor::task::RemoteChannels;
@@ -124,17 +122,6 @@ impl Cluster {
         .serve(listener);
         tracing::info!(%rpc_listen, "job manager serving cluster rpc");
         Ok(cluster)
-    }
-
-    /// A view's rows at its job's latest completed checkpoint, gathered from
-    /// every TaskManager that holds part of it.
-    pub async fn read_view(
-        &self,
-        job: u64,
-        state_table: u64,
-        schema: SchemaRef,
-    ) -> Result<Vec<RecordBatch>> {
-        self.job_manager.read_view(job, state_table, schema).await
     }
 }
 

@@ -110,6 +110,7 @@ impl TableProvider for ViewRows {
         let batches = self
             .db
             .cluster
+            .job_manager
             .read_view(self.job, self.state_table, self.schema.clone())
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
