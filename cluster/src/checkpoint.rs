@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use executor::task::{CheckpointAck, TaskId};
+use storage::checkpoint_storage::{SnapshotKind, StateHandle};
 
 /// Where a checkpoint got to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,14 +35,18 @@ impl std::fmt::Display for CheckpointStatus {
 #[derive(Debug, Clone)]
 pub struct CheckpointStats {
     pub id: u64,
+    pub kind: SnapshotKind,
     pub status: CheckpointStatus,
     pub triggered_at: SystemTime,
     /// From trigger to completion (or failure).
     pub duration: Option<Duration>,
     /// The longest any task held channels back to align the barrier.
     pub alignment: Duration,
-    /// Bytes of state written by this checkpoint (changed keys and values).
-    pub state_bytes: u64,
+    /// Bytes of every file the checkpoint references.
+    pub full_bytes: u64,
+    /// Bytes of the files it added to checkpoint storage (the rest it
+    /// shares with earlier checkpoints).
+    pub incremental_bytes: u64,
     pub acknowledged: usize,
     pub tasks: usize,
     /// Why it failed or was aborted.
@@ -64,6 +69,7 @@ pub(crate) struct PendingCheckpoint {
     pub(crate) started: Instant,
     waiting: HashSet<TaskId>,
     positions: HashMap<u64, u64>,
+    handles: Vec<StateHandle>,
     pub(crate) stats: CheckpointStats,
 }
 
@@ -75,17 +81,20 @@ impl PendingCheckpoint {
             started: Instant::now(),
             stats: CheckpointStats {
                 id,
+                kind: SnapshotKind::Checkpoint,
                 status: CheckpointStatus::InProgress,
                 triggered_at: SystemTime::now(),
                 duration: None,
                 alignment: Duration::ZERO,
-                state_bytes: 0,
+                full_bytes: 0,
+                incremental_bytes: 0,
                 acknowledged: 0,
                 tasks: waiting.len(),
                 cause: None,
             },
             waiting,
             positions: HashMap::new(),
+            handles: Vec::new(),
         }
     }
 
@@ -95,7 +104,7 @@ impl PendingCheckpoint {
     }
 
     /// Records an acknowledgement; true when it was the last one.
-    pub(crate) fn acknowledge(&mut self, task: &TaskId, ack: &CheckpointAck) -> bool {
+    pub(crate) fn acknowledge(&mut self, task: &TaskId, ack: CheckpointAck) -> bool {
         if self.waiting.remove(task) {
             for p in &ack.positions {
                 self.positions
@@ -105,23 +114,25 @@ impl PendingCheckpoint {
             }
             self.stats.acknowledged += 1;
             self.stats.alignment = self.stats.alignment.max(ack.alignment);
-            self.stats.state_bytes += ack
-                .writes
-                .iter()
-                .map(|w| (w.key.len() + w.value.as_ref().map_or(0, |v| v.len())) as u64)
-                .sum::<u64>();
+            self.handles.extend(ack.state);
         }
         self.waiting.is_empty()
     }
 
-    /// The checkpoint, and its statistics (still in progress: it is yet
-    /// to be committed).
-    pub(crate) fn complete(self) -> (CompletedCheckpoint, CheckpointStats) {
+    /// Handles acknowledged so far (to clean up after an abort).
+    pub(crate) fn handles(&self) -> &[StateHandle] {
+        &self.handles
+    }
+
+    /// The checkpoint, its subtasks' handles and its statistics (still in
+    /// progress: its metadata is yet to be written).
+    pub(crate) fn complete(self) -> (CompletedCheckpoint, Vec<StateHandle>, CheckpointStats) {
         (
             CompletedCheckpoint {
                 id: self.id,
                 positions: self.positions,
             },
+            self.handles,
             self.stats,
         )
     }
@@ -152,16 +163,16 @@ mod tests {
             ..Default::default()
         };
         let mut p = PendingCheckpoint::new(3, [t(0, 0), t(1, 0), t(2, 0)]);
-        assert!(!p.acknowledge(&t(0, 0), &ack(Some(10), 0)));
+        assert!(!p.acknowledge(&t(0, 0), ack(Some(10), 0)));
         assert!(
-            !p.acknowledge(&t(0, 0), &ack(None, 0)),
+            !p.acknowledge(&t(0, 0), ack(None, 0)),
             "a duplicate ack does not count"
         );
-        assert!(!p.acknowledge(&t(1, 0), &ack(Some(7), 4)));
-        assert!(p.acknowledge(&t(2, 0), &ack(None, 2)));
+        assert!(!p.acknowledge(&t(1, 0), ack(Some(7), 4)));
+        assert!(p.acknowledge(&t(2, 0), ack(None, 2)));
         assert_eq!(p.stats.acknowledged, 3);
         assert_eq!(p.stats.alignment, Duration::from_millis(4));
-        let (c, _) = p.complete();
+        let (c, _, _) = p.complete();
         assert_eq!(c.id, 3);
         assert_eq!(c.positions[&5], 7);
     }

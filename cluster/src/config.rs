@@ -79,6 +79,18 @@ pub struct ClusterConfig {
     pub checkpoint_interval: Duration,
     /// A checkpoint not complete after this is aborted; 10 min as in Flink.
     pub checkpoint_timeout: Duration,
+    /// Least time from the end of one checkpoint to the start of the next
+    /// (`execution.checkpointing.min-pause`); 0.
+    pub min_pause_between_checkpoints: Duration,
+    /// Failed or expired checkpoints in a row a job tolerates; one more
+    /// fails it over (`execution.checkpointing.tolerable-failed-checkpoints`).
+    pub tolerable_checkpoint_failures: u32,
+    /// Completed checkpoints kept per job (`state.checkpoints.num-retained`,
+    /// 1 in Flink; 3 here, so a damaged one has two to fall back to).
+    pub checkpoints_retained: usize,
+    /// Where completed checkpoints are kept (`state.checkpoints.dir`); every
+    /// TaskManager must reach it. `None`: `<data-dir>/checkpoints`.
+    pub checkpoint_dir: Option<String>,
     /// TaskManager heartbeat interval (`heartbeat.interval`); 10 s.
     pub heartbeat_interval: Duration,
     /// A TaskManager silent this long is lost (`heartbeat.timeout`); 50 s.
@@ -111,6 +123,10 @@ impl Default for ClusterConfig {
             slots_per_task_manager: 4,
             checkpoint_interval: Duration::from_secs(1),
             checkpoint_timeout: Duration::from_secs(600),
+            min_pause_between_checkpoints: Duration::ZERO,
+            tolerable_checkpoint_failures: 3,
+            checkpoints_retained: 3,
+            checkpoint_dir: None,
             heartbeat_interval: Duration::from_secs(10),
             heartbeat_timeout: Duration::from_secs(50),
             registration_timeout: Duration::from_secs(300),

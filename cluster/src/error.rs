@@ -23,6 +23,9 @@ pub enum ClusterError {
     /// A cluster RPC failed (the peer is down or unreachable).
     #[error("cluster rpc: {0}")]
     Rpc(String),
+    /// A checkpoint file failed its checksum (or is missing) on restore.
+    #[error("corrupt checkpoint: {0}")]
+    CorruptCheckpoint(String),
     #[error(transparent)]
     Exec(#[from] executor::ExecError),
     #[error(transparent)]

@@ -11,7 +11,6 @@ use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
 use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
-use storage::state::StateEntry;
 
 use crate::Result;
 
@@ -172,8 +171,9 @@ pub trait TaskExecutorGateway: Send + Sync {
 /// changes are one-way messages, delivered in the order they were sent.
 #[async_trait]
 pub trait JobMasterGateway: Send + Sync {
-    /// A task took its part of a checkpoint: its state writes (kept in the
-    /// JobManager's checkpoint storage), source positions and alignment time.
+    /// A task took its part of a checkpoint: where its snapshot is in
+    /// checkpoint storage, its source positions and alignment time — or
+    /// why it declined.
     fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck);
 
     fn update_task_execution_state(
@@ -186,13 +186,4 @@ pub trait JobMasterGateway: Send + Sync {
     /// A TaskManager offers slots it allocated for `job`; the answer is
     /// the ones the JobMaster accepts into its slot pool.
     async fn offer_slots(&self, job: u64, slots: Vec<SlotId>) -> Result<Vec<SlotId>>;
-
-    /// The job's state in `tables` and `key_groups` at its latest completed
-    /// checkpoint: `(table, entry)`.
-    async fn read_checkpoint_state(
-        &self,
-        job: u64,
-        tables: Vec<u64>,
-        key_groups: std::ops::Range<u16>,
-    ) -> Result<Vec<(u64, StateEntry)>>;
 }

@@ -10,12 +10,12 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use planner::execution_graph::{ExecutionGraph, ExecutionState};
 use planner::job_graph::JobGraph;
-use storage::state::{StateEntry, StateStore};
+use storage::checkpoint_storage::CheckpointStorage;
 
 use crate::checkpoint::CompletedCheckpoint;
 use crate::config::ClusterConfig;
 use crate::gateway::ResourceManagerGateway;
-use crate::jobmaster::{self, JobMaster, JobState};
+use crate::jobmaster::{JobMaster, JobState};
 use crate::{ClusterError, ResourceManager, Result};
 
 /// A job as `SHOW JOBS` lists it.
@@ -31,7 +31,7 @@ pub struct JobStatus {
     pub subtasks: Vec<(String, usize, String, ExecutionState)>,
 }
 
-/// The tables a job's sources read and where its last completed
+/// The tables a job's sources read and where its oldest retained
 /// checkpoint left them (`None` before its first checkpoint).
 #[derive(Debug, Clone)]
 pub struct JobSources {
@@ -42,8 +42,10 @@ pub struct JobSources {
 /// The Dispatcher.
 pub struct JobManager {
     rm: Arc<dyn ResourceManagerGateway>,
-    /// Committed state of every job's latest completed checkpoint.
-    storage: Arc<StateStore>,
+    /// Every job's completed checkpoints.
+    storage: Arc<CheckpointStorage>,
+    /// Local scratch space for reading checkpoints.
+    scratch: std::path::PathBuf,
     config: ClusterConfig,
     jobs: Mutex<BTreeMap<u64, Arc<JobMaster>>>,
 }
@@ -63,13 +65,15 @@ impl JobManager {
     /// it loses.
     pub fn start(
         rm: Arc<ResourceManager>,
-        storage: Arc<StateStore>,
+        storage: Arc<CheckpointStorage>,
+        scratch: std::path::PathBuf,
         config: ClusterConfig,
     ) -> Arc<Self> {
         let mut lost = rm.lost_task_managers();
         let jm = Arc::new(Self {
             rm,
             storage,
+            scratch,
             config,
             jobs: Mutex::new(BTreeMap::new()),
         });
@@ -106,6 +110,7 @@ impl JobManager {
             graph,
             self.rm.clone(),
             self.storage.clone(),
+            self.scratch.clone(),
             self.config.clone(),
         )?;
         self.jobs
@@ -169,18 +174,8 @@ impl JobManager {
         let jm = self.jobs.lock().map_err(|_| poisoned())?.get(&job).cloned();
         match jm {
             Some(jm) => jm.read_view(state_table, schema).await,
-            None => jobmaster::read_stored_view(self.storage.clone(), state_table, schema).await,
+            None => Err(ClusterError::UnknownJob(job)),
         }
-    }
-
-    /// A job's committed state (for TaskManagers restoring tasks).
-    pub async fn read_checkpoint_state(
-        &self,
-        job: u64,
-        tables: Vec<u64>,
-        key_groups: std::ops::Range<u16>,
-    ) -> Result<Vec<(u64, StateEntry)>> {
-        jobmaster::read_checkpoint_state(self.storage.clone(), job, tables, key_groups).await
     }
 
     /// The JobMaster of `job` (for RPC from TaskManagers).
@@ -195,12 +190,6 @@ impl JobManager {
             Some(jm) => jm.stop(drop_state).await,
             None => Err(ClusterError::UnknownJob(job)),
         }
-    }
-
-    /// Deletes a job's stored state (its view is dropped while the job is
-    /// not running).
-    pub fn drop_stored_state(&self, job: u64, tables: &[u64]) -> Result<()> {
-        Ok(self.storage.drop_job(job, tables)?)
     }
 
     /// Stops every job, keeping their state (server shutdown).
@@ -301,19 +290,16 @@ impl JobManager {
     }
 
     /// For every job: the tables its sources read, and the log positions of
-    /// its last completed checkpoint (`None` before its first one).
+    /// its oldest retained checkpoint — a restore may go back that far —
+    /// (`None` before its first one).
     pub fn source_positions(&self) -> Vec<JobSources> {
         let Ok(jobs) = self.jobs.lock() else {
             return Vec::new();
         };
         jobs.values()
-            .map(|jm| {
-                let c = jm.completed().borrow().clone();
-                let positions = (!c.positions.is_empty()).then_some(c.positions);
-                JobSources {
-                    tables: jm.source_tables(),
-                    positions,
-                }
+            .map(|jm| JobSources {
+                tables: jm.source_tables(),
+                positions: jm.truncation_positions(),
             })
             .collect()
     }

@@ -3,19 +3,26 @@
 //! CheckpointCoordinator and restarts the job when a task or a TaskManager
 //! fails, following the configured restart strategy.
 //!
-//! Checkpoints: every `checkpoint_interval` (or at once when asked, for
-//! `FLUSH`) the coordinator picks the next id and tells every source subtask
-//! to emit a barrier. Each acknowledgement carries the task's state writes,
-//! which the JobMaster stages in the JobManager's **checkpoint storage**
-//! (Flink's `JobManagerCheckpointStorage`). When the last subtask has
-//! acknowledged, it commits them there, asks each TaskManager of the job to
-//! commit its local copy, and only then publishes the checkpoint as
-//! completed.
+//! Checkpoints: every `checkpoint_interval` (no sooner than the minimum
+//! pause after the last one ended, or at once when asked, for `FLUSH` and
+//! `CHECKPOINT`) the coordinator picks the next id and tells every source
+//! subtask to emit a barrier. Each stateful subtask snapshots its RocksDB
+//! instance into **checkpoint storage** and acknowledges with the handle of
+//! its files. When the last subtask has acknowledged, the JobMaster writes
+//! the checkpoint's metadata file — the checkpoint exists from then on —,
+//! tells each TaskManager of the job, and publishes it. It retains the last
+//! `checkpoints_retained` checkpoints, counting references to the shared
+//! SST files and deleting those no retained checkpoint needs. A checkpoint
+//! that expires, is declined or cannot be written counts as failed; more
+//! failures in a row than tolerated fail the job over.
 //!
 //! Failover: cancel every task, release the slots, wait as the restart
 //! strategy says, ask for slots again — the lost TaskManager's are gone, a
-//! new one's may have arrived — and deploy a new attempt. Each task first
-//! restores its state from the checkpoint storage, so any slot will do.
+//! new one's may have arrived — and deploy a new attempt. Each task is
+//! deployed with the handles of the latest retained checkpoint that hold
+//! its key groups and restores from them, so any slot will do. A file that
+//! fails its checksum marks that checkpoint corrupt; the next attempt
+//! restores from the one before.
 //!
 //! One lock orders it all: committing a checkpoint and (re)deploying hold
 //! `commit` for writing, view scans for reading, so a scan sees every
@@ -23,19 +30,24 @@
 //! one.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::task::{CheckpointAck, TaskDeployment, TaskId};
+use executor::task::{CheckpointAck, TaskDeployment, TaskId, TaskRestore};
 use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
 use planner::spec::OperatorSpec;
+use storage::StorageError;
+use storage::checkpoint_storage::{
+    CheckpointMetadata, CheckpointStorage, FORMAT_VERSION, SharedFiles, SnapshotKind, StateHandle,
+};
 use storage::keys::{MAX_PARALLELISM, key_group_range};
-use storage::state::{StateEntry, StateStore};
 use tokio::sync::{Notify, RwLock, watch};
 
 use crate::checkpoint::{
@@ -69,8 +81,20 @@ struct Inner {
     offered: BTreeSet<SlotId>,
     next_checkpoint: u64,
     pending: Option<PendingCheckpoint>,
-    /// The pending checkpoint is complete and being committed.
-    committing: bool,
+    /// The checkpoint every task acknowledged, while its metadata is written.
+    committing: Option<u64>,
+    /// Completed checkpoints kept, oldest first; restores use the last.
+    retained: VecDeque<CheckpointMetadata>,
+    /// References to shared files from `retained`.
+    shared: SharedFiles,
+    /// Whether `retained` has been read from checkpoint storage.
+    loaded: bool,
+    /// Why the job cannot be restored (every retained checkpoint is damaged).
+    unrecoverable: Option<String>,
+    /// Checkpoints failed in a row.
+    failures: u32,
+    /// When the last checkpoint ended, for the minimum pause.
+    last_finished: Option<Instant>,
     /// Recent checkpoints, oldest first; the pending one is in `pending`.
     history: VecDeque<CheckpointStats>,
     /// A TaskManager could not commit the last checkpoint locally: scans
@@ -83,7 +107,9 @@ pub(crate) struct JobMaster {
     pub(crate) job: u64,
     graph: JobGraph,
     rm: Arc<dyn ResourceManagerGateway>,
-    storage: Arc<StateStore>,
+    storage: Arc<CheckpointStorage>,
+    /// Local scratch space for reading checkpoints.
+    scratch: PathBuf,
     config: ClusterConfig,
     inner: Mutex<Inner>,
     commit: RwLock<()>,
@@ -132,8 +158,58 @@ impl Inner {
             s.duration = s.triggered_at.elapsed().ok();
             s.cause = cause;
         }
+        self.last_finished = Some(Instant::now());
+    }
+
+    /// Files of an abandoned checkpoint's handles that no retained
+    /// checkpoint references.
+    fn orphans(&self, handles: &[StateHandle]) -> Vec<String> {
+        handles
+            .iter()
+            .flat_map(|h| h.files.iter())
+            .filter(|f| f.shared && !self.shared.contains(&f.path))
+            .map(|f| f.path.clone())
+            .collect()
     }
 }
+
+/// State tables of a vertex's operators.
+pub(crate) fn vertex_tables(graph: &JobGraph, vertex: usize) -> Vec<u64> {
+    graph.vertices.get(vertex).map_or_else(Vec::new, |v| {
+        v.nodes
+            .iter()
+            .flat_map(|n| graph.stream.nodes[*n].spec.state_tables())
+            .collect()
+    })
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// The history row of a checkpoint found damaged.
+fn corrupt_stats(id: u64, why: &str) -> CheckpointStats {
+    CheckpointStats {
+        id,
+        kind: SnapshotKind::Checkpoint,
+        status: CheckpointStatus::Failed,
+        triggered_at: SystemTime::now(),
+        duration: None,
+        alignment: Duration::ZERO,
+        full_bytes: 0,
+        incremental_bytes: 0,
+        acknowledged: 0,
+        tasks: 0,
+        cause: Some(format!(
+            "corrupt: {why}; restoring from the previous retained checkpoint"
+        )),
+    }
+}
+
+/// Unique scratch directories for reads from checkpoint storage.
+static SCRATCH: AtomicU64 = AtomicU64::new(0);
 
 impl JobMaster {
     /// A JobMaster for `graph`, not yet deployed.
@@ -141,17 +217,16 @@ impl JobMaster {
         job: u64,
         graph: JobGraph,
         rm: Arc<dyn ResourceManagerGateway>,
-        storage: Arc<StateStore>,
+        storage: Arc<CheckpointStorage>,
+        scratch: PathBuf,
         config: ClusterConfig,
     ) -> Result<Arc<Self>> {
-        // Checkpoint ids continue after the last committed one, so that a
-        // restarted job never reuses an id.
-        let last = storage.committed_checkpoint(job)?.unwrap_or(0);
         let jm = Arc::new_cyclic(|me| JobMaster {
             job,
             graph,
             rm,
             storage,
+            scratch,
             config,
             inner: Mutex::new(Inner {
                 exec: None,
@@ -162,17 +237,19 @@ impl JobMaster {
                 deploy_failure: None,
                 offered: BTreeSet::new(),
                 history: VecDeque::new(),
-                next_checkpoint: last + 1,
+                next_checkpoint: 1,
                 pending: None,
-                committing: false,
+                committing: None,
+                retained: VecDeque::new(),
+                shared: SharedFiles::default(),
+                loaded: false,
+                unrecoverable: None,
+                failures: 0,
+                last_finished: None,
                 stale_task_manager: false,
             }),
             commit: RwLock::new(()),
-            completed: watch::channel(CompletedCheckpoint {
-                id: last,
-                positions: HashMap::new(),
-            })
-            .0,
+            completed: watch::channel(CompletedCheckpoint::default()).0,
             trigger: Notify::new(),
             me: me.clone(),
         });
@@ -183,6 +260,7 @@ impl JobMaster {
     /// Gets slots and deploys the first attempt. On failure the job's slots
     /// are released; the caller decides whether to retry ([`Self::failover`]).
     pub(crate) async fn launch(&self) -> Result<()> {
+        self.load_checkpoints().await?;
         let result = self.allocate_and_deploy().await;
         if result.is_err() {
             self.teardown().await;
@@ -192,6 +270,162 @@ impl JobMaster {
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
         self.inner.lock().map_err(|_| poisoned())
+    }
+
+    /// Reads the job's completed checkpoints from checkpoint storage, once:
+    /// the newest `checkpoints_retained` whose metadata is sound are
+    /// retained, damaged ones are marked corrupt, and what no retained
+    /// checkpoint needs (unfinished checkpoints, older ones, unreferenced
+    /// shared files) is deleted. Checkpoint ids continue after every id
+    /// ever used, so a restarted job never reuses one.
+    async fn load_checkpoints(&self) -> Result<()> {
+        if self.lock()?.loaded {
+            return Ok(());
+        }
+        let dirs = self.storage.checkpoint_dirs(self.job).await?;
+        let keep = self.config.checkpoints_retained.max(1);
+        let mut valid: Vec<CheckpointMetadata> = Vec::new();
+        let mut corrupt = Vec::new();
+        let mut obsolete = Vec::new();
+        for (id, completed) in dirs.iter().rev() {
+            if !completed || valid.len() >= keep {
+                obsolete.push(*id);
+                continue;
+            }
+            match self.storage.read_metadata(self.job, *id).await {
+                Ok(meta) => valid.push(meta),
+                Err(StorageError::Corrupt(why)) => {
+                    tracing::error!(job = self.job, checkpoint = id, cause = %why,
+                        "checkpoint metadata is damaged; falling back to an earlier checkpoint");
+                    self.storage.mark_corrupt(self.job, *id).await?;
+                    corrupt.push((*id, why));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        valid.reverse();
+        let mut shared = SharedFiles::default();
+        for meta in &valid {
+            shared.add(meta);
+        }
+        for id in obsolete {
+            self.storage.discard(self.job, id, Vec::new()).await?;
+        }
+        for path in self.storage.shared_files(self.job).await? {
+            if !shared.contains(&path) {
+                self.storage.delete(&path).await?;
+            }
+        }
+        let mut inner = self.lock()?;
+        inner.next_checkpoint = dirs.last().map_or(1, |(id, _)| id + 1);
+        for (id, why) in &corrupt {
+            inner.archive(corrupt_stats(*id, why));
+        }
+        if let Some(last) = valid.last() {
+            self.completed.send_replace(CompletedCheckpoint {
+                id: last.id,
+                positions: last.positions.iter().map(|(k, v)| (*k, *v)).collect(),
+            });
+        } else if let Some((id, why)) = corrupt.first() {
+            inner.unrecoverable = Some(format!(
+                "every retained checkpoint is damaged (the latest, {id}: {why})"
+            ));
+        }
+        tracing::info!(job = self.job, retained = ?valid.iter().map(|m| m.id).collect::<Vec<_>>(),
+            "checkpoints loaded");
+        inner.retained = valid.into();
+        inner.shared = shared;
+        inner.loaded = true;
+        Ok(())
+    }
+
+    /// A restore from checkpoint `id` found a damaged file: drop it from the
+    /// retained checkpoints (the next attempt restores from the one before),
+    /// mark it in storage and in the history.
+    async fn discard_corrupt(&self, id: u64, why: &str) -> Result<()> {
+        tracing::error!(job = self.job, checkpoint = id, cause = %why,
+            "checkpoint is damaged; falling back to the previous retained checkpoint");
+        {
+            let mut inner = self.lock()?;
+            let Some(pos) = inner.retained.iter().position(|m| m.id == id) else {
+                return Ok(());
+            };
+            if let Some(meta) = inner.retained.remove(pos) {
+                inner.shared.release(&meta);
+            }
+            let stats = corrupt_stats(id, why);
+            match inner.history.iter_mut().find(|s| s.id == id) {
+                Some(s) => {
+                    s.status = stats.status;
+                    s.cause = stats.cause;
+                }
+                None => inner.archive(stats),
+            }
+            match inner.retained.back() {
+                Some(prev) => {
+                    self.completed.send_replace(CompletedCheckpoint {
+                        id: prev.id,
+                        positions: prev.positions.iter().map(|(k, v)| (*k, *v)).collect(),
+                    });
+                }
+                None => {
+                    inner.unrecoverable = Some(format!(
+                        "every retained checkpoint is damaged (the last, {id}: {why})"
+                    ));
+                }
+            }
+        }
+        self.storage.mark_corrupt(self.job, id).await?;
+        Ok(())
+    }
+
+    /// A checkpoint failed (expired, declined, or its metadata could not be
+    /// written); beyond the tolerated count in a row the job fails over.
+    fn checkpoint_failed(&self, inner: &mut Inner, cause: &str) {
+        inner.failures += 1;
+        if inner.failures > self.config.tolerable_checkpoint_failures
+            && inner.state == JobState::Running
+            && let Some(me) = self.me.upgrade()
+        {
+            let error = format!(
+                "{} checkpoints failed in a row, more than the {} tolerated; the last: {cause}",
+                inner.failures, self.config.tolerable_checkpoint_failures
+            );
+            inner.failures = 0;
+            tokio::spawn(me.failover(error));
+        }
+    }
+
+    /// Deletes what an abandoned checkpoint wrote to storage.
+    fn discard_files(&self, inner: &Inner, id: u64, handles: &[StateHandle]) {
+        let orphans = inner.orphans(handles);
+        let (storage, job) = (self.storage.clone(), self.job);
+        tokio::spawn(async move {
+            if let Err(e) = storage.discard(job, id, orphans).await {
+                tracing::warn!(job, checkpoint = id, error = %e, "could not delete an abandoned checkpoint");
+            }
+        });
+    }
+
+    /// Ends the pending checkpoint `id` as failed: it expired or a task
+    /// declined it.
+    async fn fail_pending(&self, id: u64, cause: String) {
+        {
+            let Ok(mut inner) = self.lock() else { return };
+            let Some(p) = inner.pending.as_ref().filter(|p| p.id == id) else {
+                return;
+            };
+            let handles = p.handles().to_vec();
+            tracing::warn!(job = self.job, checkpoint = id, cause = %cause, "checkpoint failed");
+            inner.abort_pending(&cause);
+            self.discard_files(&inner, id, &handles);
+            self.checkpoint_failed(&mut inner, &cause);
+        }
+        for tm in self.task_executors() {
+            if let Err(e) = tm.abort_checkpoint(self.job, id).await {
+                tracing::debug!(job = self.job, error = %e, "abort on a task manager failed");
+            }
+        }
     }
 
     fn task_executors_of(
@@ -275,8 +509,15 @@ impl JobMaster {
         for ev in exec.subtasks.iter_mut().flatten() {
             ev.state = ExecutionState::Deploying;
         }
-        let attempt = {
+        let (attempt, restore_from) = {
             let mut inner = self.lock()?;
+            if let Some(why) = inner.unrecoverable.clone() {
+                inner.state = JobState::Failed(why.clone());
+                return Err(ClusterError::JobFailed {
+                    job: self.job,
+                    error: why,
+                });
+            }
             if matches!(inner.state, JobState::Canceled | JobState::Failed(_)) {
                 return Err(ClusterError::Internal(format!(
                     "job {} stopped while deploying",
@@ -286,11 +527,25 @@ impl JobMaster {
             inner.deploy_failure = None;
             inner.exec = Some(exec.clone());
             inner.stale_task_manager = false;
-            inner.attempt
+            (inner.attempt, inner.retained.back().cloned())
         };
         let graph = Arc::new(self.graph.clone());
         for ev in exec.all() {
             let tm = self.rm.task_executor(&ev.slot)?;
+            let tables = vertex_tables(&graph, ev.vertex);
+            let key_groups = key_group_range(ev.subtask, graph.vertices[ev.vertex].parallelism);
+            let restore = restore_from
+                .as_ref()
+                .filter(|_| !tables.is_empty())
+                .map(|meta| TaskRestore {
+                    checkpoint: meta.id,
+                    handles: meta
+                        .handles
+                        .iter()
+                        .filter(|h| tables.iter().any(|t| h.overlaps(*t, &key_groups)))
+                        .cloned()
+                        .collect(),
+                });
             let deployment = TaskDeployment {
                 id: TaskId {
                     job: self.job,
@@ -301,8 +556,19 @@ impl JobMaster {
                 slot: ev.slot.index,
                 graph: graph.clone(),
                 locations: locations.clone(),
+                restore,
+                checkpoint_storage: self.storage.location().to_string(),
             };
-            tm.submit_task(deployment, me.clone()).await?;
+            match tm.submit_task(deployment, me.clone()).await {
+                Ok(()) => {}
+                Err(ClusterError::CorruptCheckpoint(why)) => {
+                    if let Some(meta) = &restore_from {
+                        self.discard_corrupt(meta.id, &why).await?;
+                    }
+                    return Err(ClusterError::CorruptCheckpoint(why));
+                }
+                Err(e) => return Err(e),
+            }
         }
         let mut inner = self.lock()?;
         if let Some(failure) = inner.deploy_failure.take() {
@@ -328,7 +594,6 @@ impl JobMaster {
     /// state and releases the slots.
     async fn teardown(&self) {
         let tms = self.task_executors();
-        let _ = self.storage.discard_staged(self.job);
         let patience = self.config.heartbeat_timeout;
         let cancels = tms.iter().map(|tm| async move {
             match tokio::time::timeout(patience, tm.cancel_job(self.job)).await {
@@ -371,7 +636,7 @@ impl JobMaster {
                     tracing::warn!(job = self.job, error = %e, "dropping task manager state failed");
                 }
             }
-            self.storage.drop_job(self.job, &tables)?;
+            self.storage.drop_job(self.job).await?;
         }
         self.completed.send_modify(|_| {});
         Ok(())
@@ -456,16 +721,33 @@ impl JobMaster {
                 JobState::Restarting | JobState::Created => continue,
                 JobState::Running => {}
             }
+            let pause = jm
+                .lock()
+                .ok()
+                .and_then(|i| i.last_finished)
+                .map(|t| {
+                    jm.config
+                        .min_pause_between_checkpoints
+                        .saturating_sub(t.elapsed())
+                })
+                .unwrap_or_default();
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
             if let Err(e) = jm.trigger_checkpoint(timeout).await {
                 tracing::warn!(job = jm.job, error = %e, "checkpoint trigger failed");
             }
         }
     }
 
-    async fn trigger_checkpoint(&self, timeout: std::time::Duration) -> Result<()> {
-        let (id, sources, aborted) = {
+    async fn trigger_checkpoint(&self, timeout: Duration) -> Result<()> {
+        let (id, sources) = {
             let mut inner = self.lock()?;
-            if inner.committing || inner.state != JobState::Running {
+            // One checkpoint at a time (Flink's max-concurrent-checkpoints = 1).
+            if inner.committing.is_some()
+                || inner.pending.is_some()
+                || inner.state != JobState::Running
+            {
                 return Ok(());
             }
             let Some(exec) = &inner.exec else {
@@ -503,30 +785,23 @@ impl JobMaster {
                     )
                 })
                 .collect();
-            let mut aborted = None;
-            if let Some(p) = &inner.pending {
-                if p.started.elapsed() < timeout {
-                    return Ok(());
-                }
-                tracing::warn!(
-                    job = self.job,
-                    checkpoint = p.id,
-                    "checkpoint expired before completing; aborted"
-                );
-                aborted = Some(p.id);
-                inner.abort_pending("expired before every task acknowledged it");
-                let _ = self.storage.discard_staged(self.job);
-            }
             let id = inner.next_checkpoint;
             inner.next_checkpoint += 1;
             inner.pending = Some(PendingCheckpoint::new(id, tasks));
-            (id, sources, aborted)
+            (id, sources)
         };
-        if let Some(old) = aborted {
-            for tm in self.task_executors() {
-                tm.abort_checkpoint(self.job, old).await?;
+        // The checkpoint expires unless it completes within the timeout.
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Some(jm) = me.upgrade() {
+                jm.fail_pending(
+                    id,
+                    format!("expired after {timeout:?} before every task acknowledged it"),
+                )
+                .await;
             }
-        }
+        });
         tracing::debug!(job = self.job, checkpoint = id, "trigger checkpoint");
         for (task, slot) in sources {
             // Not awaited here: a TaskManager that hangs must not hold up
@@ -542,38 +817,84 @@ impl JobMaster {
         Ok(())
     }
 
-    /// Commits a checkpoint every task has acknowledged, then publishes it.
-    async fn complete(self: Arc<Self>, checkpoint: CompletedCheckpoint, attempt: u64) {
+    /// Completes a checkpoint every task has acknowledged: writes its
+    /// metadata, tells the TaskManagers, publishes it and drops the
+    /// checkpoints beyond retention.
+    async fn complete(
+        self: Arc<Self>,
+        checkpoint: CompletedCheckpoint,
+        handles: Vec<StateHandle>,
+        attempt: u64,
+    ) {
         let _commit = self.commit.write().await;
-        let current = self
-            .lock()
-            .map(|i| i.attempt == attempt && i.committing && i.state == JobState::Running)
-            .unwrap_or(false);
-        if !current {
-            // A failover came first and discarded the staged state.
-            if let Ok(mut inner) = self.lock() {
+        let id = checkpoint.id;
+        let triggered_at = {
+            let Ok(mut inner) = self.lock() else { return };
+            let current = inner.attempt == attempt
+                && inner.committing == Some(id)
+                && inner.state == JobState::Running;
+            if !current {
+                // A failover came first.
                 inner.finish(
-                    checkpoint.id,
+                    id,
                     CheckpointStatus::Aborted,
-                    Some("the job failed before it was committed".into()),
+                    Some("the job failed before it was completed".into()),
                 );
+                self.discard_files(&inner, id, &handles);
+                return;
             }
-            return;
-        }
-        let storage = self.storage.clone();
-        let (job, id) = (self.job, checkpoint.id);
-        let stored = tokio::task::spawn_blocking(move || storage.commit(job, id))
-            .await
-            .map_err(|e| ClusterError::Internal(e.to_string()))
-            .and_then(|r| r.map_err(ClusterError::from));
-        if let Err(e) = stored {
-            tracing::error!(job = self.job, checkpoint = id, error = %e, "checkpoint storage commit failed");
+            inner
+                .history
+                .iter()
+                .rev()
+                .find(|s| s.id == id)
+                .map_or(SystemTime::now(), |s| s.triggered_at)
+        };
+        let meta = CheckpointMetadata {
+            version: FORMAT_VERSION,
+            job: self.job,
+            id,
+            kind: SnapshotKind::Checkpoint,
+            triggered_at_ms: millis(triggered_at),
+            completed_at_ms: millis(SystemTime::now()),
+            positions: checkpoint.positions.iter().map(|(k, v)| (*k, *v)).collect(),
+            handles,
+        };
+        if let Err(e) = self.storage.write_metadata(&meta).await {
+            tracing::error!(job = self.job, checkpoint = id, error = %e, "writing checkpoint metadata failed");
             if let Ok(mut inner) = self.lock() {
-                inner.committing = false;
+                inner.committing = None;
                 inner.finish(id, CheckpointStatus::Failed, Some(e.to_string()));
+                self.discard_files(&inner, id, &meta.handles);
+                self.checkpoint_failed(&mut inner, &e.to_string());
             }
             return;
         }
+        let released = {
+            let Ok(mut inner) = self.lock() else { return };
+            let full = meta.full_size();
+            let incremental: u64 = meta
+                .handles
+                .iter()
+                .flat_map(|h| h.files.iter())
+                .filter(|f| !f.shared || !inner.shared.contains(&f.path))
+                .map(|f| f.size)
+                .sum();
+            if let Some(s) = inner.history.iter_mut().rev().find(|s| s.id == id) {
+                s.full_bytes = full;
+                s.incremental_bytes = incremental;
+            }
+            inner.shared.add(&meta);
+            inner.retained.push_back(meta);
+            let mut released = Vec::new();
+            while inner.retained.len() > self.config.checkpoints_retained.max(1) {
+                if let Some(old) = inner.retained.pop_front() {
+                    let orphans = inner.shared.release(&old);
+                    released.push((old.id, orphans));
+                }
+            }
+            released
+        };
         // Every TaskManager at once; one that does not answer within the
         // heartbeat timeout is about to be declared lost anyway.
         let patience = self.config.heartbeat_timeout;
@@ -590,16 +911,22 @@ impl JobMaster {
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => "no answer".to_string(),
             };
-            tracing::warn!(job = self.job, checkpoint = id, error = %error, "task manager did not commit");
+            tracing::warn!(job = self.job, checkpoint = id, error = %error, "task manager did not confirm the checkpoint");
             stale = true;
         }
         if let Ok(mut inner) = self.lock() {
-            inner.committing = false;
+            inner.committing = None;
+            inner.failures = 0;
             inner.stale_task_manager = stale;
             inner.finish(id, CheckpointStatus::Completed, None);
         }
         tracing::debug!(job = self.job, checkpoint = id, "checkpoint completed");
         self.completed.send_replace(checkpoint);
+        for (old, orphans) in released {
+            if let Err(e) = self.storage.discard(self.job, old, orphans).await {
+                tracing::warn!(job = self.job, checkpoint = old, error = %e, "could not delete a subsumed checkpoint");
+            }
+        }
     }
 
     /// A task or a TaskManager failed: cancel everything, then restart
@@ -625,8 +952,12 @@ impl JobMaster {
                 if inner.state != JobState::Restarting {
                     return;
                 }
+                if let Some(p) = &inner.pending {
+                    let (id, handles) = (p.id, p.handles().to_vec());
+                    self.discard_files(&inner, id, &handles);
+                }
                 inner.abort_pending(&format!("job restarting: {error}"));
-                inner.committing = false;
+                inner.committing = None;
                 if let Some(reset) = self.config.restart_strategy.reset_after()
                     && inner.running_since.elapsed() > reset
                 {
@@ -700,7 +1031,22 @@ impl JobMaster {
                 return Ok(out);
             }
         }
-        read_stored_view(self.storage.clone(), state_table, schema).await
+        let latest = self.lock()?.retained.back().cloned();
+        match latest {
+            Some(meta) => {
+                read_stored_view(&self.storage, &self.scratch, &meta, state_table, schema).await
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Where the oldest retained checkpoint left the job's sources: the
+    /// log before it may go, as no restore can need it (`None` until the
+    /// job has a checkpoint).
+    pub(crate) fn truncation_positions(&self) -> Option<HashMap<u64, u64>> {
+        let inner = self.lock().ok()?;
+        let oldest = inner.retained.front()?;
+        Some(oldest.positions.iter().map(|(k, v)| (*k, *v)).collect())
     }
 
     /// The TaskManager and key groups of every subtask of the vertex that
@@ -731,60 +1077,79 @@ impl JobMaster {
     }
 }
 
-/// A view's rows from the checkpoint storage.
+/// A view's rows at checkpoint `meta`, read from checkpoint storage.
 pub(crate) async fn read_stored_view(
-    storage: Arc<StateStore>,
+    storage: &CheckpointStorage,
+    scratch: &std::path::Path,
+    meta: &CheckpointMetadata,
     state_table: u64,
     schema: SchemaRef,
 ) -> Result<Vec<RecordBatch>> {
-    tokio::task::spawn_blocking(move || {
-        executor::operators::materialize::read_view(
-            &storage,
-            state_table,
-            &schema,
-            0..MAX_PARALLELISM,
-        )
-    })
-    .await
-    .map_err(|e| ClusterError::Internal(e.to_string()))?
-    .map_err(Into::into)
+    let dir = scratch.join(format!("read-{}", SCRATCH.fetch_add(1, Ordering::Relaxed)));
+    let entries = storage::backend::read_handles(
+        storage,
+        &meta.handles,
+        state_table,
+        0..MAX_PARALLELISM,
+        &dir,
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let entries = entries.map_err(|e| match e {
+        StorageError::Corrupt(why) => ClusterError::CorruptCheckpoint(why),
+        e => e.into(),
+    })?;
+    Ok(executor::operators::materialize::rows_from_entries(
+        &entries, &schema,
+    )?)
 }
 
 #[async_trait]
 impl JobMasterGateway for JobMaster {
     fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck) {
         let checkpoint_id = ack.checkpoint_id;
+        if let Some(why) = ack.declined.clone() {
+            if let Some(me) = self.me.upgrade() {
+                let cause = format!("{task} declined it: {why}");
+                tokio::spawn(async move { me.fail_pending(checkpoint_id, cause).await });
+            }
+            return;
+        }
         let done = {
             let Ok(mut inner) = self.inner.lock() else {
                 return;
             };
             let attempt = inner.attempt;
+            let pending = inner.pending.as_ref().map(|p| p.id);
             match &mut inner.pending {
                 Some(p) if p.id == checkpoint_id && p.is_waiting_for(task) => {
-                    let last = p.acknowledge(task, &ack);
-                    if let Err(e) = self.storage.stage(self.job, checkpoint_id, ack.writes) {
-                        tracing::error!(job = self.job, error = %e, "staging checkpoint state failed");
-                        inner.abort_pending(&format!("staging its state failed: {e}"));
-                        let _ = self.storage.discard_staged(self.job);
-                        return;
-                    }
-                    if last {
-                        inner.committing = true;
+                    if p.acknowledge(task, ack) {
+                        inner.committing = Some(checkpoint_id);
                         inner.pending.take().map(|p| {
-                            let (done, stats) = p.complete();
+                            let (done, handles, stats) = p.complete();
                             inner.archive(stats);
-                            (done, attempt)
+                            (done, handles, attempt)
                         })
                     } else {
                         None
                     }
                 }
-                // An ack of an aborted checkpoint, or from a cancelled attempt.
-                _ => None,
+                // An ack of an aborted checkpoint, or from a cancelled
+                // attempt: what it uploaded is no use.
+                _ => {
+                    if let Some(h) = ack.state
+                        && pending != Some(checkpoint_id)
+                        && inner.committing != Some(checkpoint_id)
+                        && !inner.retained.iter().any(|m| m.id == checkpoint_id)
+                    {
+                        self.discard_files(&inner, checkpoint_id, &[h]);
+                    }
+                    None
+                }
             }
         };
-        if let (Some((done, attempt)), Some(me)) = (done, self.me.upgrade()) {
-            tokio::spawn(me.complete(done, attempt));
+        if let (Some((done, handles, attempt)), Some(me)) = (done, self.me.upgrade()) {
+            tokio::spawn(me.complete(done, handles, attempt));
         }
     }
 
@@ -797,8 +1162,9 @@ impl JobMasterGateway for JobMaster {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if task.attempt != inner.attempt {
-            // A report from a cancelled attempt.
+        if task.attempt != inner.attempt || inner.exec.is_none() {
+            // A report from a cancelled attempt, or — before this JobMaster
+            // deployed anything — from a task of an earlier JobManager.
             return;
         }
         if let Some(ev) = inner.exec.as_mut().and_then(|e| {
@@ -826,32 +1192,4 @@ impl JobMasterGateway for JobMaster {
         inner.offered.extend(slots.iter().cloned());
         Ok(slots)
     }
-
-    async fn read_checkpoint_state(
-        &self,
-        job: u64,
-        tables: Vec<u64>,
-        key_groups: std::ops::Range<u16>,
-    ) -> Result<Vec<(u64, StateEntry)>> {
-        read_checkpoint_state(self.storage.clone(), job, tables, key_groups).await
-    }
-}
-
-/// Committed entries of `tables` in `key_groups` from checkpoint storage.
-pub(crate) async fn read_checkpoint_state(
-    storage: Arc<StateStore>,
-    _job: u64,
-    tables: Vec<u64>,
-    key_groups: std::ops::Range<u16>,
-) -> Result<Vec<(u64, StateEntry)>> {
-    tokio::task::spawn_blocking(move || {
-        let per_table = storage.scan_many(&tables, key_groups)?;
-        Ok(tables
-            .iter()
-            .zip(per_table)
-            .flat_map(|(t, entries)| entries.into_iter().map(move |e| (*t, e)))
-            .collect())
-    })
-    .await
-    .map_err(|e| ClusterError::Internal(e.to_string()))?
 }

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use executor::exchange::ChannelId;
 use executor::message::Message;
 use executor::task::RemoteChannels;
-use storage::KvStore;
+use storage::checkpoint_storage::CheckpointStorage;
 use storage::meta::MetaStore;
-use storage::state::StateStore;
 use storage::table::TableStore;
+use storage::{KvStore, SlotMemory};
 use tokio::sync::mpsc;
 
 use crate::config::ClusterConfig;
@@ -57,43 +57,46 @@ fn io(path: &Path, e: std::io::Error) -> ClusterError {
 
 impl Cluster {
     /// Opens the JobManager's stores under `data_dir`: `meta` (catalog and
-    /// tables) and `checkpoints` (checkpoint storage).
-    async fn open(data_dir: &Path, config: &ClusterConfig) -> Result<(Self, Arc<StateStore>)> {
+    /// tables), and checkpoint storage (`checkpoints`, unless configured
+    /// elsewhere).
+    async fn open(data_dir: &Path, config: &ClusterConfig) -> Result<Self> {
         std::fs::create_dir_all(data_dir).map_err(|e| io(data_dir, e))?;
         let meta_kv = Arc::new(KvStore::open(&data_dir.join("meta"), 32 << 20)?);
         let meta = Arc::new(MetaStore::new(meta_kv.clone()));
         let tables = Arc::new(TableStore::new(meta_kv));
-        let storage = Arc::new(StateStore::new(Arc::new(KvStore::open(
-            &data_dir.join("checkpoints"),
-            32 << 20,
-        )?)));
+        let location = match &config.checkpoint_dir {
+            Some(dir) => dir.clone(),
+            None => data_dir.join("checkpoints").display().to_string(),
+        };
+        let storage = Arc::new(CheckpointStorage::open(&location)?);
+        let scratch = data_dir.join("scratch");
+        fresh_dir(&scratch)?;
         let resource_manager =
             ResourceManager::start(config.slot_request_timeout, config.heartbeat_timeout);
         let job_manager =
-            JobManager::start(resource_manager.clone(), storage.clone(), config.clone());
-        Ok((
-            Self {
-                job_manager,
-                resource_manager,
-                meta,
-                tables,
-                local_task_manager: None,
-            },
-            storage,
-        ))
+            JobManager::start(resource_manager.clone(), storage, scratch, config.clone());
+        Ok(Self {
+            job_manager,
+            resource_manager,
+            meta,
+            tables,
+            local_task_manager: None,
+        })
     }
 
     /// Everything in one process: a JobManager and one TaskManager
     /// (`weir playground`, Flink's MiniCluster).
     pub async fn playground(data_dir: &Path, config: ClusterConfig) -> Result<Self> {
-        let (mut cluster, _) = Self::open(data_dir, &config).await?;
-        let state = slot_stores(&data_dir.join("taskmanager-0"), &config)?;
+        let mut cluster = Self::open(data_dir, &config).await?;
+        let state_dir = data_dir.join("taskmanager-0");
+        fresh_dir(&state_dir)?;
         let rm: Arc<dyn ResourceManagerGateway> = cluster.resource_manager.clone();
         let te = TaskExecutor::start(
             TaskExecutorServices {
                 resource_id: "taskmanager-0".into(),
                 address: IN_PROCESS.into(),
-                state,
+                state_dir,
+                slot_memory: slot_memory(&config),
                 tables: cluster.tables.clone(),
                 remote: Arc::new(NoRemoteChannels),
             },
@@ -113,7 +116,7 @@ impl Cluster {
         rpc_listen: SocketAddr,
     ) -> Result<Self> {
         let listener = bind(rpc_listen).await?;
-        let (cluster, _) = Self::open(data_dir, &config).await?;
+        let cluster = Self::open(data_dir, &config).await?;
         JobManagerServices {
             rm: cluster.resource_manager.clone(),
             jm: cluster.job_manager.clone(),
@@ -125,17 +128,20 @@ impl Cluster {
     }
 }
 
-/// One state store per slot under `dir` (`slot-<i>`), each with its share
-/// of the managed memory.
-fn slot_stores(dir: &Path, config: &ClusterConfig) -> Result<Vec<Arc<StateStore>>> {
+/// Each slot's share of the managed memory.
+fn slot_memory(config: &ClusterConfig) -> Vec<SlotMemory> {
     (0..config.slots_per_task_manager.max(1))
-        .map(|i| {
-            Ok(Arc::new(StateStore::new(Arc::new(KvStore::open(
-                &dir.join(format!("slot-{i}")),
-                config.managed_memory_per_slot(),
-            )?))))
-        })
+        .map(|_| SlotMemory::new(config.managed_memory_per_slot()))
         .collect()
+}
+
+/// Empties (or creates) `dir`: local state left by an earlier run is never
+/// used again — every deployment restores from checkpoint storage.
+fn fresh_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))
 }
 
 /// How to start a standalone TaskManager.
@@ -175,13 +181,14 @@ pub async fn run_task_manager(opts: TaskManagerOptions) -> Result<()> {
         .resource_id
         .clone()
         .unwrap_or_else(|| format!("taskmanager-{address}"));
-    std::fs::create_dir_all(&opts.data_dir).map_err(|e| io(&opts.data_dir, e))?;
-    let state = slot_stores(&opts.data_dir, &opts.config)?;
+    let state_dir = opts.data_dir.join("state");
+    fresh_dir(&state_dir)?;
     let te = TaskExecutor::new(
         TaskExecutorServices {
             resource_id: resource_id.clone(),
             address: address.clone(),
-            state,
+            state_dir,
+            slot_memory: slot_memory(&opts.config),
             tables: Arc::new(RemoteTableLog::new(&opts.job_manager)?),
             remote: Arc::new(NetworkChannels),
         },

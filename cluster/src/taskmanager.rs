@@ -8,20 +8,20 @@
 //! restarted) or stays unreachable past the heartbeat timeout, it cancels
 //! everything it runs and registers again.
 //!
-//! Deploying a task first restores its state: the first task of a job
-//! attempt clears the job's local state, and every task downloads its
-//! operators' state tables in its key groups from the JobManager's
-//! checkpoint storage. Cancelling a job deletes its local copy: it lives as
-//! long as the job's tasks run here. Tasks report to it through [`TaskReporter`]; it
-//! stages their checkpoint writes locally, forwards them with the
-//! acknowledgement to the job's JobMaster, and commits the local copy when
-//! the JobMaster says the checkpoint is complete. The local copy is what
-//! the view-scan service reads.
+//! State: every stateful subtask gets its own keyed state backend (one
+//! RocksDB instance, [`KeyedStateBackend`]) when deployed, filled from the
+//! checkpoint handles its deployment names. Tasks report to the
+//! TaskExecutor through [`TaskReporter`]; at a checkpoint it runs the
+//! backend's synchronous part on the task (write the changed keys, take a
+//! RocksDB checkpoint), then uploads the new files to checkpoint storage in
+//! the background and acknowledges to the job's JobMaster with the handle.
+//! When the JobMaster says the checkpoint is complete, the local copy of
+//! that checkpoint becomes what the view-scan service reads. Cancelling a
+//! job deletes its backends: local state lives as long as the tasks.
 //!
-//! Managed memory: each slot has its own RocksDB instance, opened with an
-//! equal share of the TaskManager's managed memory for its block cache and
-//! write buffers, and the tasks of a slot keep their state there — a slot's
-//! state cannot crowd out another's.
+//! Managed memory: the backends of a slot share one block cache and one
+//! write-buffer budget, an equal share of the TaskManager's managed memory,
+//! so a slot's state cannot crowd out another's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -40,8 +40,11 @@ use executor::task::{
 use futures::FutureExt;
 use planner::execution_graph::{ExecutionState, SlotId};
 use std::panic::AssertUnwindSafe;
+use storage::SlotMemory;
+use storage::backend::KeyedStateBackend;
+use storage::checkpoint_storage::{CheckpointStorage, TableRange};
 use storage::keys::key_group_range;
-use storage::state::{StateEntry, StateStore};
+use storage::state::{StateEntry, StateScan};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -60,16 +63,20 @@ struct RunningTask {
     handle: JoinHandle<()>,
 }
 
-/// Reads committed operator state for restoring tasks.
-struct StoreReader(Arc<StateStore>);
+/// What a task's operators restore from: its backend's state (none for a
+/// stateless task).
+struct BackendReader(Option<Arc<KeyedStateBackend>>);
 
-impl StateReader for StoreReader {
+impl StateReader for BackendReader {
     fn scan(
         &self,
         table: u64,
         key_groups: std::ops::Range<u16>,
     ) -> executor::Result<Vec<StateEntry>> {
-        Ok(self.0.scan(table, key_groups)?)
+        match &self.0 {
+            Some(b) => Ok(b.scan_state(table, key_groups)?),
+            None => Ok(Vec::new()),
+        }
     }
 }
 
@@ -78,8 +85,10 @@ pub struct TaskExecutorServices {
     pub resource_id: ResourceId,
     /// Where this TaskManager serves its shuffle (and TaskExecutor RPC).
     pub address: String,
-    /// One local state store per slot, each with its share of memory.
-    pub state: Vec<Arc<StateStore>>,
+    /// Where subtasks' state backends live.
+    pub state_dir: std::path::PathBuf,
+    /// Each slot's share of managed memory.
+    pub slot_memory: Vec<SlotMemory>,
     pub tables: Arc<dyn TableLog>,
     pub remote: Arc<dyn RemoteChannels>,
 }
@@ -88,19 +97,18 @@ pub struct TaskExecutorServices {
 pub struct TaskExecutor {
     resource_id: ResourceId,
     address: String,
-    state: Vec<Arc<StateStore>>,
+    state_dir: std::path::PathBuf,
+    slot_memory: Vec<SlotMemory>,
     tables: Arc<dyn TableLog>,
     remote: Arc<dyn RemoteChannels>,
     shuffle: Arc<LocalShuffle>,
     slots: Mutex<Vec<BTreeSet<u64>>>,
     tasks: Mutex<HashMap<u64, Vec<RunningTask>>>,
     masters: Mutex<HashMap<u64, Arc<dyn JobMasterGateway>>>,
-    /// The slot of each running task, for its checkpoint writes.
-    task_slots: Mutex<HashMap<TaskId, usize>>,
-    /// The attempt of each job whose state this TaskManager holds.
-    /// For every job whose state this TaskManager holds: the attempt it
-    /// was restored for and the job's state tables.
-    prepared: tokio::sync::Mutex<HashMap<u64, (u64, Vec<u64>)>>,
+    /// The state backend of each running stateful task.
+    backends: Mutex<HashMap<TaskId, Arc<KeyedStateBackend>>>,
+    /// Checkpoint storage of each job, as its deployments name it.
+    storage: Mutex<HashMap<u64, Arc<CheckpointStorage>>>,
     hardware: HardwareDescription,
     me: Weak<TaskExecutor>,
 }
@@ -120,19 +128,20 @@ fn poisoned() -> ClusterError {
 impl TaskExecutor {
     /// Creates a TaskExecutor with one empty slot per state store.
     pub fn new(services: TaskExecutorServices, config: &ClusterConfig) -> Arc<Self> {
-        let slots = services.state.len();
+        let slots = services.slot_memory.len();
         Arc::new_cyclic(|me| TaskExecutor {
             resource_id: services.resource_id,
             address: services.address,
-            state: services.state,
+            state_dir: services.state_dir,
+            slot_memory: services.slot_memory,
             tables: services.tables,
             remote: services.remote,
             shuffle: Arc::new(LocalShuffle::default()),
             slots: Mutex::new(vec![BTreeSet::new(); slots]),
-            task_slots: Mutex::new(HashMap::new()),
+            backends: Mutex::new(HashMap::new()),
+            storage: Mutex::new(HashMap::new()),
             tasks: Mutex::new(HashMap::new()),
             masters: Mutex::new(HashMap::new()),
-            prepared: tokio::sync::Mutex::new(HashMap::new()),
             hardware: HardwareDescription {
                 cpu_cores: std::thread::available_parallelism()
                     .map(|n| n.get())
@@ -148,11 +157,32 @@ impl TaskExecutor {
         &self.shuffle
     }
 
-    fn store(&self, slot: usize) -> Result<Arc<StateStore>> {
-        self.state
-            .get(slot)
-            .cloned()
-            .ok_or_else(|| ClusterError::Internal(format!("no slot {slot}")))
+    /// The state backends of `job`'s tasks here.
+    fn backends_of(&self, job: u64) -> Result<Vec<Arc<KeyedStateBackend>>> {
+        Ok(self
+            .backends
+            .lock()
+            .map_err(|_| poisoned())?
+            .iter()
+            .filter(|(t, _)| t.job == job)
+            .map(|(_, b)| b.clone())
+            .collect())
+    }
+
+    /// Drops `job`'s state backends, deleting their local state.
+    fn drop_backends(&self, job: u64) -> Result<()> {
+        let dropped: Vec<_> = {
+            let mut backends = self.backends.lock().map_err(|_| poisoned())?;
+            let ids: Vec<TaskId> = backends.keys().filter(|t| t.job == job).cloned().collect();
+            ids.iter().filter_map(|t| backends.remove(t)).collect()
+        };
+        drop(dropped);
+        self.storage.lock().map_err(|_| poisoned())?.remove(&job);
+        Ok(())
+    }
+
+    fn storage_of(&self, job: u64) -> Option<Arc<CheckpointStorage>> {
+        self.storage.lock().ok()?.get(&job).cloned()
     }
 
     /// Registers with the ResourceManager — retrying with back-off, for at
@@ -269,7 +299,9 @@ impl TaskExecutor {
             Ok(t) => t.keys().copied().collect(),
             Err(_) => return,
         };
-        jobs.extend(self.prepared.lock().await.keys().copied());
+        if let Ok(b) = self.backends.lock() {
+            jobs.extend(b.keys().map(|t| t.job));
+        }
         for job in jobs {
             let _ = self.cancel_job(job).await;
         }
@@ -278,17 +310,6 @@ impl TaskExecutor {
                 jobs.clear();
             }
         }
-    }
-
-    /// Deletes a job's local state in every slot's store.
-    async fn drop_local_state(&self, job: u64, tables: Vec<u64>) -> Result<()> {
-        let stores = self.state.clone();
-        tokio::task::spawn_blocking(move || {
-            stores.iter().try_for_each(|s| s.drop_job(job, &tables))
-        })
-        .await
-        .map_err(|e| ClusterError::Internal(e.to_string()))??;
-        Ok(())
     }
 
     fn slot_report(&self) -> Result<SlotReport> {
@@ -326,72 +347,106 @@ impl TaskExecutor {
         Ok(())
     }
 
-    /// Puts the state a task restores from into the local store: on the
-    /// first task of a job attempt, clear the job's local state; then
-    /// download the task's state tables in its key groups.
+    /// Creates a stateful task's backend and fills it from the checkpoint
+    /// its deployment names; `None` for a stateless task.
     async fn restore_state(
         &self,
         deployment: &TaskDeployment,
-        job_master: &Arc<dyn JobMasterGateway>,
-    ) -> Result<()> {
-        let job = deployment.id.job;
+    ) -> Result<Option<Arc<KeyedStateBackend>>> {
+        let id = &deployment.id;
         let graph = &deployment.graph;
-        {
-            let mut prepared = self.prepared.lock().await;
-            if prepared.get(&job).map(|(a, _)| *a) != Some(deployment.id.attempt) {
-                let tables = graph.stream.state_tables();
-                self.drop_local_state(job, tables.clone()).await?;
-                prepared.insert(job, (deployment.id.attempt, tables));
-            }
-        }
-        let vertex = graph
-            .vertices
-            .get(deployment.id.vertex)
-            .ok_or_else(|| ClusterError::Internal(format!("no vertex {}", deployment.id.vertex)))?;
-        let tables: Vec<u64> = vertex
-            .nodes
-            .iter()
-            .flat_map(|n| graph.stream.nodes[*n].spec.state_tables())
-            .collect();
+        let tables = crate::jobmaster::vertex_tables(graph, id.vertex);
         if tables.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        let key_groups = key_group_range(deployment.id.subtask, vertex.parallelism);
-        let entries = job_master
-            .read_checkpoint_state(job, tables, key_groups)
-            .await?;
-        let restored = entries.len();
-        let state = self.store(deployment.slot)?;
-        tokio::task::spawn_blocking(move || state.import(entries))
-            .await
-            .map_err(|e| ClusterError::Internal(e.to_string()))??;
-        tracing::debug!(task = %deployment.id, entries = restored, "state restored");
-        Ok(())
+        let memory = self
+            .slot_memory
+            .get(deployment.slot)
+            .ok_or_else(|| ClusterError::Internal(format!("no slot {}", deployment.slot)))?;
+        let parallelism = graph.vertices[id.vertex].parallelism;
+        let key_groups = key_group_range(id.subtask, parallelism);
+        let storage = match self.storage_of(id.job) {
+            Some(s) if s.location() == deployment.checkpoint_storage => s,
+            _ => {
+                let s = Arc::new(CheckpointStorage::open(&deployment.checkpoint_storage)?);
+                self.storage
+                    .lock()
+                    .map_err(|_| poisoned())?
+                    .insert(id.job, s.clone());
+                s
+            }
+        };
+        let dir = self.state_dir.join(format!(
+            "slot-{}/job-{}-{}-{}-{}",
+            deployment.slot, id.job, id.vertex, id.subtask, id.attempt
+        ));
+        let backend = Arc::new(KeyedStateBackend::create(
+            dir,
+            memory,
+            (id.vertex, id.subtask),
+            tables
+                .into_iter()
+                .map(|table| TableRange {
+                    table,
+                    key_groups: key_groups.clone(),
+                })
+                .collect(),
+        )?);
+        if let Some(restore) = &deployment.restore {
+            let restored = backend
+                .restore(&storage, restore.checkpoint, &restore.handles)
+                .await
+                .map_err(|e| match e {
+                    storage::StorageError::Corrupt(why) => ClusterError::CorruptCheckpoint(why),
+                    e => e.into(),
+                })?;
+            tracing::debug!(task = %id, checkpoint = restore.checkpoint, entries = restored, "state restored");
+        }
+        self.backends
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(id.clone(), backend.clone());
+        Ok(Some(backend))
     }
 }
 
 impl TaskReporter for TaskExecutor {
-    fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck) {
+    fn acknowledge_checkpoint(&self, task: &TaskId, mut ack: CheckpointAck) {
         let Some(master) = self.master(task.job) else {
             return;
         };
-        let slot = self
-            .task_slots
-            .lock()
-            .ok()
-            .and_then(|s| s.get(task).copied());
-        let staged = match slot.map(|s| self.store(s)) {
-            Some(Ok(store)) => store.stage(task.job, ack.checkpoint_id, ack.writes.clone()),
-            _ => Err(storage::StorageError::Internal(format!(
-                "{task} has no slot"
-            ))),
-        };
-        if let Err(e) = staged {
-            tracing::error!(task = %task, error = %e, "staging checkpoint state failed");
-            master.update_task_execution_state(task, ExecutionState::Failed, Some(e.to_string()));
+        let backend = self.backends.lock().ok().and_then(|b| b.get(task).cloned());
+        let Some(backend) = backend else {
+            master.acknowledge_checkpoint(task, ack);
             return;
-        }
-        master.acknowledge_checkpoint(task, ack);
+        };
+        let id = ack.checkpoint_id;
+        let task = task.clone();
+        let decline = move |mut ack: CheckpointAck, task: &TaskId, e: storage::StorageError| {
+            tracing::error!(task = %task, checkpoint = id, error = %e, "snapshot failed");
+            ack.declined = Some(e.to_string());
+            ack
+        };
+        // Synchronous part, on the task: its changes in, a RocksDB checkpoint out.
+        let snapshot = match backend.snapshot(id, std::mem::take(&mut ack.writes)) {
+            Ok(s) => s,
+            Err(e) => return master.acknowledge_checkpoint(&task, decline(ack, &task, e)),
+        };
+        let Some(storage) = self.storage_of(task.job) else {
+            let e = storage::StorageError::Internal("no checkpoint storage".into());
+            return master.acknowledge_checkpoint(&task, decline(ack, &task, e));
+        };
+        // Asynchronous part: the task goes on while the files are copied.
+        tokio::spawn(async move {
+            let ack = match backend.upload(&storage, task.job, id, &snapshot).await {
+                Ok(handle) => CheckpointAck {
+                    state: Some(handle),
+                    ..ack
+                },
+                Err(e) => decline(ack, &task, e),
+            };
+            master.acknowledge_checkpoint(&task, ack);
+        });
     }
 
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>) {
@@ -458,14 +513,14 @@ impl TaskExecutorGateway for TaskExecutor {
             .me
             .upgrade()
             .ok_or_else(|| ClusterError::Internal("task executor gone".into()))?;
-        self.restore_state(&deployment, &job_master).await?;
+        let backend = self.restore_state(&deployment).await?;
         self.masters
             .lock()
             .map_err(|_| poisoned())?
             .insert(deployment.id.job, job_master);
         let env = TaskEnvironment {
             tables: self.tables.clone(),
-            state: Arc::new(StoreReader(self.store(deployment.slot)?)),
+            state: Arc::new(BackendReader(backend)),
             shuffle: self.shuffle.clone(),
             remote: self.remote.clone(),
             address: self.address.clone(),
@@ -473,10 +528,6 @@ impl TaskExecutorGateway for TaskExecutor {
         };
         let (task, commands) = build_task(&deployment, &env)?;
         let id = deployment.id.clone();
-        self.task_slots
-            .lock()
-            .map_err(|_| poisoned())?
-            .insert(id.clone(), deployment.slot);
         let span = tracing::info_span!(
             "task",
             job = id.job,
@@ -535,20 +586,9 @@ impl TaskExecutorGateway for TaskExecutor {
         for attempt in attempts {
             self.shuffle.release(job, attempt);
         }
-        self.task_slots
-            .lock()
-            .map_err(|_| poisoned())?
-            .retain(|t, _| t.job != job);
-        for store in &self.state {
-            store.discard_staged(job)?;
-        }
-        // The local copy lives as long as the tasks: a redeployment, here
-        // or elsewhere, restores from the checkpoint storage.
-        let held = self.prepared.lock().await.remove(&job);
-        if let Some((_, tables)) = held {
-            self.drop_local_state(job, tables).await?;
-        }
-        Ok(())
+        // Local state lives as long as the tasks: a redeployment, here or
+        // elsewhere, restores from checkpoint storage.
+        self.drop_backends(job)
     }
 
     async fn trigger_checkpoint(&self, task: TaskId, barrier: Barrier) -> Result<()> {
@@ -560,26 +600,9 @@ impl TaskExecutorGateway for TaskExecutor {
     }
 
     async fn notify_checkpoint_complete(&self, job: u64, checkpoint_id: u64) -> Result<()> {
-        // The stores of the slots that run the job's tasks.
-        let stores: Vec<Arc<StateStore>> = {
-            let slots: BTreeSet<usize> = self
-                .task_slots
-                .lock()
-                .map_err(|_| poisoned())?
-                .iter()
-                .filter(|(t, _)| t.job == job)
-                .map(|(_, s)| *s)
-                .collect();
-            slots
-                .into_iter()
-                .filter_map(|s| self.state.get(s).cloned())
-                .collect()
-        };
-        tokio::task::spawn_blocking(move || {
-            stores.iter().try_for_each(|s| s.commit(job, checkpoint_id))
-        })
-        .await
-        .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        for backend in self.backends_of(job)? {
+            backend.complete(checkpoint_id)?;
+        }
         self.send(
             job,
             |_| true,
@@ -587,17 +610,16 @@ impl TaskExecutorGateway for TaskExecutor {
         )
     }
 
-    async fn abort_checkpoint(&self, job: u64, _checkpoint_id: u64) -> Result<()> {
-        for store in &self.state {
-            store.discard_staged(job)?;
+    async fn abort_checkpoint(&self, job: u64, checkpoint_id: u64) -> Result<()> {
+        for backend in self.backends_of(job)? {
+            backend.abort(checkpoint_id)?;
         }
         Ok(())
     }
 
-    async fn drop_job_state(&self, job: u64, tables: Vec<u64>) -> Result<()> {
+    async fn drop_job_state(&self, job: u64, _tables: Vec<u64>) -> Result<()> {
         self.masters.lock().map_err(|_| poisoned())?.remove(&job);
-        self.prepared.lock().await.remove(&job);
-        self.drop_local_state(job, tables).await
+        self.drop_backends(job)
     }
 
     async fn scan_view(
@@ -606,17 +628,31 @@ impl TaskExecutorGateway for TaskExecutor {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
     ) -> Result<Vec<RecordBatch>> {
-        // Only the slot that runs the subtask holds these key groups.
-        let stores = self.state.clone();
+        // The backends holding the table in these key groups.
+        let backends: Vec<(Arc<KeyedStateBackend>, std::ops::Range<u16>)> = self
+            .backends
+            .lock()
+            .map_err(|_| poisoned())?
+            .values()
+            .filter_map(|b| {
+                let t = b.tables().iter().find(|t| t.table == state_table)?;
+                let from = t.key_groups.start.max(key_groups.start);
+                let to = t.key_groups.end.min(key_groups.end);
+                (from < to).then(|| (b.clone(), from..to))
+            })
+            .collect();
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            for store in &stores {
-                out.extend(executor::operators::materialize::read_view(
-                    store,
-                    state_table,
-                    &schema,
-                    key_groups.clone(),
-                )?);
+            for (backend, range) in backends {
+                // Before its first completed checkpoint a view is empty.
+                if let Some(view) = backend.read_view()? {
+                    out.extend(executor::operators::materialize::read_view(
+                        &*view,
+                        state_table,
+                        &schema,
+                        range,
+                    )?);
+                }
             }
             Ok::<_, executor::ExecError>(out)
         })

@@ -14,6 +14,7 @@ use datafusion::arrow::array::RecordBatch;
 use planner::execution_graph::ExecutionState;
 use planner::job_graph::JobGraph;
 use planner::spec::{OperatorSpec, Partitioner};
+use storage::checkpoint_storage::StateHandle;
 use storage::chunk::Chunk;
 use storage::keys::key_group_range;
 use storage::state::StateWrite;
@@ -63,6 +64,20 @@ pub struct CheckpointAck {
     /// How long the task's input gate held channels back to align the
     /// barrier (zero for source tasks).
     pub alignment: std::time::Duration,
+    /// Where the TaskManager put the subtask's snapshot (stateful subtasks,
+    /// from the TaskManager to the JobMaster; `writes` is then empty).
+    pub state: Option<StateHandle>,
+    /// Set when the subtask could not take its part (Flink's decline).
+    pub declined: Option<String>,
+}
+
+/// The state a (re)deployed subtask starts from (Flink's
+/// `JobManagerTaskRestore`): a completed checkpoint's handles that hold
+/// the subtask's tables in its key groups.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskRestore {
+    pub checkpoint: u64,
+    pub handles: Vec<StateHandle>,
 }
 
 /// Commands from the TaskManager to a running task.
@@ -128,6 +143,10 @@ pub struct TaskDeployment {
     /// Shuffle address of the TaskManager of every subtask, by vertex: where
     /// each input channel comes from.
     pub locations: Arc<Vec<Vec<String>>>,
+    /// `None` for a fresh start.
+    pub restore: Option<TaskRestore>,
+    /// Where the subtask's snapshots go (see `storage::checkpoint_storage`).
+    pub checkpoint_storage: String,
 }
 
 enum Head {
@@ -435,6 +454,8 @@ impl StreamTask {
                 writes,
                 positions,
                 alignment,
+                state: None,
+                declined: None,
             },
         );
         Ok(())

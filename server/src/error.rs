@@ -45,6 +45,13 @@ pub enum ServerError {
     #[error("{0}")]
     InsufficientResources(String),
     #[error("{0}")]
+    DiskFull(String),
+    /// A checkpoint file failed its checksum.
+    #[error("{0}")]
+    DataCorrupted(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
     InvalidDatabase(String),
     #[error("{0}")]
     InvalidRole(String),
@@ -77,6 +84,9 @@ impl ServerError {
             ServerError::NumericOutOfRange(_) => "22003",
             ServerError::InvalidParameter(_) => "22023",
             ServerError::InsufficientResources(_) => "53000",
+            ServerError::DiskFull(_) => "53100",
+            ServerError::DataCorrupted(_) => "XX001",
+            ServerError::Io(_) => "58030",
             ServerError::InvalidDatabase(_) => "3D000",
             ServerError::InvalidRole(_) => "28000",
             ServerError::WrongObjectType(_) => "42809",
@@ -228,6 +238,10 @@ impl From<storage::StorageError> for ServerError {
             S::NullValue(_) => ServerError::NotNullViolation(e.to_string()),
             S::SerializationFailure(_) => ServerError::SerializationFailure(e.to_string()),
             S::Arrow(a) => from_arrow(&a),
+            S::DiskFull(_) => ServerError::DiskFull(e.to_string()),
+            S::Corrupt(_) => ServerError::DataCorrupted(e.to_string()),
+            S::CheckpointStorage(_) => ServerError::Io(e.to_string()),
+            S::Unsupported(m) => ServerError::Unsupported(m),
             other => ServerError::Internal(other.to_string()),
         }
     }
@@ -278,6 +292,7 @@ impl From<cluster::ClusterError> for ServerError {
             C::Exec(x) => x.into(),
             C::Storage(s) => s.into(),
             C::Plan(p) => p.into(),
+            C::CorruptCheckpoint(_) => ServerError::DataCorrupted(e.to_string()),
             other => ServerError::Internal(other.to_string()),
         }
     }

@@ -112,6 +112,22 @@ struct ClusterArgs {
     /// slots).
     #[arg(long, default_value_t = 128)]
     managed_memory_mb: usize,
+    /// Where completed checkpoints are kept (a directory every TaskManager
+    /// can reach); default `<data-dir>/checkpoints`.
+    #[arg(long)]
+    checkpoint_dir: Option<String>,
+    /// Completed checkpoints kept per job.
+    #[arg(long, default_value_t = 3)]
+    checkpoints_retained: usize,
+    /// Milliseconds after which a checkpoint not yet complete is aborted.
+    #[arg(long, default_value_t = 600_000)]
+    checkpoint_timeout_ms: u64,
+    /// Least milliseconds from the end of a checkpoint to the next one.
+    #[arg(long, default_value_t = 0)]
+    min_pause_between_checkpoints_ms: u64,
+    /// Failed checkpoints in a row a job tolerates before it fails over.
+    #[arg(long, default_value_t = 3)]
+    tolerable_checkpoint_failures: u32,
 }
 
 impl ClusterArgs {
@@ -130,6 +146,11 @@ impl ClusterArgs {
                 ms(self.restart_max_delay_ms),
             )?,
             managed_memory_bytes: self.managed_memory_mb.max(1) << 20,
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            checkpoints_retained: self.checkpoints_retained.max(1),
+            checkpoint_timeout: ms(self.checkpoint_timeout_ms.max(10)),
+            min_pause_between_checkpoints: ms(self.min_pause_between_checkpoints_ms),
+            tolerable_checkpoint_failures: self.tolerable_checkpoint_failures,
             ..ClusterConfig::default()
         })
     }

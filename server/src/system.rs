@@ -234,7 +234,11 @@ impl SystemSchema {
             ),
             (
                 "kind",
-                Col::Text(all.iter().map(|_| Some("checkpoint".to_string())).collect()),
+                Col::Text(
+                    all.iter()
+                        .map(|(_, c)| Some(c.kind.as_str().to_string()))
+                        .collect(),
+                ),
             ),
             (
                 "state",
@@ -257,10 +261,14 @@ impl SystemSchema {
                 Col::Float(all.iter().map(|(_, c)| Some(ms(c.alignment))).collect()),
             ),
             (
-                "state_bytes",
+                "full_bytes",
+                Col::Int(all.iter().map(|(_, c)| Some(c.full_bytes as i64)).collect()),
+            ),
+            (
+                "incremental_bytes",
                 Col::Int(
                     all.iter()
-                        .map(|(_, c)| Some(c.state_bytes as i64))
+                        .map(|(_, c)| Some(c.incremental_bytes as i64))
                         .collect(),
                 ),
             ),

@@ -4,7 +4,7 @@ use datafusion::arrow::error::ArrowError;
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("rocksdb: {0}")]
-    RocksDb(#[from] rocksdb::Error),
+    RocksDb(rocksdb::Error),
     #[error("arrow: {0}")]
     Arrow(#[from] ArrowError),
     #[error("corrupt data: {0}")]
@@ -20,8 +20,37 @@ pub enum StorageError {
     SerializationFailure(String),
     #[error("unknown table id {0}")]
     UnknownTable(u64),
+    #[error("checkpoint storage: {0}")]
+    CheckpointStorage(String),
+    /// The disk (or quota) is full.
+    #[error("could not write {0}: no space left on device")]
+    DiskFull(String),
+    #[error("{0}")]
+    Unsupported(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<rocksdb::Error> for StorageError {
+    fn from(e: rocksdb::Error) -> Self {
+        // RocksDB reports ENOSPC as an IOError with the OS's message.
+        if e.as_ref().contains("No space left on device") {
+            StorageError::DiskFull("RocksDB".into())
+        } else {
+            StorageError::RocksDb(e)
+        }
+    }
+}
+
+impl StorageError {
+    /// An I/O error while writing `what`; a full disk is told apart.
+    pub fn from_io(e: std::io::Error, what: &str) -> Self {
+        if e.kind() == std::io::ErrorKind::StorageFull || e.raw_os_error() == Some(28) {
+            StorageError::DiskFull(what.to_string())
+        } else {
+            StorageError::CheckpointStorage(format!("{what}: {e}"))
+        }
+    }
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;

@@ -9,9 +9,8 @@
 //! * `L table seq` → a table change-log entry (Arrow IPC)
 //! * `S table` → the table's next hidden row id
 //!
-//! State store:
+//! A subtask's state backend:
 //! * `s table key-group key` → operator state
-//! * `j job` → the job's last committed checkpoint id
 
 pub const CATALOG: u8 = b'C';
 pub const COUNTER: u8 = b'I';
@@ -19,7 +18,6 @@ pub const TABLE_ROW: u8 = b'R';
 pub const TABLE_LOG: u8 = b'L';
 pub const TABLE_ROW_ID: u8 = b'S';
 pub const STATE: u8 = b's';
-pub const JOB_CHECKPOINT: u8 = b'j';
 
 /// Flink's default maximum parallelism: the number of key groups.
 pub const MAX_PARALLELISM: u16 = 128;

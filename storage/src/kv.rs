@@ -3,16 +3,62 @@
 
 use std::path::Path;
 
-use rocksdb::{DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{
+    Cache, DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteBufferManager,
+    WriteOptions,
+};
 
 use crate::Result;
 
 /// One write of a batch: `None` deletes the key.
 pub(crate) type KvWrite = (Vec<u8>, Option<Vec<u8>>);
 
+/// The memory a slot's RocksDB instances share: one block cache and one
+/// write-buffer budget (Flink's managed memory of a slot), so the state of
+/// several subtasks in a slot cannot outgrow the slot's share.
+#[derive(Clone)]
+pub struct SlotMemory {
+    cache: Cache,
+    buffers: WriteBufferManager,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for SlotMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotMemory")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl SlotMemory {
+    /// `bytes` in all: half block cache, half write buffers (charged to the
+    /// cache, so the total stays within `bytes`).
+    pub fn new(bytes: usize) -> Self {
+        let cache = Cache::new_lru_cache(bytes.max(2 << 20));
+        let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            bytes / 2,
+            false,
+            cache.clone(),
+        );
+        Self {
+            cache,
+            buffers,
+            bytes,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// One RocksDB instance.
 pub struct KvStore {
     db: DB,
+    /// Writes skip the write-ahead log: the instance is made durable by
+    /// checkpoints, not by its WAL.
+    no_wal: bool,
 }
 
 impl std::fmt::Debug for KvStore {
@@ -37,7 +83,38 @@ impl KvStore {
         block.set_block_cache(&rocksdb::Cache::new_lru_cache(memory_bytes / 2));
         opts.set_block_based_table_factory(&block);
         let db = DB::open(&opts, path)?;
-        Ok(Self { db })
+        Ok(Self { db, no_wal: false })
+    }
+
+    /// Opens (creating if missing) a subtask's state instance in a slot:
+    /// memory from the slot's share, no write-ahead log (a checkpoint
+    /// flushes it; what is not checkpointed is redone from the sources).
+    pub fn open_in_slot(path: &Path, memory: &SlotMemory) -> Result<Self> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.set_write_buffer_manager(&memory.buffers);
+        let mut block = rocksdb::BlockBasedOptions::default();
+        block.set_block_cache(&memory.cache);
+        opts.set_block_based_table_factory(&block);
+        let db = DB::open(&opts, path)?;
+        Ok(Self { db, no_wal: true })
+    }
+
+    /// Opens a RocksDB checkpoint directory for reading.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        let mut opts = Options::default();
+        opts.set_max_open_files(64);
+        let db = DB::open_for_read_only(&opts, path, false)?;
+        Ok(Self { db, no_wal: true })
+    }
+
+    /// Takes a RocksDB checkpoint into `dir` (which must not exist): the
+    /// memtable is flushed and the live SST files are hard-linked, so the
+    /// directory is an openable copy of the database as of now.
+    pub fn checkpoint_to(&self, dir: &Path) -> Result<()> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
+        Ok(())
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -55,7 +132,8 @@ impl KvStore {
             }
         }
         let mut opts = WriteOptions::default();
-        opts.set_sync(sync);
+        opts.set_sync(sync && !self.no_wal);
+        opts.disable_wal(self.no_wal);
         self.db.write_opt(batch, &opts)?;
         Ok(())
     }

@@ -13,7 +13,6 @@ use executor::message::Barrier;
 use executor::task::{CheckpointAck, TableLog, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
-use storage::state::StateEntry;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
@@ -42,7 +41,7 @@ pub(crate) fn lazy_channel(address: &str) -> Result<Channel> {
 }
 
 fn rpc(e: tonic::Status) -> ClusterError {
-    ClusterError::Rpc(format!("{}: {}", e.code(), e.message()))
+    super::from_status(e, "")
 }
 
 fn report_to_pb(r: &SlotReport) -> pb::SlotReport {
@@ -256,6 +255,8 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
                     addresses: v.clone(),
                 })
                 .collect(),
+            restore: super::to_json(&deployment.restore),
+            checkpoint_storage: deployment.checkpoint_storage.clone(),
         };
         self.client().submit_task(request).await.map_err(rpc)?;
         Ok(())
@@ -374,9 +375,10 @@ impl JobMasterGateway for RemoteJobMaster {
         let _ = self.reports.send(Report::Ack(pb::CheckpointAck {
             task: Some(task.into()),
             checkpoint_id: ack.checkpoint_id,
-            writes: ack.writes.into_iter().map(Into::into).collect(),
             positions: ack.positions.into_iter().map(Into::into).collect(),
             alignment_micros: ack.alignment.as_micros() as u64,
+            state: super::to_json(&ack.state),
+            declined: ack.declined,
         }));
     }
 
@@ -409,31 +411,6 @@ impl JobMasterGateway for RemoteJobMaster {
             .into_iter()
             .map(Into::into)
             .collect())
-    }
-
-    async fn read_checkpoint_state(
-        &self,
-        job: u64,
-        tables: Vec<u64>,
-        key_groups: std::ops::Range<u16>,
-    ) -> Result<Vec<(u64, StateEntry)>> {
-        let mut parts = self
-            .client
-            .clone()
-            .read_checkpoint_state(pb::StateRequest {
-                job,
-                tables,
-                key_group_start: key_groups.start as u32,
-                key_group_end: key_groups.end as u32,
-            })
-            .await
-            .map_err(rpc)?
-            .into_inner();
-        let mut out = Vec::new();
-        while let Some(part) = parts.message().await.map_err(rpc)? {
-            out.extend(part.entries.into_iter().map(super::entry_from_pb));
-        }
-        Ok(out)
     }
 }
 

@@ -18,7 +18,6 @@ use executor::message::{Barrier, BarrierKind, Message, Mutation, Watermark};
 use executor::task::{SourcePosition, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
-use storage::state::{StateEntry, StateWrite};
 
 use crate::ClusterError;
 
@@ -44,8 +43,29 @@ pub(crate) fn uri(address: &str) -> String {
     }
 }
 
+/// An optional JSON-encoded field: empty bytes are `None`.
+pub(crate) fn json_field<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    field: &str,
+) -> Result<Option<T>, tonic::Status> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(bytes)
+        .map(Some)
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad {field}: {e}")))
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &Option<T>) -> Vec<u8> {
+    value
+        .as_ref()
+        .and_then(|v| serde_json::to_vec(v).ok())
+        .unwrap_or_default()
+}
+
 pub(crate) fn status(e: ClusterError) -> tonic::Status {
     match e {
+        ClusterError::CorruptCheckpoint(why) => tonic::Status::data_loss(why),
         ClusterError::UnknownTaskManager(id) => tonic::Status::not_found(id),
         ClusterError::UnknownJob(job) => tonic::Status::not_found(format!("job {job} not found")),
         other => tonic::Status::internal(other.to_string()),
@@ -57,6 +77,7 @@ pub(crate) fn from_status(s: tonic::Status, resource: &str) -> ClusterError {
         tonic::Code::NotFound if s.message() == resource => {
             ClusterError::UnknownTaskManager(resource.to_string())
         }
+        tonic::Code::DataLoss => ClusterError::CorruptCheckpoint(s.message().to_string()),
         _ => ClusterError::Rpc(format!("{}: {}", s.code(), s.message())),
     }
 }
@@ -103,48 +124,6 @@ impl From<pb::SlotId> for SlotId {
             index: s.index as usize,
         }
     }
-}
-
-impl From<StateWrite> for pb::StateWrite {
-    fn from(w: StateWrite) -> Self {
-        pb::StateWrite {
-            table: w.table,
-            key_group: w.key_group as u32,
-            key: w.key,
-            value: w.value,
-        }
-    }
-}
-
-impl From<pb::StateWrite> for StateWrite {
-    fn from(w: pb::StateWrite) -> Self {
-        StateWrite {
-            table: w.table,
-            key_group: w.key_group as u16,
-            key: w.key,
-            value: w.value,
-        }
-    }
-}
-
-pub(crate) fn entry_to_pb(table: u64, e: StateEntry) -> pb::StateEntry {
-    pb::StateEntry {
-        table,
-        key_group: e.key_group as u32,
-        key: e.key,
-        value: e.value,
-    }
-}
-
-pub(crate) fn entry_from_pb(e: pb::StateEntry) -> (u64, StateEntry) {
-    (
-        e.table,
-        StateEntry {
-            key_group: e.key_group as u16,
-            key: e.key,
-            value: e.value,
-        },
-    )
 }
 
 impl From<SourcePosition> for pb::SourcePosition {

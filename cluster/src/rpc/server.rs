@@ -31,9 +31,6 @@ use crate::{ClusterError, JobManager, ResourceManager, TaskExecutor};
 
 type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// State entries per message of a checkpoint-state stream.
-const STATE_PAGE: usize = 4096;
-
 fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> RpcStream<T> {
     Box::pin(ReceiverStream::new(rx))
 }
@@ -182,9 +179,11 @@ impl JobMasterService for JobManagerServices {
                 &task,
                 CheckpointAck {
                     checkpoint_id: ack.checkpoint_id,
-                    writes: ack.writes.into_iter().map(Into::into).collect(),
+                    writes: Vec::new(),
                     positions: ack.positions.into_iter().map(Into::into).collect(),
                     alignment: std::time::Duration::from_micros(ack.alignment_micros),
+                    state: super::json_field(&ack.state, "state")?,
+                    declined: ack.declined,
                 },
             );
         }
@@ -217,41 +216,6 @@ impl JobMasterService for JobManagerServices {
         Ok(Response::new(pb::SlotOfferResponse {
             accepted: accepted.iter().map(Into::into).collect(),
         }))
-    }
-
-    type ReadCheckpointStateStream = RpcStream<pb::StateEntries>;
-
-    async fn read_checkpoint_state(
-        &self,
-        request: Request<pb::StateRequest>,
-    ) -> Result<Response<Self::ReadCheckpointStateStream>, Status> {
-        let r = request.into_inner();
-        let entries = self
-            .jm
-            .read_checkpoint_state(
-                r.job,
-                r.tables,
-                r.key_group_start as u16..r.key_group_end as u16,
-            )
-            .await
-            .map_err(status)?;
-        let (tx, rx) = mpsc::channel(2);
-        tokio::spawn(async move {
-            let mut entries = entries.into_iter().peekable();
-            while entries.peek().is_some() {
-                let page = pb::StateEntries {
-                    entries: entries
-                        .by_ref()
-                        .take(STATE_PAGE)
-                        .map(|(t, e)| super::entry_to_pb(t, e))
-                        .collect(),
-                };
-                if tx.send(Ok(page)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(stream_of(rx)))
     }
 }
 
@@ -410,6 +374,8 @@ impl TaskExecutorService for TaskManagerServices {
             slot: d.slot as usize,
             graph: Arc::new(graph),
             locations: Arc::new(d.locations.into_iter().map(|l| l.addresses).collect()),
+            restore: super::json_field(&d.restore, "restore")?,
+            checkpoint_storage: d.checkpoint_storage,
         };
         let master: Arc<dyn JobMasterGateway> = self.job_master.clone();
         empty(self.te.submit_task(deployment, master).await)

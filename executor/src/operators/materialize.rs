@@ -11,7 +11,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
 use storage::chunk::Chunk;
 use storage::codec::RowCodec;
-use storage::state::{StateStore, StateWrite};
+use storage::state::{StateEntry, StateScan, StateWrite};
 
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
@@ -109,12 +109,17 @@ impl Operator for Materialize {
 /// The committed rows of a view in some key groups (all of them:
 /// `0..MAX_PARALLELISM`), each repeated by its count.
 pub fn read_view(
-    state: &StateStore,
+    state: &dyn StateScan,
     state_table: u64,
     schema: &SchemaRef,
     key_groups: std::ops::Range<u16>,
 ) -> Result<Vec<RecordBatch>> {
-    let entries = state.scan(state_table, key_groups)?;
+    let entries = state.scan_state(state_table, key_groups)?;
+    rows_from_entries(&entries, schema)
+}
+
+/// A view's rows from its state entries (row → count).
+pub fn rows_from_entries(entries: &[StateEntry], schema: &SchemaRef) -> Result<Vec<RecordBatch>> {
     let codec = codec_for(schema)?;
     let mut batches = Vec::new();
     for page in entries.chunks(8192) {
@@ -177,11 +182,8 @@ mod tests {
         );
 
         let dir = tempfile::tempdir().unwrap();
-        let store = StateStore::new(Arc::new(
-            storage::KvStore::open(dir.path(), 1 << 20).unwrap(),
-        ));
-        store.stage(1, 1, writes).unwrap();
-        store.commit(1, 1).unwrap();
+        let store = storage::KvStore::open(dir.path(), 1 << 20).unwrap();
+        store.write_state(writes).unwrap();
         let batches = read_view(
             &store,
             9,

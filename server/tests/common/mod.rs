@@ -14,6 +14,8 @@ pub struct Server {
     pub port: u16,
     dir: tempfile::TempDir,
     log: PathBuf,
+    /// Extra command-line arguments of `weir playground`.
+    args: Vec<String>,
 }
 
 pub fn free_port() -> u16 {
@@ -25,6 +27,11 @@ pub fn free_port() -> u16 {
 
 impl Server {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A playground with extra arguments (for example cluster settings).
+    pub fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = dir.path().join("weir.log");
         let mut s = Server {
@@ -32,6 +39,7 @@ impl Server {
             port: free_port(),
             dir,
             log,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         s.spawn();
         s
@@ -42,13 +50,14 @@ impl Server {
     }
 
     fn spawn(&mut self) {
-        let args = [
+        let mut args = vec![
             "playground".to_string(),
             "--listen".into(),
             format!("127.0.0.1:{}", self.port),
             "--data-dir".into(),
             self.dir.path().join("data").display().to_string(),
         ];
+        args.extend(self.args.iter().cloned());
         self.child = Some(spawn_weir(&args, &self.log));
         wait_for_port(self.port, "weir", &self.log);
     }

@@ -1,0 +1,416 @@
+//! A stateful subtask's keyed state backend: Flink's
+//! `RocksDBKeyedStateBackend` with incremental checkpoints.
+//!
+//! Each stateful subtask owns one RocksDB instance in its slot's directory,
+//! sharing the slot's memory ([`SlotMemory`]). A checkpoint has two parts,
+//! as in Flink:
+//!
+//! * **synchronous**, on the task once the barrier has aligned
+//!   ([`KeyedStateBackend::snapshot`]): the operators' changed keys are
+//!   written and a RocksDB checkpoint — a memtable flush and hard links to
+//!   the live SST files — is taken into a local directory;
+//! * **asynchronous**, while the task goes on: the new SST files and the
+//!   private files are copied to checkpoint storage
+//!   ([`CheckpointStorage::upload`], reusing the SST files of the last
+//!   checkpoint it was told is complete) and the subtask's [`StateHandle`]
+//!   goes to the JobMaster with its acknowledgement.
+//!
+//! The live instance runs ahead of the last completed checkpoint by the
+//! checkpoints still pending, so `SELECT` reads the local RocksDB
+//! checkpoint of the last *completed* one ([`KeyedStateBackend::read_view`]),
+//! opened read-only when first asked for.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::checkpoint_storage::{
+    CheckpointStorage, FileHandle, LocalSnapshot, StateHandle, TableRange,
+};
+use crate::kv::SlotMemory;
+use crate::state::{StateEntry, StateScan, StateWrite};
+use crate::{KvStore, Result, StorageError};
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// SST files of the last completed checkpoint, by local name: already
+    /// in checkpoint storage, so the next snapshot references them.
+    confirmed: HashMap<String, FileHandle>,
+    /// Files uploaded for checkpoints not yet known to be complete.
+    uploaded: BTreeMap<u64, Vec<FileHandle>>,
+    /// Local RocksDB checkpoints, by id.
+    local: BTreeMap<u64, PathBuf>,
+    /// The completed checkpoint readers see, opened when first read.
+    view: Option<(u64, Option<Arc<KvStore>>)>,
+}
+
+/// One stateful subtask's state; see the module docs.
+#[derive(Debug)]
+pub struct KeyedStateBackend {
+    /// Taken only by `drop`, to close RocksDB before its directory goes.
+    kv: Option<KvStore>,
+    dir: PathBuf,
+    /// Unique prefix of its shared files' names in checkpoint storage.
+    instance: String,
+    vertex: usize,
+    subtask: usize,
+    tables: Vec<TableRange>,
+    inner: Mutex<Inner>,
+}
+
+fn io_err(e: std::io::Error) -> StorageError {
+    StorageError::from_io(e, "local state")
+}
+
+impl KeyedStateBackend {
+    /// Creates an empty backend in `dir` (deleting what was there) for
+    /// subtask `subtask` of vertex `vertex`, owning `tables`.
+    pub fn create(
+        dir: PathBuf,
+        memory: &SlotMemory,
+        (vertex, subtask): (usize, usize),
+        tables: Vec<TableRange>,
+    ) -> Result<Self> {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io_err)?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io_err)?;
+        let kv = KvStore::open_in_slot(&dir.join("db"), memory)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        Ok(Self {
+            kv: Some(kv),
+            dir,
+            instance: format!("{vertex}-{subtask}-{nanos:x}"),
+            vertex,
+            subtask,
+            tables,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    fn kv(&self) -> Result<&KvStore> {
+        self.kv
+            .as_ref()
+            .ok_or_else(|| StorageError::Internal("state backend closed".into()))
+    }
+
+    fn inner(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
+        self.inner
+            .lock()
+            .map_err(|_| StorageError::Internal("state backend lock poisoned".into()))
+    }
+
+    pub fn tables(&self) -> &[TableRange] {
+        &self.tables
+    }
+
+    /// The synchronous part of checkpoint `id`: writes the operators'
+    /// changes and takes a local RocksDB checkpoint.
+    pub fn snapshot(&self, id: u64, writes: Vec<StateWrite>) -> Result<LocalSnapshot> {
+        self.kv()?.write_state(writes)?;
+        let dir = self.dir.join(format!("chk-{id}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io_err)?;
+        }
+        self.kv()?.checkpoint_to(&dir)?;
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            let size = entry.metadata().map_err(io_err)?.len();
+            files.push((entry.file_name().to_string_lossy().into_owned(), size));
+        }
+        files.sort();
+        self.inner()?.local.insert(id, dir.clone());
+        Ok(LocalSnapshot { dir, files })
+    }
+
+    /// The asynchronous part: uploads the snapshot of checkpoint `id` and
+    /// returns the subtask's handle.
+    pub async fn upload(
+        &self,
+        storage: &CheckpointStorage,
+        job: u64,
+        id: u64,
+        snapshot: &LocalSnapshot,
+    ) -> Result<StateHandle> {
+        let reuse = self.inner()?.confirmed.clone();
+        let files = storage
+            .upload(
+                job,
+                id,
+                (self.vertex, self.subtask),
+                &self.instance,
+                snapshot,
+                &reuse,
+            )
+            .await?;
+        self.inner()?.uploaded.insert(id, files.clone());
+        Ok(StateHandle {
+            vertex: self.vertex,
+            subtask: self.subtask,
+            tables: self.tables.clone(),
+            files,
+        })
+    }
+
+    /// Checkpoint `id` is complete: its files become the base of the next
+    /// snapshot and its local copy what readers see.
+    pub fn complete(&self, id: u64) -> Result<()> {
+        let stale: Vec<PathBuf> = {
+            let mut inner = self.inner()?;
+            if let Some(files) = inner.uploaded.remove(&id) {
+                inner.confirmed = files
+                    .into_iter()
+                    .filter(|f| f.shared)
+                    .map(|f| (f.name.clone(), f))
+                    .collect();
+            }
+            inner.uploaded.retain(|k, _| *k > id);
+            if !inner.local.contains_key(&id) {
+                return Ok(());
+            }
+            inner.view = Some((id, None));
+            let keep = inner.local.split_off(&id);
+            std::mem::replace(&mut inner.local, keep)
+                .into_values()
+                .collect()
+        };
+        // An open reader of an older view keeps its (unlinked) files.
+        for dir in stale {
+            std::fs::remove_dir_all(dir).map_err(io_err)?;
+        }
+        Ok(())
+    }
+
+    /// Checkpoint `id` will not complete.
+    pub fn abort(&self, id: u64) -> Result<()> {
+        let dir = {
+            let mut inner = self.inner()?;
+            inner.uploaded.remove(&id);
+            if inner.view.as_ref().is_some_and(|(v, _)| *v == id) {
+                return Ok(());
+            }
+            inner.local.remove(&id)
+        };
+        if let Some(dir) = dir {
+            std::fs::remove_dir_all(dir).map_err(io_err)?;
+        }
+        Ok(())
+    }
+
+    /// The state of the last completed checkpoint, for readers; `None`
+    /// before the first.
+    pub fn read_view(&self) -> Result<Option<Arc<KvStore>>> {
+        let mut inner = self.inner()?;
+        let Some((id, open)) = inner.view.clone() else {
+            return Ok(None);
+        };
+        if let Some(kv) = open {
+            return Ok(Some(kv));
+        }
+        let dir = inner
+            .local
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| StorageError::Internal(format!("no local checkpoint {id}")))?;
+        let kv = Arc::new(KvStore::open_read_only(&dir)?);
+        inner.view = Some((id, Some(kv.clone())));
+        Ok(Some(kv))
+    }
+
+    /// Loads the state of `handles` (a completed checkpoint's, for this
+    /// subtask's tables and key groups), then makes it the read view of
+    /// checkpoint `id`. Returns the entries restored.
+    pub async fn restore(
+        &self,
+        storage: &CheckpointStorage,
+        id: u64,
+        handles: &[StateHandle],
+    ) -> Result<usize> {
+        let mut restored = 0;
+        for (i, handle) in handles.iter().enumerate() {
+            let scratch = self.dir.join(format!("restore-{i}"));
+            let source = open_handle(storage, handle, &scratch).await?;
+            for t in &self.tables {
+                for h in handle.tables.iter().filter(|h| h.table == t.table) {
+                    let from = t.key_groups.start.max(h.key_groups.start);
+                    let to = t.key_groups.end.min(h.key_groups.end);
+                    if from < to {
+                        let entries = source.scan_state(t.table, from..to)?;
+                        restored += entries.len();
+                        self.kv()?.import_state(t.table, entries)?;
+                    }
+                }
+            }
+            drop(source);
+            std::fs::remove_dir_all(&scratch).map_err(io_err)?;
+        }
+        self.snapshot(id, Vec::new())?;
+        self.complete(id)?;
+        Ok(restored)
+    }
+}
+
+impl StateScan for KeyedStateBackend {
+    /// The live state (what the subtask's operators restore from).
+    fn scan_state(&self, table: u64, key_groups: std::ops::Range<u16>) -> Result<Vec<StateEntry>> {
+        self.kv()?.scan_state(table, key_groups)
+    }
+}
+
+impl Drop for KeyedStateBackend {
+    fn drop(&mut self) {
+        drop(self.kv.take());
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "could not delete local state");
+        }
+    }
+}
+
+/// Downloads one subtask's snapshot into `dir` (checking every file) and
+/// opens it read-only.
+pub async fn open_handle(
+    storage: &CheckpointStorage,
+    handle: &StateHandle,
+    dir: &Path,
+) -> Result<KvStore> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(io_err)?;
+    }
+    storage.fetch(handle, dir).await?;
+    KvStore::open_read_only(dir)
+}
+
+/// The entries of `table` in `key_groups` of a completed checkpoint,
+/// read straight from checkpoint storage (through `scratch`).
+pub async fn read_handles(
+    storage: &CheckpointStorage,
+    handles: &[StateHandle],
+    table: u64,
+    key_groups: std::ops::Range<u16>,
+    scratch: &Path,
+) -> Result<Vec<StateEntry>> {
+    let mut out = Vec::new();
+    for (i, handle) in handles
+        .iter()
+        .filter(|h| h.overlaps(table, &key_groups))
+        .enumerate()
+    {
+        let dir = scratch.join(i.to_string());
+        let kv = open_handle(storage, handle, &dir).await?;
+        for h in handle.tables.iter().filter(|h| h.table == table) {
+            let from = key_groups.start.max(h.key_groups.start);
+            let to = key_groups.end.min(h.key_groups.end);
+            if from < to {
+                out.extend(kv.scan_state(table, from..to)?);
+            }
+        }
+        drop(kv);
+        std::fs::remove_dir_all(&dir).map_err(io_err)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(kg: u16, key: &str, value: &str) -> StateWrite {
+        StateWrite {
+            table: 7,
+            key_group: kg,
+            key: key.into(),
+            value: Some(value.into()),
+        }
+    }
+
+    fn backend(dir: &Path, subtask: usize, key_groups: std::ops::Range<u16>) -> KeyedStateBackend {
+        KeyedStateBackend::create(
+            dir.join(format!("b{subtask}")),
+            &SlotMemory::new(8 << 20),
+            (0, subtask),
+            vec![TableRange {
+                table: 7,
+                key_groups,
+            }],
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn incremental_snapshots_restore_at_another_parallelism() {
+        let local = tempfile::tempdir().unwrap();
+        let remote = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(remote.path().to_str().unwrap()).unwrap();
+        let b = backend(local.path(), 0, 0..128);
+
+        let s1 = b
+            .snapshot(1, vec![w(3, "a", "1"), w(100, "b", "2")])
+            .unwrap();
+        let h1 = b.upload(&storage, 1, 1, &s1).await.unwrap();
+        assert!(b.read_view().unwrap().is_none(), "nothing completed yet");
+        b.complete(1).unwrap();
+        let view = b.read_view().unwrap().unwrap();
+        assert_eq!(view.scan_state(7, 0..128).unwrap().len(), 2);
+
+        // Pending writes are not in the read view.
+        let s2 = b.snapshot(2, vec![w(5, "c", "3")]).unwrap();
+        assert_eq!(view.scan_state(7, 0..128).unwrap().len(), 2);
+        let h2 = b.upload(&storage, 1, 2, &s2).await.unwrap();
+        let shared = |h: &StateHandle| -> Vec<String> {
+            h.files
+                .iter()
+                .filter(|f| f.shared)
+                .map(|f| f.path.clone())
+                .collect()
+        };
+        // Checkpoint 2 references checkpoint 1's SST and adds one.
+        assert!(shared(&h1).iter().all(|p| shared(&h2).contains(p)));
+        assert_eq!(shared(&h2).len(), shared(&h1).len() + 1);
+        b.complete(2).unwrap();
+        assert_eq!(
+            b.read_view()
+                .unwrap()
+                .unwrap()
+                .scan_state(7, 0..128)
+                .unwrap()
+                .len(),
+            3
+        );
+
+        // Two subtasks restore half each.
+        let left = backend(local.path(), 1, 0..64);
+        let right = backend(local.path(), 2, 64..128);
+        assert_eq!(
+            left.restore(&storage, 2, std::slice::from_ref(&h2))
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(
+            right
+                .restore(&storage, 2, std::slice::from_ref(&h2))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(right.scan_state(7, 0..128).unwrap()[0].key, b"b");
+        assert_eq!(
+            left.read_view()
+                .unwrap()
+                .unwrap()
+                .scan_state(7, 0..128)
+                .unwrap()
+                .len(),
+            2
+        );
+        let scratch = local.path().join("scratch");
+        let read = read_handles(&storage, &[h2], 7, 64..128, &scratch)
+            .await
+            .unwrap();
+        assert_eq!(read.len(), 1);
+    }
+}

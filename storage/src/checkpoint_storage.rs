@@ -1,0 +1,585 @@
+//! Checkpoint storage: where completed checkpoints live (Flink's
+//! `state.checkpoints.dir`), reached through the `object_store` crate so a
+//! local directory and an object store look the same to Weir.
+//!
+//! Layout under the storage root, per job:
+//!
+//! ```text
+//! job-<j>/shared/<instance>-<sst>      SST files, shared by checkpoints
+//! job-<j>/chk-<n>/<v>-<s>/<file>       a subtask's private files (MANIFEST, …)
+//! job-<j>/chk-<n>/_metadata            written last: the checkpoint exists once it does
+//! ```
+//!
+//! Snapshots are **incremental**: a subtask uploads only the SST files that
+//! the last checkpoint it was told is complete did not already hold; the
+//! rest are referenced. SST files never change once written, so a shared
+//! file is safe to reference until no retained checkpoint names it — the
+//! JobMaster counts references and deletes it then.
+//!
+//! Every file is named in the metadata with its size and SHA-256, and the
+//! metadata carries its own checksum, so a truncated or bit-flipped file is
+//! found when it is read back ([`StorageError::Corrupt`]) rather than
+//! restoring wrong state.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{Result, StorageError};
+
+/// The format of checkpoint metadata this Weir writes; it reads this and
+/// every older version.
+pub const FORMAT_VERSION: u32 = 1;
+
+const METADATA: &str = "_metadata";
+const CORRUPT: &str = "_metadata.corrupt";
+const MAGIC: &str = "weir-checkpoint";
+
+/// One file of a subtask's RocksDB snapshot in checkpoint storage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHandle {
+    /// Its name in the RocksDB directory.
+    pub name: String,
+    /// Where it is, relative to the storage root.
+    pub path: String,
+    pub size: u64,
+    /// Hex SHA-256 of its content.
+    pub sha256: String,
+    /// An SST file under `shared/`, possibly referenced by later checkpoints.
+    pub shared: bool,
+}
+
+/// Which key groups of a state table a snapshot holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRange {
+    pub table: u64,
+    pub key_groups: Range<u16>,
+}
+
+/// One subtask's part of a checkpoint (Flink's `IncrementalRemoteKeyedStateHandle`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHandle {
+    pub vertex: usize,
+    pub subtask: usize,
+    pub tables: Vec<TableRange>,
+    pub files: Vec<FileHandle>,
+}
+
+impl StateHandle {
+    /// Whether it holds any of `table`'s key groups in `key_groups`.
+    pub fn overlaps(&self, table: u64, key_groups: &Range<u16>) -> bool {
+        self.tables.iter().any(|t| {
+            t.table == table
+                && t.key_groups.start < key_groups.end
+                && key_groups.start < t.key_groups.end
+        })
+    }
+
+    /// Bytes of all its files.
+    pub fn size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// Checkpoint or savepoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    Checkpoint,
+    Savepoint,
+}
+
+impl SnapshotKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SnapshotKind::Checkpoint => "checkpoint",
+            SnapshotKind::Savepoint => "savepoint",
+        }
+    }
+}
+
+/// The `_metadata` file of a completed checkpoint (Flink's
+/// `CheckpointMetadata`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointMetadata {
+    pub version: u32,
+    pub job: u64,
+    pub id: u64,
+    pub kind: SnapshotKind,
+    pub triggered_at_ms: u64,
+    pub completed_at_ms: u64,
+    /// Table id → log sequence number every source had passed.
+    pub positions: BTreeMap<u64, u64>,
+    pub handles: Vec<StateHandle>,
+}
+
+impl CheckpointMetadata {
+    /// Paths of the shared files it references.
+    pub fn shared_files(&self) -> impl Iterator<Item = &str> {
+        self.handles
+            .iter()
+            .flat_map(|h| h.files.iter())
+            .filter(|f| f.shared)
+            .map(|f| f.path.as_str())
+    }
+
+    /// Bytes of state it references.
+    pub fn full_size(&self) -> u64 {
+        self.handles.iter().map(StateHandle::size).sum()
+    }
+}
+
+/// A RocksDB checkpoint on local disk, before upload.
+#[derive(Debug, Clone)]
+pub struct LocalSnapshot {
+    pub dir: PathBuf,
+    /// File name → size.
+    pub files: Vec<(String, u64)>,
+}
+
+fn is_sst(name: &str) -> bool {
+    name.ends_with(".sst")
+}
+
+fn object_err(e: object_store::Error) -> StorageError {
+    StorageError::CheckpointStorage(e.to_string())
+}
+
+fn io_err(e: std::io::Error) -> StorageError {
+    StorageError::from_io(e, "checkpoint storage")
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn job_prefix(job: u64) -> String {
+    format!("job-{job}")
+}
+
+fn checkpoint_prefix(job: u64, id: u64) -> String {
+    format!("job-{job}/chk-{id}")
+}
+
+/// Checkpoint storage of a cluster; see the module docs.
+#[derive(Debug, Clone)]
+pub struct CheckpointStorage {
+    store: Arc<dyn ObjectStore>,
+    location: String,
+}
+
+impl CheckpointStorage {
+    /// Opens the storage at `location`: a local directory (created if
+    /// missing). Object-store URLs are not supported yet.
+    pub fn open(location: &str) -> Result<Self> {
+        if let Some((scheme, _)) = location.split_once("://")
+            && scheme != "file"
+        {
+            return Err(StorageError::Unsupported(format!(
+                "checkpoint storage \"{location}\": only local directories are supported"
+            )));
+        }
+        let dir = location.strip_prefix("file://").unwrap_or(location);
+        std::fs::create_dir_all(dir).map_err(io_err)?;
+        let dir = std::fs::canonicalize(dir).map_err(io_err)?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+            .map_err(object_err)?
+            .with_automatic_cleanup(true);
+        Ok(Self {
+            store: Arc::new(store),
+            location: dir.display().to_string(),
+        })
+    }
+
+    /// Where it is, as given to TaskManagers.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Uploads a subtask's local snapshot for checkpoint `id`: private
+    /// files always, SST files only when `reuse` (the files of the last
+    /// confirmed checkpoint, by name) does not already hold them.
+    pub async fn upload(
+        &self,
+        job: u64,
+        id: u64,
+        handle: (usize, usize),
+        instance: &str,
+        snapshot: &LocalSnapshot,
+        reuse: &HashMap<String, FileHandle>,
+    ) -> Result<Vec<FileHandle>> {
+        let (vertex, subtask) = handle;
+        let mut out = Vec::with_capacity(snapshot.files.len());
+        for (name, size) in &snapshot.files {
+            if is_sst(name)
+                && let Some(f) = reuse.get(name)
+                && f.size == *size
+            {
+                out.push(f.clone());
+                continue;
+            }
+            let bytes = tokio::fs::read(snapshot.dir.join(name))
+                .await
+                .map_err(io_err)?;
+            let shared = is_sst(name);
+            let path = if shared {
+                format!("{}/shared/{instance}-{name}", job_prefix(job))
+            } else {
+                format!("{}/{vertex}-{subtask}/{name}", checkpoint_prefix(job, id))
+            };
+            let file = FileHandle {
+                name: name.clone(),
+                size: bytes.len() as u64,
+                sha256: sha256(&bytes),
+                path,
+                shared,
+            };
+            self.store
+                .put(&Path::from(file.path.as_str()), PutPayload::from(bytes))
+                .await
+                .map_err(object_err)?;
+            out.push(file);
+        }
+        Ok(out)
+    }
+
+    /// Writes the metadata of a completed checkpoint, atomically (the store
+    /// writes a temporary file and renames it). Returns its size.
+    pub async fn write_metadata(&self, meta: &CheckpointMetadata) -> Result<u64> {
+        let body = serde_json::to_vec(meta)
+            .map_err(|e| StorageError::Internal(format!("checkpoint metadata: {e}")))?;
+        let mut file = format!("{MAGIC} {} {}\n", meta.version, sha256(&body)).into_bytes();
+        file.extend_from_slice(&body);
+        let len = file.len() as u64;
+        let path = Path::from(format!(
+            "{}/{METADATA}",
+            checkpoint_prefix(meta.job, meta.id)
+        ));
+        self.store
+            .put(&path, PutPayload::from(file))
+            .await
+            .map_err(object_err)?;
+        Ok(len)
+    }
+
+    /// Reads and checks the metadata of checkpoint `id` of `job`.
+    pub async fn read_metadata(&self, job: u64, id: u64) -> Result<CheckpointMetadata> {
+        let path = Path::from(format!("{}/{METADATA}", checkpoint_prefix(job, id)));
+        let bytes = self
+            .store
+            .get(&path)
+            .await
+            .map_err(object_err)?
+            .bytes()
+            .await
+            .map_err(object_err)?;
+        let corrupt = |why: &str| StorageError::Corrupt(format!("{path}: {why}"));
+        let split = bytes
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or_else(|| corrupt("no header"))?;
+        let header = std::str::from_utf8(&bytes[..split]).map_err(|_| corrupt("bad header"))?;
+        let body = &bytes[split + 1..];
+        let mut words = header.split(' ');
+        if words.next() != Some(MAGIC) {
+            return Err(corrupt("not checkpoint metadata"));
+        }
+        let version: u32 = words
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| corrupt("bad version"))?;
+        if version > FORMAT_VERSION {
+            return Err(StorageError::Unsupported(format!(
+                "{path} has format version {version}; this Weir reads up to {FORMAT_VERSION}"
+            )));
+        }
+        if words.next() != Some(sha256(body).as_str()) {
+            return Err(corrupt("checksum mismatch"));
+        }
+        serde_json::from_slice(body).map_err(|e| corrupt(&e.to_string()))
+    }
+
+    /// Ids of `job`'s checkpoint directories, ascending, and which of them
+    /// have metadata (completed; not marked corrupt).
+    pub async fn checkpoint_dirs(&self, job: u64) -> Result<Vec<(u64, bool)>> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&Path::from(job_prefix(job))))
+            .await
+            .map_err(object_err)?;
+        let mut ids = Vec::new();
+        for p in listed.common_prefixes {
+            let Some(id) = p
+                .filename()
+                .and_then(|f| f.strip_prefix("chk-"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let meta = Path::from(format!("{}/{METADATA}", checkpoint_prefix(job, id)));
+            let completed = match self.store.head(&meta).await {
+                Ok(_) => true,
+                Err(object_store::Error::NotFound { .. }) => false,
+                Err(e) => return Err(object_err(e)),
+            };
+            ids.push((id, completed));
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Paths of every file under `job`'s `shared/`.
+    pub async fn shared_files(&self, job: u64) -> Result<Vec<String>> {
+        let prefix = Path::from(format!("{}/shared", job_prefix(job)));
+        self.store
+            .list(Some(&prefix))
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .map_err(object_err)
+    }
+
+    /// Downloads a subtask's snapshot into `dir`, checking every file's size
+    /// and checksum.
+    pub async fn fetch(&self, handle: &StateHandle, dir: &FsPath) -> Result<()> {
+        tokio::fs::create_dir_all(dir).await.map_err(io_err)?;
+        for f in &handle.files {
+            let bytes = self
+                .store
+                .get(&Path::from(f.path.as_str()))
+                .await
+                .map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => {
+                        StorageError::Corrupt(format!("{} is missing", f.path))
+                    }
+                    e => object_err(e),
+                })?
+                .bytes()
+                .await
+                .map_err(object_err)?;
+            if bytes.len() as u64 != f.size {
+                return Err(StorageError::Corrupt(format!(
+                    "{} has {} bytes, expected {}",
+                    f.path,
+                    bytes.len(),
+                    f.size
+                )));
+            }
+            if sha256(&bytes) != f.sha256 {
+                return Err(StorageError::Corrupt(format!(
+                    "{} fails its checksum",
+                    f.path
+                )));
+            }
+            tokio::fs::write(dir.join(&f.name), &bytes)
+                .await
+                .map_err(io_err)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes checkpoint `id`'s directory and `orphans`: shared files that
+    /// no retained checkpoint references any more.
+    pub async fn discard(
+        &self,
+        job: u64,
+        id: u64,
+        orphans: impl IntoIterator<Item = String>,
+    ) -> Result<()> {
+        for path in orphans {
+            self.delete(&path).await?;
+        }
+        self.delete_prefix(&checkpoint_prefix(job, id)).await
+    }
+
+    /// Deletes one file; a missing file is not an error.
+    pub async fn delete(&self, path: &str) -> Result<()> {
+        match self.store.delete(&Path::from(path)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(object_err(e)),
+        }
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> Result<()> {
+        let files: Vec<Path> = self
+            .store
+            .list(Some(&Path::from(prefix)))
+            .map_ok(|m| m.location)
+            .try_collect()
+            .await
+            .map_err(object_err)?;
+        for f in files {
+            self.delete(f.as_ref()).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks checkpoint `id` corrupt: its metadata is renamed so it is
+    /// never chosen again, and kept for inspection.
+    pub async fn mark_corrupt(&self, job: u64, id: u64) -> Result<()> {
+        let prefix = checkpoint_prefix(job, id);
+        self.store
+            .rename(
+                &Path::from(format!("{prefix}/{METADATA}")),
+                &Path::from(format!("{prefix}/{CORRUPT}")),
+            )
+            .await
+            .map_err(object_err)
+    }
+
+    /// Deletes everything of a dropped job.
+    pub async fn drop_job(&self, job: u64) -> Result<()> {
+        self.delete_prefix(&job_prefix(job)).await
+    }
+}
+
+/// Shared-file reference counts over a job's retained checkpoints.
+#[derive(Debug, Default)]
+pub struct SharedFiles {
+    counts: HashMap<String, usize>,
+}
+
+impl SharedFiles {
+    pub fn add(&mut self, meta: &CheckpointMetadata) {
+        // A checkpoint references a file once however many handles name it.
+        let unique: HashSet<&str> = meta.shared_files().collect();
+        for p in unique {
+            *self.counts.entry(p.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Drops `meta`'s references; returns the files no longer referenced.
+    pub fn release(&mut self, meta: &CheckpointMetadata) -> Vec<String> {
+        let unique: HashSet<&str> = meta.shared_files().collect();
+        let mut free = Vec::new();
+        for p in unique {
+            if let Some(c) = self.counts.get_mut(p) {
+                *c -= 1;
+                if *c == 0 {
+                    self.counts.remove(p);
+                    free.push(p.to_string());
+                }
+            }
+        }
+        free
+    }
+
+    pub fn contains(&self, path: &str) -> bool {
+        self.counts.contains_key(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(id: u64, files: &[&str]) -> CheckpointMetadata {
+        CheckpointMetadata {
+            version: FORMAT_VERSION,
+            job: 1,
+            id,
+            kind: SnapshotKind::Checkpoint,
+            triggered_at_ms: 0,
+            completed_at_ms: 0,
+            positions: BTreeMap::new(),
+            handles: vec![StateHandle {
+                vertex: 0,
+                subtask: 0,
+                tables: vec![],
+                files: files
+                    .iter()
+                    .map(|p| FileHandle {
+                        name: p.to_string(),
+                        path: p.to_string(),
+                        size: 1,
+                        sha256: String::new(),
+                        shared: true,
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn shared_files_are_freed_with_their_last_reference() {
+        let mut s = SharedFiles::default();
+        let (a, b) = (meta(1, &["x", "y"]), meta(2, &["y", "z"]));
+        s.add(&a);
+        s.add(&b);
+        assert_eq!(s.release(&a), vec!["x".to_string()]);
+        let mut freed = s.release(&b);
+        freed.sort();
+        assert_eq!(freed, vec!["y".to_string(), "z".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn metadata_round_trips_and_detects_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap()).unwrap();
+        let m = meta(7, &["job-1/shared/a.sst"]);
+        storage.write_metadata(&m).await.unwrap();
+        assert_eq!(storage.read_metadata(1, 7).await.unwrap(), m);
+        assert_eq!(storage.checkpoint_dirs(1).await.unwrap(), vec![(7, true)]);
+        let path = dir.path().join("job-1/chk-7/_metadata");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 2;
+        bytes[last] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(
+            storage.read_metadata(1, 7).await,
+            Err(StorageError::Corrupt(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn fetch_checks_sizes_and_checksums() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = tempfile::tempdir().unwrap();
+        std::fs::write(local.path().join("000001.sst"), b"sst bytes").unwrap();
+        std::fs::write(local.path().join("CURRENT"), b"MANIFEST-1\n").unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap()).unwrap();
+        let snapshot = LocalSnapshot {
+            dir: local.path().to_path_buf(),
+            files: vec![("000001.sst".into(), 9), ("CURRENT".into(), 11)],
+        };
+        let files = storage
+            .upload(1, 1, (0, 0), "i", &snapshot, &HashMap::new())
+            .await
+            .unwrap();
+        assert!(files[0].shared && !files[1].shared);
+        // Incremental: the next checkpoint reuses the SST it already has.
+        let reuse: HashMap<String, FileHandle> = [(files[0].name.clone(), files[0].clone())].into();
+        let again = storage
+            .upload(1, 2, (0, 0), "i", &snapshot, &reuse)
+            .await
+            .unwrap();
+        assert_eq!(again[0], files[0]);
+        assert_ne!(again[1].path, files[1].path);
+        let handle = StateHandle {
+            vertex: 0,
+            subtask: 0,
+            tables: vec![],
+            files,
+        };
+        let out = tempfile::tempdir().unwrap();
+        storage.fetch(&handle, out.path()).await.unwrap();
+        assert_eq!(
+            std::fs::read(out.path().join("000001.sst")).unwrap(),
+            b"sst bytes"
+        );
+        std::fs::write(dir.path().join("job-1/shared/i-000001.sst"), b"sst bytez").unwrap();
+        let err = storage.fetch(&handle, out.path()).await.unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+        std::fs::write(dir.path().join("job-1/shared/i-000001.sst"), b"sst").unwrap();
+        let err = storage.fetch(&handle, out.path()).await.unwrap_err();
+        assert!(err.to_string().contains("expected 9"), "{err}");
+    }
+}
