@@ -147,10 +147,12 @@ pub trait TaskExecutorGateway: Send + Sync {
     /// Tells a source subtask to emit `barrier`.
     async fn trigger_checkpoint(&self, task: TaskId, barrier: Barrier) -> Result<()>;
 
-    /// Commits the job's staged state up to `checkpoint_id` and tells its tasks.
+    /// Checkpoint `checkpoint_id` is complete: its local copies become what
+    /// view scans read, its files the base of the next snapshots; tells the
+    /// job's tasks.
     async fn notify_checkpoint_complete(&self, job: u64, checkpoint_id: u64) -> Result<()>;
 
-    /// Drops staged state of an aborted checkpoint.
+    /// Drops the local copies of an aborted checkpoint.
     async fn abort_checkpoint(&self, job: u64, checkpoint_id: u64) -> Result<()>;
 
     /// Deletes a dropped job's state.
