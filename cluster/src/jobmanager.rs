@@ -103,8 +103,9 @@ impl JobManager {
     }
 
     /// A JobMaster for `job`, known to the Dispatcher (so TaskManagers can
-    /// reach it) before it asks for slots.
-    fn register(&self, job: u64, graph: JobGraph) -> Result<Arc<JobMaster>> {
+    /// reach it) before it asks for slots, with its retained checkpoints
+    /// read from checkpoint storage.
+    async fn register(&self, job: u64, graph: JobGraph) -> Result<Arc<JobMaster>> {
         let jm = JobMaster::new(
             job,
             graph,
@@ -113,6 +114,7 @@ impl JobManager {
             self.scratch.clone(),
             self.config.clone(),
         )?;
+        jm.load_checkpoints().await?;
         self.jobs
             .lock()
             .map_err(|_| poisoned())?
@@ -123,7 +125,7 @@ impl JobManager {
     /// Starts a job; returns once its subtasks are deployed, or fails
     /// (with SQLSTATE 53000 when there are not enough slots).
     pub async fn submit_job(&self, job: u64, graph: JobGraph) -> Result<()> {
-        let jm = self.register(job, graph)?;
+        let jm = self.register(job, graph).await?;
         if let Err(e) = jm.launch().await {
             self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
             let _ = jm.stop(false).await;
@@ -136,8 +138,8 @@ impl JobManager {
     /// Until TaskManagers bring enough slots (they may still be registering
     /// after a JobManager restart) it waits, however long that takes; any
     /// other failure goes to the restart strategy.
-    pub fn recover_job(&self, job: u64, graph: JobGraph) -> Result<()> {
-        let jm = self.register(job, graph)?;
+    pub async fn recover_job(&self, job: u64, graph: JobGraph) -> Result<()> {
+        let jm = self.register(job, graph).await?;
         tokio::spawn(async move {
             loop {
                 match jm.launch().await {
@@ -176,6 +178,32 @@ impl JobManager {
             Some(jm) => jm.read_view(state_table, schema).await,
             None => Err(ClusterError::UnknownJob(job)),
         }
+    }
+
+    /// Restarts `job` with `graph` — the same operators at other
+    /// parallelisms: it takes a checkpoint, stops the job, and starts it
+    /// again from that checkpoint, each new subtask restoring the key groups
+    /// it now owns. If the new graph cannot be deployed (not enough slots)
+    /// the job goes back to its old graph. Returns once the rescaled job has
+    /// completed a checkpoint.
+    pub async fn rescale(&self, job: u64, graph: JobGraph) -> Result<()> {
+        let old = self.job_master(job).ok_or(ClusterError::UnknownJob(job))?;
+        self.checkpoint_now(job).await?;
+        // Until the new JobMaster replaces it, reads of the stopped job go
+        // to its retained checkpoints.
+        old.stop(false).await?;
+        let attempt = old.attempts().0 + 1;
+        let jm = self.register(job, graph).await?;
+        jm.start_at_attempt(attempt);
+        if let Err(e) = jm.launch().await {
+            tracing::warn!(job, error = %e, "rescaled job could not start; back to its old parallelism");
+            let _ = jm.stop(false).await;
+            let back = self.register(job, old.job_graph().clone()).await?;
+            back.start_at_attempt(attempt + 1);
+            back.launch().await?;
+            return Err(e);
+        }
+        self.checkpoint_now(job).await
     }
 
     /// The JobMaster of `job` (for RPC from TaskManagers).

@@ -278,7 +278,7 @@ impl JobMaster {
     /// checkpoint needs (unfinished checkpoints, older ones, unreferenced
     /// shared files) is deleted. Checkpoint ids continue after every id
     /// ever used, so a restarted job never reuses one.
-    async fn load_checkpoints(&self) -> Result<()> {
+    pub(crate) async fn load_checkpoints(&self) -> Result<()> {
         if self.lock()?.loaded {
             return Ok(());
         }
@@ -640,6 +640,18 @@ impl JobMaster {
         }
         self.completed.send_modify(|_| {});
         Ok(())
+    }
+
+    pub(crate) fn job_graph(&self) -> &JobGraph {
+        &self.graph
+    }
+
+    /// Numbers deployments from `attempt` (a job restarted by a new
+    /// JobMaster, whose tasks must not be taken for the old one's).
+    pub(crate) fn start_at_attempt(&self, attempt: u64) {
+        if let Ok(mut inner) = self.lock() {
+            inner.attempt = attempt;
+        }
     }
 
     pub(crate) fn state(&self) -> JobState {

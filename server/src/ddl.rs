@@ -215,7 +215,7 @@ pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
         )));
     };
     let graph = job_graph(db, sql, *id, *parallelism, *chaining, *checkpoint_mode).await?;
-    db.cluster.job_manager.recover_job(*id, graph)?;
+    db.cluster.job_manager.recover_job(*id, graph).await?;
     Ok(())
 }
 
@@ -292,6 +292,62 @@ pub async fn create_view(
         return Err(db.job_error(e));
     }
     Ok(QueryResult::command(tag))
+}
+
+/// `ALTER MATERIALIZED VIEW name SET PARALLELISM = n`: rescales the view's
+/// job. It stops at a checkpoint taken for the purpose, is planned again at
+/// the new parallelism (the same operators, so the same state tables) and
+/// resumes, each new subtask restoring the key groups it now owns.
+pub async fn set_parallelism(
+    db: &Arc<Database>,
+    view: &str,
+    parallelism: u64,
+) -> Result<QueryResult> {
+    let _ddl = db.ddl_lock.lock().await;
+    let max = storage::keys::MAX_PARALLELISM as u64;
+    if parallelism == 0 || parallelism > max {
+        return Err(ServerError::InvalidParameter(format!(
+            "parallelism must be between 1 and {max} (the number of key groups), not {parallelism}"
+        )));
+    }
+    let entry = db.catalog.by_name(view).ok_or_else(|| {
+        ServerError::UndefinedTable(format!("materialized view \"{view}\" does not exist"))
+    })?;
+    let Entry::MaterializedView {
+        id,
+        name,
+        sql,
+        parallelism: old,
+        chaining,
+        checkpoint_mode,
+        depends_on,
+    } = entry
+    else {
+        return Err(ServerError::WrongObjectType(format!(
+            "\"{view}\" is not a materialized view"
+        )));
+    };
+    let tag = QueryResult::command("ALTER MATERIALIZED VIEW");
+    let parallelism = parallelism as usize;
+    if parallelism == old {
+        return Ok(tag);
+    }
+    let graph = job_graph(db, &sql, id, parallelism, chaining, checkpoint_mode).await?;
+    db.cluster
+        .job_manager
+        .rescale(id, graph)
+        .await
+        .map_err(|e| db.job_error(e))?;
+    db.catalog.add(Entry::MaterializedView {
+        id,
+        name,
+        sql,
+        parallelism,
+        chaining,
+        checkpoint_mode,
+        depends_on,
+    })?;
+    Ok(tag)
 }
 
 /// `EXPLAIN CREATE MATERIALIZED VIEW`: the three graphs, with the slots the

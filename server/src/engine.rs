@@ -166,6 +166,9 @@ impl Database {
             Stmt::ShowMaterializedViews => query::show_objects(self, "materialized view"),
             Stmt::ShowViews => query::show_objects(self, "view"),
             Stmt::ShowJobs => query::show_jobs(self),
+            Stmt::SetParallelism { view, parallelism } => {
+                ddl::set_parallelism(self, &view, parallelism).await
+            }
             Stmt::Sql(s) => self.execute_sql(session, *s).await,
         }
     }

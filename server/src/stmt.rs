@@ -27,6 +27,12 @@ pub enum Stmt {
     ShowMaterializedViews,
     ShowViews,
     ShowJobs,
+    /// `ALTER MATERIALIZED VIEW name SET PARALLELISM [=|TO] n`: rescale the
+    /// view's job.
+    SetParallelism {
+        view: String,
+        parallelism: u64,
+    },
 }
 
 fn is_word(t: &Token, word: &str) -> bool {
@@ -66,6 +72,11 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             parser.next_token();
             parser.next_token();
             Stmt::ShowJobs
+        } else if is_word(&a, "alter") && is_word(&b, "materialized") && is_word(&c, "view") {
+            for _ in 0..3 {
+                parser.next_token();
+            }
+            set_parallelism(&mut parser)?
         } else {
             Stmt::Sql(Box::new(parser.parse_statement()?))
         };
@@ -79,6 +90,31 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
     }
     Ok(out)
+}
+
+/// The rest of `ALTER MATERIALIZED VIEW`: `name SET PARALLELISM [=|TO] n`.
+fn set_parallelism(parser: &mut Parser<'_>) -> Result<Stmt> {
+    let view = object_name(&parser.parse_object_name(false)?)?;
+    let set = parser.next_token().token;
+    let what = parser.next_token().token;
+    if !is_word(&set, "set") || !is_word(&what, "parallelism") {
+        return Err(ServerError::unsupported(format!(
+            "ALTER MATERIALIZED VIEW … {set} {what} (only SET PARALLELISM = n)"
+        )));
+    }
+    if !parser.consume_token(&Token::Eq) {
+        let to = parser.peek_token().token;
+        if is_word(&to, "to") {
+            parser.next_token();
+        }
+    }
+    let n = match parser.next_token().token {
+        Token::Number(n, _) => n.parse::<u64>().ok(),
+        _ => None,
+    };
+    let parallelism =
+        n.ok_or_else(|| ServerError::Syntax("SET PARALLELISM takes a positive integer".into()))?;
+    Ok(Stmt::SetParallelism { view, parallelism })
 }
 
 /// Names of the placeholders (`$1`, …) in a statement, in order of number.
@@ -237,6 +273,11 @@ mod tests {
         assert!(matches!(stmts[1], Stmt::Flush));
         assert!(matches!(stmts[2], Stmt::ShowMaterializedViews));
         assert!(matches!(stmts[3], Stmt::ShowJobs));
+        let stmts = parse("ALTER MATERIALIZED VIEW v SET PARALLELISM = 4; alter materialized view public.W set parallelism to 1").unwrap();
+        assert!(matches!(&stmts[0], Stmt::SetParallelism { view, parallelism: 4 } if view == "v"));
+        assert!(matches!(&stmts[1], Stmt::SetParallelism { view, parallelism: 1 } if view == "w"));
+        assert!(parse("ALTER MATERIALIZED VIEW v RENAME TO w").is_err());
+        assert!(parse("ALTER MATERIALIZED VIEW v SET PARALLELISM = x").is_err());
         assert!(parse("selec 1").is_err());
         assert!(parse("select 1 select 2").is_err());
     }
