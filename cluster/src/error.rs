@@ -23,6 +23,12 @@ pub enum ClusterError {
     /// A cluster RPC failed (the peer is down or unreachable).
     #[error("cluster rpc: {0}")]
     Rpc(String),
+    #[error("savepoint \"{0}\" does not exist")]
+    UnknownSavepoint(String),
+    #[error("savepoint \"{0}\" already exists")]
+    SavepointExists(String),
+    #[error("savepoint \"{savepoint}\" holds no state of job {job}")]
+    NotInSavepoint { savepoint: String, job: u64 },
     /// A checkpoint file failed its checksum (or is missing) on restore.
     #[error("corrupt checkpoint: {0}")]
     CorruptCheckpoint(String),

@@ -10,7 +10,8 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use planner::execution_graph::{ExecutionGraph, ExecutionState};
 use planner::job_graph::JobGraph;
-use storage::checkpoint_storage::CheckpointStorage;
+use storage::checkpoint_storage::{CheckpointMetadata, CheckpointStorage, FORMAT_VERSION};
+use storage::savepoint::SavepointMetadata;
 
 use crate::checkpoint::CompletedCheckpoint;
 use crate::config::ClusterConfig;
@@ -48,6 +49,8 @@ pub struct JobManager {
     scratch: std::path::PathBuf,
     config: ClusterConfig,
     jobs: Mutex<BTreeMap<u64, Arc<JobMaster>>>,
+    /// Every complete savepoint in storage, by name.
+    savepoints: Mutex<BTreeMap<String, SavepointMetadata>>,
 }
 
 impl std::fmt::Debug for JobManager {
@@ -76,6 +79,7 @@ impl JobManager {
             scratch,
             config,
             jobs: Mutex::new(BTreeMap::new()),
+            savepoints: Mutex::new(BTreeMap::new()),
         });
         let weak: Weak<Self> = Arc::downgrade(&jm);
         tokio::spawn(async move {
@@ -105,7 +109,7 @@ impl JobManager {
     /// A JobMaster for `job`, known to the Dispatcher (so TaskManagers can
     /// reach it) before it asks for slots, with its retained checkpoints
     /// read from checkpoint storage.
-    async fn register(&self, job: u64, graph: JobGraph) -> Result<Arc<JobMaster>> {
+    async fn register(&self, job: u64, graph: JobGraph, floor: u64) -> Result<Arc<JobMaster>> {
         let jm = JobMaster::new(
             job,
             graph,
@@ -114,7 +118,7 @@ impl JobManager {
             self.scratch.clone(),
             self.config.clone(),
         )?;
-        jm.load_checkpoints().await?;
+        jm.load_checkpoints(floor).await?;
         self.jobs
             .lock()
             .map_err(|_| poisoned())?
@@ -125,7 +129,7 @@ impl JobManager {
     /// Starts a job; returns once its subtasks are deployed, or fails
     /// (with SQLSTATE 53000 when there are not enough slots).
     pub async fn submit_job(&self, job: u64, graph: JobGraph) -> Result<()> {
-        let jm = self.register(job, graph).await?;
+        let jm = self.register(job, graph, 0).await?;
         if let Err(e) = jm.launch().await {
             self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
             let _ = jm.stop(false).await;
@@ -139,7 +143,7 @@ impl JobManager {
     /// after a JobManager restart) it waits, however long that takes; any
     /// other failure goes to the restart strategy.
     pub async fn recover_job(&self, job: u64, graph: JobGraph) -> Result<()> {
-        let jm = self.register(job, graph).await?;
+        let jm = self.register(job, graph, 0).await?;
         tokio::spawn(async move {
             loop {
                 match jm.launch().await {
@@ -193,16 +197,171 @@ impl JobManager {
         // to its retained checkpoints.
         old.stop(false).await?;
         let attempt = old.attempts().0 + 1;
-        let jm = self.register(job, graph).await?;
+        let jm = self.register(job, graph, 0).await?;
         jm.start_at_attempt(attempt);
         if let Err(e) = jm.launch().await {
             tracing::warn!(job, error = %e, "rescaled job could not start; back to its old parallelism");
             let _ = jm.stop(false).await;
-            let back = self.register(job, old.job_graph().clone()).await?;
+            let back = self.register(job, old.job_graph().clone(), 0).await?;
             back.start_at_attempt(attempt + 1);
             back.launch().await?;
             return Err(e);
         }
+        self.checkpoint_now(job).await
+    }
+
+    /// Reads the savepoints in checkpoint storage; an incomplete or damaged
+    /// one is left alone and not listed.
+    pub async fn load_savepoints(&self) -> Result<()> {
+        let mut found = BTreeMap::new();
+        for name in self.storage.savepoint_names().await? {
+            match self.storage.read_savepoint(&name).await {
+                Ok(meta) => {
+                    found.insert(name, meta);
+                }
+                Err(e) => {
+                    tracing::warn!(savepoint = %name, error = %e, "savepoint not usable; ignored")
+                }
+            }
+        }
+        *self.savepoints.lock().map_err(|_| poisoned())? = found;
+        Ok(())
+    }
+
+    /// Every savepoint, by name.
+    pub fn savepoints(&self) -> Vec<SavepointMetadata> {
+        self.savepoints
+            .lock()
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Takes savepoint `name` of `jobs`: for each, a checkpoint now,
+    /// rewritten in the canonical format under `savepoints/<name>/`; the
+    /// metadata last.
+    pub async fn create_savepoint(&self, name: &str, jobs: &[u64]) -> Result<SavepointMetadata> {
+        if self
+            .savepoints
+            .lock()
+            .map_err(|_| poisoned())?
+            .contains_key(name)
+            || self
+                .storage
+                .savepoint_names()
+                .await?
+                .iter()
+                .any(|n| n == name)
+        {
+            return Err(ClusterError::SavepointExists(name.to_string()));
+        }
+        let mut parts = Vec::new();
+        for job in jobs {
+            match self.savepoint_job(name, *job).await {
+                Ok(part) => parts.push(part),
+                Err(e) => {
+                    let _ = self.storage.drop_savepoint(name).await;
+                    return Err(e);
+                }
+            }
+        }
+        let meta = SavepointMetadata {
+            version: FORMAT_VERSION,
+            name: name.to_string(),
+            created_at_ms: now_ms(),
+            jobs: parts,
+        };
+        self.storage.write_savepoint(&meta).await?;
+        self.savepoints
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(name.to_string(), meta.clone());
+        tracing::info!(savepoint = name, jobs = ?jobs, bytes = meta.size(), "savepoint taken");
+        Ok(meta)
+    }
+
+    async fn savepoint_job(&self, name: &str, job: u64) -> Result<CheckpointMetadata> {
+        self.checkpoint_now(job).await?;
+        let jm = self.job_master(job).ok_or(ClusterError::UnknownJob(job))?;
+        let latest = jm.pin_latest()?;
+        let (storage, scratch) = jm.storage();
+        let scratch = scratch.join(format!("savepoint-{name}-{job}"));
+        let part = storage.savepoint_job(name, &latest, &scratch).await;
+        jm.unpin(latest.id);
+        let _ = std::fs::remove_dir_all(&scratch);
+        Ok(part?)
+    }
+
+    /// Deletes savepoint `name`.
+    pub async fn drop_savepoint(&self, name: &str) -> Result<()> {
+        if self
+            .savepoints
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove(name)
+            .is_none()
+        {
+            return Err(ClusterError::UnknownSavepoint(name.to_string()));
+        }
+        self.storage.drop_savepoint(name).await?;
+        Ok(())
+    }
+
+    /// Restarts `jobs` (all the savepoint's jobs that still exist, when
+    /// `None`) from savepoint `name`. Returns the jobs restored.
+    pub async fn restore_savepoint(&self, name: &str, jobs: Option<&[u64]>) -> Result<Vec<u64>> {
+        let meta = self
+            .savepoints
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ClusterError::UnknownSavepoint(name.to_string()))?;
+        let parts: Vec<&CheckpointMetadata> = match jobs {
+            Some(jobs) => {
+                let mut parts = Vec::new();
+                for job in jobs {
+                    parts.push(meta.jobs.iter().find(|p| p.job == *job).ok_or_else(|| {
+                        ClusterError::NotInSavepoint {
+                            savepoint: name.to_string(),
+                            job: *job,
+                        }
+                    })?);
+                }
+                parts
+            }
+            None => meta
+                .jobs
+                .iter()
+                .filter(|p| self.job_master(p.job).is_some())
+                .collect(),
+        };
+        for part in &parts {
+            self.restore_job(part).await?;
+        }
+        Ok(parts.iter().map(|p| p.job).collect())
+    }
+
+    /// Stops `part.job`, makes `part` its newest checkpoint (the others go)
+    /// and starts it from there.
+    async fn restore_job(&self, part: &CheckpointMetadata) -> Result<()> {
+        let job = part.job;
+        let old = self.job_master(job).ok_or(ClusterError::UnknownJob(job))?;
+        old.stop(false).await?;
+        let dirs = self.storage.checkpoint_dirs(job).await?;
+        let id = dirs.last().map_or(1, |(id, _)| id + 1);
+        self.storage
+            .checkpoint_from_savepoint(part, id, now_ms())
+            .await?;
+        let attempt = old.attempts().0 + 1;
+        let jm = self.register(job, old.job_graph().clone(), id).await?;
+        jm.start_at_attempt(attempt);
+        jm.launch().await?;
+        tracing::info!(
+            job,
+            checkpoint = id,
+            from = part.id,
+            "job restored from a savepoint"
+        );
         self.checkpoint_now(job).await
     }
 
@@ -325,9 +484,22 @@ impl JobManager {
             return Vec::new();
         };
         jobs.values()
-            .map(|jm| JobSources {
-                tables: jm.source_tables(),
-                positions: jm.truncation_positions(),
+            .map(|jm| {
+                let mut positions = jm.truncation_positions();
+                // A savepoint may take the job back to where it was.
+                if let (Some(p), Ok(savepoints)) = (&mut positions, self.savepoints.lock()) {
+                    for part in savepoints.values().flat_map(|s| &s.jobs) {
+                        if part.job == jm.job {
+                            for (t, seq) in &part.positions {
+                                p.entry(*t).and_modify(|s| *s = (*s).min(*seq));
+                            }
+                        }
+                    }
+                }
+                JobSources {
+                    tables: jm.source_tables(),
+                    positions,
+                }
             })
             .collect()
     }
@@ -410,4 +582,11 @@ impl JobManager {
             })
             .collect()
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
 }

@@ -93,6 +93,8 @@ struct Inner {
     unrecoverable: Option<String>,
     /// Checkpoints failed in a row.
     failures: u32,
+    /// Checkpoints being read (for a savepoint): kept past retention.
+    pinned: BTreeSet<u64>,
     /// When the last checkpoint ended, for the minimum pause.
     last_finished: Option<Instant>,
     /// Recent checkpoints, oldest first; the pending one is in `pending`.
@@ -245,6 +247,7 @@ impl JobMaster {
                 loaded: false,
                 unrecoverable: None,
                 failures: 0,
+                pinned: BTreeSet::new(),
                 last_finished: None,
                 stale_task_manager: false,
             }),
@@ -260,7 +263,7 @@ impl JobMaster {
     /// Gets slots and deploys the first attempt. On failure the job's slots
     /// are released; the caller decides whether to retry ([`Self::failover`]).
     pub(crate) async fn launch(&self) -> Result<()> {
-        self.load_checkpoints().await?;
+        self.load_checkpoints(0).await?;
         let result = self.allocate_and_deploy().await;
         if result.is_err() {
             self.teardown().await;
@@ -278,7 +281,10 @@ impl JobMaster {
     /// checkpoint needs (unfinished checkpoints, older ones, unreferenced
     /// shared files) is deleted. Checkpoint ids continue after every id
     /// ever used, so a restarted job never reuses one.
-    pub(crate) async fn load_checkpoints(&self) -> Result<()> {
+    ///
+    /// Checkpoints before `floor` are obsolete too: a job restored from a
+    /// savepoint starts a new history there.
+    pub(crate) async fn load_checkpoints(&self, floor: u64) -> Result<()> {
         if self.lock()?.loaded {
             return Ok(());
         }
@@ -288,7 +294,7 @@ impl JobMaster {
         let mut corrupt = Vec::new();
         let mut obsolete = Vec::new();
         for (id, completed) in dirs.iter().rev() {
-            if !completed || valid.len() >= keep {
+            if !completed || valid.len() >= keep || *id < floor {
                 obsolete.push(*id);
                 continue;
             }
@@ -642,6 +648,32 @@ impl JobMaster {
         Ok(())
     }
 
+    /// The latest retained checkpoint, kept (not subsumed) until
+    /// [`Self::unpin`]: for reading it at leisure.
+    pub(crate) fn pin_latest(&self) -> Result<CheckpointMetadata> {
+        let mut inner = self.lock()?;
+        let latest =
+            inner.retained.back().cloned().ok_or_else(|| {
+                ClusterError::Internal(format!("job {} has no checkpoint", self.job))
+            })?;
+        inner.pinned.insert(latest.id);
+        if let Some(s) = inner.history.iter_mut().rev().find(|s| s.id == latest.id) {
+            s.kind = SnapshotKind::Savepoint;
+        }
+        Ok(latest)
+    }
+
+    pub(crate) fn unpin(&self, id: u64) {
+        if let Ok(mut inner) = self.lock() {
+            inner.pinned.remove(&id);
+        }
+    }
+
+    /// Where the next checkpoint's files go; the scratch directory.
+    pub(crate) fn storage(&self) -> (&Arc<CheckpointStorage>, &std::path::Path) {
+        (&self.storage, &self.scratch)
+    }
+
     pub(crate) fn job_graph(&self) -> &JobGraph {
         &self.graph
     }
@@ -899,7 +931,12 @@ impl JobMaster {
             inner.shared.add(&meta);
             inner.retained.push_back(meta);
             let mut released = Vec::new();
-            while inner.retained.len() > self.config.checkpoints_retained.max(1) {
+            while inner.retained.len() > self.config.checkpoints_retained.max(1)
+                && inner
+                    .retained
+                    .front()
+                    .is_some_and(|m| !inner.pinned.contains(&m.id))
+            {
                 if let Some(old) = inner.retained.pop_front() {
                     let orphans = inner.shared.release(&old);
                     released.push((old.id, orphans));

@@ -75,6 +75,7 @@ impl Cluster {
             ResourceManager::start(config.slot_request_timeout, config.heartbeat_timeout);
         let job_manager =
             JobManager::start(resource_manager.clone(), storage, scratch, config.clone());
+        job_manager.load_savepoints().await?;
         Ok(Self {
             job_manager,
             resource_manager,

@@ -17,7 +17,7 @@ use crate::catalog::{Catalog, Entry, table_desc};
 use crate::error::{Result, ServerError};
 use crate::session::Session;
 use crate::stmt::Stmt;
-use crate::{ddl, dml, query};
+use crate::{ddl, dml, query, savepoint};
 
 /// How often table change logs are trimmed.
 const LOG_TRUNCATION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -168,6 +168,16 @@ impl Database {
             Stmt::ShowJobs => query::show_jobs(self),
             Stmt::SetParallelism { view, parallelism } => {
                 ddl::set_parallelism(self, &view, parallelism).await
+            }
+            Stmt::CreateSavepoint { name, view } => {
+                savepoint::create(self, &name, view.as_deref()).await
+            }
+            Stmt::DropSavepoint { name, if_exists } => {
+                savepoint::drop(self, &name, if_exists).await
+            }
+            Stmt::ShowSavepoints => savepoint::show(self),
+            Stmt::RestoreSavepoint { name, view } => {
+                savepoint::restore(self, &name, view.as_deref()).await
             }
             Stmt::Sql(s) => self.execute_sql(session, *s).await,
         }

@@ -46,6 +46,12 @@ pub enum ServerError {
     InsufficientResources(String),
     #[error("{0}")]
     DiskFull(String),
+    #[error("{0}")]
+    UndefinedObject(String),
+    #[error("{0}")]
+    DuplicateName(String),
+    #[error("{0}")]
+    InvalidName(String),
     /// A checkpoint file failed its checksum.
     #[error("{0}")]
     DataCorrupted(String),
@@ -85,6 +91,9 @@ impl ServerError {
             ServerError::InvalidParameter(_) => "22023",
             ServerError::InsufficientResources(_) => "53000",
             ServerError::DiskFull(_) => "53100",
+            ServerError::UndefinedObject(_) => "42704",
+            ServerError::DuplicateName(_) => "42710",
+            ServerError::InvalidName(_) => "42602",
             ServerError::DataCorrupted(_) => "XX001",
             ServerError::Io(_) => "58030",
             ServerError::InvalidDatabase(_) => "3D000",
@@ -293,6 +302,10 @@ impl From<cluster::ClusterError> for ServerError {
             C::Storage(s) => s.into(),
             C::Plan(p) => p.into(),
             C::CorruptCheckpoint(_) => ServerError::DataCorrupted(e.to_string()),
+            C::UnknownSavepoint(_) | C::NotInSavepoint { .. } => {
+                ServerError::UndefinedObject(e.to_string())
+            }
+            C::SavepointExists(_) => ServerError::DuplicateName(e.to_string()),
             other => ServerError::Internal(other.to_string()),
         }
     }

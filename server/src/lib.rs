@@ -12,6 +12,7 @@ pub mod error;
 pub mod params;
 pub mod pg;
 pub mod query;
+pub mod savepoint;
 pub mod session;
 pub mod stmt;
 pub mod system;

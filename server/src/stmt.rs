@@ -10,6 +10,7 @@ use datafusion::sql::sqlparser::ast::{
     visit_expressions_mut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Token;
 
@@ -32,6 +33,23 @@ pub enum Stmt {
     SetParallelism {
         view: String,
         parallelism: u64,
+    },
+    /// `CREATE SAVEPOINT name [FOR MATERIALIZED VIEW v]`.
+    CreateSavepoint {
+        name: String,
+        view: Option<String>,
+    },
+    /// `DROP SAVEPOINT [IF EXISTS] name`.
+    DropSavepoint {
+        name: String,
+        if_exists: bool,
+    },
+    ShowSavepoints,
+    /// `RESTORE MATERIALIZED VIEW v FROM SAVEPOINT name`, or with `view`
+    /// `None`, `RESTORE DATABASE FROM SAVEPOINT name`.
+    RestoreSavepoint {
+        name: String,
+        view: Option<String>,
     },
 }
 
@@ -72,6 +90,40 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             parser.next_token();
             parser.next_token();
             Stmt::ShowJobs
+        } else if is_word(&a, "create") && is_word(&b, "savepoint") {
+            parser.next_token();
+            parser.next_token();
+            let name = object_name(&parser.parse_object_name(false)?)?;
+            let view = if is_word(&parser.peek_token().token, "for") {
+                parser.next_token();
+                expect_words(&mut parser, &["materialized", "view"])?;
+                Some(object_name(&parser.parse_object_name(false)?)?)
+            } else {
+                None
+            };
+            Stmt::CreateSavepoint { name, view }
+        } else if is_word(&a, "drop") && is_word(&b, "savepoint") {
+            parser.next_token();
+            parser.next_token();
+            let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+            let name = object_name(&parser.parse_object_name(false)?)?;
+            Stmt::DropSavepoint { name, if_exists }
+        } else if is_word(&a, "show") && is_word(&b, "savepoints") {
+            parser.next_token();
+            parser.next_token();
+            Stmt::ShowSavepoints
+        } else if is_word(&a, "restore") {
+            parser.next_token();
+            let view = if is_word(&b, "database") {
+                parser.next_token();
+                None
+            } else {
+                expect_words(&mut parser, &["materialized", "view"])?;
+                Some(object_name(&parser.parse_object_name(false)?)?)
+            };
+            expect_words(&mut parser, &["from", "savepoint"])?;
+            let name = object_name(&parser.parse_object_name(false)?)?;
+            Stmt::RestoreSavepoint { name, view }
         } else if is_word(&a, "alter") && is_word(&b, "materialized") && is_word(&c, "view") {
             for _ in 0..3 {
                 parser.next_token();
@@ -90,6 +142,20 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
     }
     Ok(out)
+}
+
+/// Consumes `words`, or fails with a syntax error at the first other token.
+fn expect_words(parser: &mut Parser<'_>, words: &[&str]) -> Result<()> {
+    for w in words {
+        let t = parser.next_token().token;
+        if !is_word(&t, w) {
+            return Err(ServerError::Syntax(format!(
+                "syntax error at or near \"{t}\": expected {}",
+                w.to_uppercase()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The rest of `ALTER MATERIALIZED VIEW`: `name SET PARALLELISM [=|TO] n`.
@@ -277,6 +343,30 @@ mod tests {
         assert!(matches!(&stmts[0], Stmt::SetParallelism { view, parallelism: 4 } if view == "v"));
         assert!(matches!(&stmts[1], Stmt::SetParallelism { view, parallelism: 1 } if view == "w"));
         assert!(parse("ALTER MATERIALIZED VIEW v RENAME TO w").is_err());
+        let stmts = parse(
+            "CREATE SAVEPOINT s1; CREATE SAVEPOINT s2 FOR MATERIALIZED VIEW v; \
+             DROP SAVEPOINT IF EXISTS s1; SHOW SAVEPOINTS; \
+             RESTORE MATERIALIZED VIEW v FROM SAVEPOINT s2; RESTORE DATABASE FROM SAVEPOINT s1",
+        )
+        .unwrap();
+        assert!(matches!(&stmts[0], Stmt::CreateSavepoint { name, view: None } if name == "s1"));
+        assert!(matches!(&stmts[1], Stmt::CreateSavepoint { view: Some(v), .. } if v == "v"));
+        assert!(matches!(
+            &stmts[2],
+            Stmt::DropSavepoint {
+                if_exists: true,
+                ..
+            }
+        ));
+        assert!(matches!(&stmts[3], Stmt::ShowSavepoints));
+        assert!(
+            matches!(&stmts[4], Stmt::RestoreSavepoint { name, view: Some(v) } if name == "s2" && v == "v")
+        );
+        assert!(matches!(
+            &stmts[5],
+            Stmt::RestoreSavepoint { view: None, .. }
+        ));
+        assert!(parse("RESTORE TABLE t FROM SAVEPOINT s").is_err());
         assert!(parse("ALTER MATERIALIZED VIEW v SET PARALLELISM = x").is_err());
         assert!(parse("selec 1").is_err());
         assert!(parse("select 1 select 2").is_err());

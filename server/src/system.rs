@@ -33,7 +33,14 @@ use crate::types::UTC;
 /// The schema holding the system tables.
 pub const SCHEMA: &str = "weir_catalog";
 
-const TABLES: [&str; 5] = ["task_managers", "slots", "jobs", "subtasks", "checkpoints"];
+const TABLES: [&str; 6] = [
+    "task_managers",
+    "slots",
+    "jobs",
+    "subtasks",
+    "checkpoints",
+    "savepoints",
+];
 
 /// `weir_catalog` for one statement.
 #[derive(Debug)]
@@ -216,6 +223,61 @@ impl SystemSchema {
         ])
     }
 
+    /// One row per view's job in each savepoint.
+    fn savepoints(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let all: Vec<_> = self
+            .db
+            .cluster
+            .job_manager
+            .savepoints()
+            .into_iter()
+            .flat_map(|s| {
+                s.jobs
+                    .iter()
+                    .map(|j| (s.name.clone(), s.created_at_ms, j.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        table(vec![
+            (
+                "name",
+                Col::Text(all.iter().map(|(n, _, _)| Some(n.clone())).collect()),
+            ),
+            (
+                "job",
+                Col::Int(all.iter().map(|(_, _, j)| Some(j.job as i64)).collect()),
+            ),
+            (
+                "view",
+                Col::Text(all.iter().map(|(_, _, j)| self.view_name(j.job)).collect()),
+            ),
+            (
+                "checkpoint",
+                Col::Int(all.iter().map(|(_, _, j)| Some(j.id as i64)).collect()),
+            ),
+            (
+                "created_at",
+                Col::Time(
+                    all.iter()
+                        .map(|(_, ms, _)| Some(*ms as i64 * 1000))
+                        .collect(),
+                ),
+            ),
+            (
+                "bytes",
+                Col::Int(
+                    all.iter()
+                        .map(|(_, _, j)| Some(j.full_size() as i64))
+                        .collect(),
+                ),
+            ),
+            (
+                "format_version",
+                Col::Int(all.iter().map(|(_, _, j)| Some(j.version as i64)).collect()),
+            ),
+        ])
+    }
+
     fn checkpoints(&self) -> DfResult<Arc<dyn TableProvider>> {
         let all = self.db.cluster.job_manager.checkpoints();
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
@@ -331,6 +393,7 @@ impl SchemaProvider for SystemSchema {
             "jobs" => self.jobs()?,
             "subtasks" => self.subtasks()?,
             "checkpoints" => self.checkpoints()?,
+            "savepoints" => self.savepoints()?,
             _ => return Ok(None),
         }))
     }

@@ -124,3 +124,55 @@ async fn logs_are_trimmed_behind_every_reader() {
 async fn tracing_free_sleep(_why: String) {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 }
+
+/// A savepoint may take a view back to where it was: the log behind it
+/// stays until the savepoint is dropped, and restoring from it replays
+/// every change since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn savepoints_hold_the_log_they_may_replay() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = Database::open(dir.path(), one_retained())
+        .await
+        .expect("open");
+    let mut session = Session::new(2);
+    sql(
+        &db,
+        &mut session,
+        "CREATE TABLE t (k int, v int);
+         CREATE MATERIALIZED VIEW s AS SELECT k % 2 AS odd, sum(v) AS total FROM t GROUP BY k % 2;
+         INSERT INTO t VALUES (1, 1); INSERT INTO t VALUES (2, 2); FLUSH;
+         CREATE SAVEPOINT sp FOR MATERIALIZED VIEW s",
+    )
+    .await;
+    let t = table_id(&db, "t");
+    for i in 3..8 {
+        sql(
+            &db,
+            &mut session,
+            &format!("INSERT INTO t VALUES ({i}, {i})"),
+        )
+        .await;
+    }
+    sql(&db, &mut session, "FLUSH; CHECKPOINT").await;
+    db.truncate_logs().await.expect("truncate");
+    assert!(
+        log_len(&db, t) >= 5,
+        "the five inserts after the savepoint are kept: {}",
+        log_len(&db, t)
+    );
+    sql(
+        &db,
+        &mut session,
+        "RESTORE MATERIALIZED VIEW s FROM SAVEPOINT sp; FLUSH",
+    )
+    .await;
+    let view = server::query_rows(&db, "SELECT odd, total FROM s ORDER BY odd").await;
+    let query =
+        server::query_rows(&db, "SELECT k % 2, sum(v) FROM t GROUP BY k % 2 ORDER BY 1").await;
+    assert_eq!(view, query);
+    // Dropped, it holds nothing back.
+    sql(&db, &mut session, "DROP SAVEPOINT sp; CHECKPOINT").await;
+    db.truncate_logs().await.expect("truncate");
+    assert!(log_len(&db, t) <= 1, "{}", log_len(&db, t));
+    db.shutdown().await;
+}

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::checkpoint_storage::{
-    CheckpointStorage, FileHandle, LocalSnapshot, StateHandle, TableRange,
+    CheckpointStorage, FileHandle, HandleFormat, LocalSnapshot, StateHandle, TableRange,
 };
 use crate::kv::SlotMemory;
 use crate::state::{StateEntry, StateScan, StateWrite};
@@ -153,6 +153,7 @@ impl KeyedStateBackend {
             subtask: self.subtask,
             tables: self.tables.clone(),
             files,
+            format: HandleFormat::RocksDb,
         })
     }
 
@@ -232,6 +233,16 @@ impl KeyedStateBackend {
     ) -> Result<usize> {
         let mut restored = 0;
         for (i, handle) in handles.iter().enumerate() {
+            if handle.format == HandleFormat::Canonical {
+                for t in &self.tables {
+                    let entries =
+                        crate::savepoint::read_canonical(storage, handle, t.table, &t.key_groups)
+                            .await?;
+                    restored += entries.len();
+                    self.kv()?.import_state(t.table, entries)?;
+                }
+                continue;
+            }
             let scratch = self.dir.join(format!("restore-{i}"));
             let source = open_handle(storage, handle, &scratch).await?;
             for t in &self.tables {
@@ -299,6 +310,12 @@ pub async fn read_handles(
         .filter(|h| h.overlaps(table, &key_groups))
         .enumerate()
     {
+        if handle.format == HandleFormat::Canonical {
+            out.extend(
+                crate::savepoint::read_canonical(storage, handle, table, &key_groups).await?,
+            );
+            continue;
+        }
         let dir = scratch.join(i.to_string());
         let kv = open_handle(storage, handle, &dir).await?;
         for h in handle.tables.iter().filter(|h| h.table == table) {

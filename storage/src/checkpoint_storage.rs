@@ -63,6 +63,18 @@ pub struct TableRange {
     pub key_groups: Range<u16>,
 }
 
+/// How a handle's files hold its state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandleFormat {
+    /// A RocksDB checkpoint directory: SST files, MANIFEST, CURRENT, …
+    #[default]
+    RocksDb,
+    /// Weir's own record format ([`crate::savepoint`]), independent of
+    /// RocksDB: what savepoints are written in.
+    Canonical,
+}
+
 /// One subtask's part of a checkpoint (Flink's `IncrementalRemoteKeyedStateHandle`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateHandle {
@@ -70,6 +82,8 @@ pub struct StateHandle {
     pub subtask: usize,
     pub tables: Vec<TableRange>,
     pub files: Vec<FileHandle>,
+    #[serde(default)]
+    pub format: HandleFormat,
 }
 
 impl StateHandle {
@@ -254,30 +268,52 @@ impl CheckpointStorage {
     /// Writes the metadata of a completed checkpoint, atomically (the store
     /// writes a temporary file and renames it). Returns its size.
     pub async fn write_metadata(&self, meta: &CheckpointMetadata) -> Result<u64> {
-        let body = serde_json::to_vec(meta)
-            .map_err(|e| StorageError::Internal(format!("checkpoint metadata: {e}")))?;
-        let mut file = format!("{MAGIC} {} {}\n", meta.version, sha256(&body)).into_bytes();
+        let path = format!("{}/{METADATA}", checkpoint_prefix(meta.job, meta.id));
+        self.write_checked(&path, meta.version, meta).await
+    }
+
+    /// Reads and checks the metadata of checkpoint `id` of `job`.
+    pub async fn read_metadata(&self, job: u64, id: u64) -> Result<CheckpointMetadata> {
+        let path = format!("{}/{METADATA}", checkpoint_prefix(job, id));
+        self.read_checked(&path).await
+    }
+
+    /// Writes `value` as JSON behind a header with its format version and
+    /// checksum, atomically.
+    pub(crate) async fn write_checked<T: Serialize>(
+        &self,
+        path: &str,
+        version: u32,
+        value: &T,
+    ) -> Result<u64> {
+        let body = serde_json::to_vec(value)
+            .map_err(|e| StorageError::Internal(format!("{path}: {e}")))?;
+        let mut file = format!("{MAGIC} {version} {}\n", sha256(&body)).into_bytes();
         file.extend_from_slice(&body);
         let len = file.len() as u64;
-        let path = Path::from(format!(
-            "{}/{METADATA}",
-            checkpoint_prefix(meta.job, meta.id)
-        ));
         self.store
-            .put(&path, PutPayload::from(file))
+            .put(&Path::from(path), PutPayload::from(file))
             .await
             .map_err(object_err)?;
         Ok(len)
     }
 
-    /// Reads and checks the metadata of checkpoint `id` of `job`.
-    pub async fn read_metadata(&self, job: u64, id: u64) -> Result<CheckpointMetadata> {
-        let path = Path::from(format!("{}/{METADATA}", checkpoint_prefix(job, id)));
+    /// Reads what [`Self::write_checked`] wrote, checking version and checksum.
+    pub(crate) async fn read_checked<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T> {
+        let path = Path::from(path);
         let bytes = self
             .store
             .get(&path)
             .await
-            .map_err(object_err)?
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => {
+                    StorageError::Corrupt(format!("{path} is missing"))
+                }
+                e => object_err(e),
+            })?
             .bytes()
             .await
             .map_err(object_err)?;
@@ -290,7 +326,7 @@ impl CheckpointStorage {
         let body = &bytes[split + 1..];
         let mut words = header.split(' ');
         if words.next() != Some(MAGIC) {
-            return Err(corrupt("not checkpoint metadata"));
+            return Err(corrupt("not Weir metadata"));
         }
         let version: u32 = words
             .next()
@@ -352,38 +388,74 @@ impl CheckpointStorage {
     pub async fn fetch(&self, handle: &StateHandle, dir: &FsPath) -> Result<()> {
         tokio::fs::create_dir_all(dir).await.map_err(io_err)?;
         for f in &handle.files {
-            let bytes = self
-                .store
-                .get(&Path::from(f.path.as_str()))
-                .await
-                .map_err(|e| match e {
-                    object_store::Error::NotFound { .. } => {
-                        StorageError::Corrupt(format!("{} is missing", f.path))
-                    }
-                    e => object_err(e),
-                })?
-                .bytes()
-                .await
-                .map_err(object_err)?;
-            if bytes.len() as u64 != f.size {
-                return Err(StorageError::Corrupt(format!(
-                    "{} has {} bytes, expected {}",
-                    f.path,
-                    bytes.len(),
-                    f.size
-                )));
-            }
-            if sha256(&bytes) != f.sha256 {
-                return Err(StorageError::Corrupt(format!(
-                    "{} fails its checksum",
-                    f.path
-                )));
-            }
+            let bytes = self.get(f).await?;
             tokio::fs::write(dir.join(&f.name), &bytes)
                 .await
                 .map_err(io_err)?;
         }
         Ok(())
+    }
+
+    /// One file's content, checked against its size and checksum.
+    pub async fn get(&self, f: &FileHandle) -> Result<Vec<u8>> {
+        let bytes = self
+            .store
+            .get(&Path::from(f.path.as_str()))
+            .await
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => {
+                    StorageError::Corrupt(format!("{} is missing", f.path))
+                }
+                e => object_err(e),
+            })?
+            .bytes()
+            .await
+            .map_err(object_err)?;
+        if bytes.len() as u64 != f.size {
+            return Err(StorageError::Corrupt(format!(
+                "{} has {} bytes, expected {}",
+                f.path,
+                bytes.len(),
+                f.size
+            )));
+        }
+        if sha256(&bytes) != f.sha256 {
+            return Err(StorageError::Corrupt(format!(
+                "{} fails its checksum",
+                f.path
+            )));
+        }
+        Ok(bytes.to_vec())
+    }
+
+    /// Writes a private file at `path` (relative to the root).
+    pub async fn put(&self, name: &str, path: String, bytes: Vec<u8>) -> Result<FileHandle> {
+        let file = FileHandle {
+            name: name.to_string(),
+            size: bytes.len() as u64,
+            sha256: sha256(&bytes),
+            path,
+            shared: false,
+        };
+        self.store
+            .put(&Path::from(file.path.as_str()), PutPayload::from(bytes))
+            .await
+            .map_err(object_err)?;
+        Ok(file)
+    }
+
+    /// Names of the directories right under `prefix`.
+    pub(crate) async fn children(&self, prefix: &str) -> Result<Vec<String>> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&Path::from(prefix)))
+            .await
+            .map_err(object_err)?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect())
     }
 
     /// Deletes checkpoint `id`'s directory and `orphans`: shared files that
@@ -408,7 +480,7 @@ impl CheckpointStorage {
         }
     }
 
-    async fn delete_prefix(&self, prefix: &str) -> Result<()> {
+    pub(crate) async fn delete_prefix(&self, prefix: &str) -> Result<()> {
         let files: Vec<Path> = self
             .store
             .list(Some(&Path::from(prefix)))
@@ -494,6 +566,7 @@ mod tests {
                 vertex: 0,
                 subtask: 0,
                 tables: vec![],
+                format: HandleFormat::RocksDb,
                 files: files
                     .iter()
                     .map(|p| FileHandle {
@@ -568,6 +641,7 @@ mod tests {
             subtask: 0,
             tables: vec![],
             files,
+            format: HandleFormat::RocksDb,
         };
         let out = tempfile::tempdir().unwrap();
         storage.fetch(&handle, out.path()).await.unwrap();

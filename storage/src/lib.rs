@@ -24,6 +24,7 @@ mod error;
 pub mod keys;
 mod kv;
 pub mod meta;
+pub mod savepoint;
 pub mod state;
 pub mod table;
 
