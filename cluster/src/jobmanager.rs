@@ -25,6 +25,9 @@ pub struct JobStatus {
     pub job: u64,
     pub state: String,
     pub last_checkpoint: u64,
+    /// The checkpoint the current deployment restored from (Flink's
+    /// "latest restore"); `None` for a fresh start.
+    pub restored_checkpoint: Option<u64>,
     /// Deployment attempt (0 for the first) and restarts so far.
     pub attempt: u64,
     pub restarts: u32,
@@ -573,6 +576,7 @@ impl JobManager {
                 let (attempt, restarts) = jm.attempts();
                 JobStatus {
                     job: jm.job,
+                    restored_checkpoint: jm.restored_checkpoint(),
                     state,
                     last_checkpoint: jm.completed().borrow().id,
                     attempt,

@@ -93,6 +93,8 @@ struct Inner {
     unrecoverable: Option<String>,
     /// Checkpoints failed in a row.
     failures: u32,
+    /// The checkpoint the current deployment restored from.
+    restored: Option<u64>,
     /// Checkpoints being read (for a savepoint): kept past retention.
     pinned: BTreeSet<u64>,
     /// When the last checkpoint ended, for the minimum pause.
@@ -248,6 +250,7 @@ impl JobMaster {
                 unrecoverable: None,
                 failures: 0,
                 pinned: BTreeSet::new(),
+                restored: None,
                 last_finished: None,
                 stale_task_manager: false,
             }),
@@ -533,6 +536,7 @@ impl JobMaster {
             inner.deploy_failure = None;
             inner.exec = Some(exec.clone());
             inner.stale_task_manager = false;
+            inner.restored = inner.retained.back().map(|m| m.id);
             (inner.attempt, inner.retained.back().cloned())
         };
         let graph = Arc::new(self.graph.clone());
@@ -672,6 +676,10 @@ impl JobMaster {
     /// Where the next checkpoint's files go; the scratch directory.
     pub(crate) fn storage(&self) -> (&Arc<CheckpointStorage>, &std::path::Path) {
         (&self.storage, &self.scratch)
+    }
+
+    pub(crate) fn restored_checkpoint(&self) -> Option<u64> {
+        self.lock().ok().and_then(|i| i.restored)
     }
 
     pub(crate) fn job_graph(&self) -> &JobGraph {

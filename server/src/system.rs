@@ -220,6 +220,14 @@ impl SystemSchema {
                         .collect(),
                 ),
             ),
+            (
+                "restored_checkpoint",
+                Col::Int(
+                    jobs.iter()
+                        .map(|j| j.restored_checkpoint.map(|c| c as i64))
+                        .collect(),
+                ),
+            ),
         ])
     }
 

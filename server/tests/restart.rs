@@ -1,14 +1,44 @@
-//! Durability: the server is killed with SIGKILL while rows stream in. After
-//! each restart every acknowledged INSERT is there, the views keep updating,
-//! and they equal their queries recomputed from the tables.
+//! Durability: the server is killed with SIGKILL at 20 random moments while
+//! rows stream in. After each restart every job resumes from the latest
+//! checkpoint completed before the kill (so at most the writes of one
+//! checkpoint interval are processed again), every acknowledged INSERT is
+//! there, the views keep updating, and they equal their queries recomputed
+//! from the tables. Each round prints the time from restart to the first
+//! completed checkpoint of every job. `RESTART_SEED=n` replays a run.
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
+use std::time::Instant;
 
 use common::{Server, rows};
+
+/// xorshift64*: enough randomness for kill moments, reproducible by seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// The newest completed checkpoint of each view's job.
+async fn latest_checkpoints(client: &tokio_postgres::Client) -> HashMap<String, i64> {
+    rows(
+        client,
+        "SELECT view, max(id) FROM weir_catalog.checkpoints WHERE state = 'COMPLETED' GROUP BY view",
+    )
+    .await
+    .into_iter()
+    .map(|r| (r[0].clone(), r[1].parse().expect("id")))
+    .collect()
+}
 
 const VIEWS: &[(&str, &str)] = &[
     (
@@ -107,16 +137,68 @@ async fn views_survive_sigkill_mid_stream() {
     }
     let next_id = Arc::new(AtomicI64::new(1));
     let mut survivors: std::collections::HashSet<i64> = Default::default();
-    // Pseudo-random kill moments, fixed so failures reproduce.
-    let delays_ms = [350u64, 900, 130, 600, 1700];
-    for (round, delay) in delays_ms.iter().enumerate() {
+    let seed = std::env::var("RESTART_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+                | 1
+        });
+    println!("RESTART_SEED={seed}");
+    let mut rng = Rng(seed);
+    let mut to_checkpoint = Vec::new();
+    for round in 0..20 {
+        let delay = 50 + rng.next() % 2000;
         let stop = Arc::new(AtomicBool::new(false));
         let writers: Vec<_> = (0..2)
             .map(|_| tokio::spawn(writer(server.url(), next_id.clone(), stop.clone())))
             .collect();
-        tokio::time::sleep(Duration::from_millis(*delay)).await;
+        let watcher = server.client().await;
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let before = latest_checkpoints(&watcher).await;
+        drop(watcher);
+        let restarted = Instant::now();
         server.crash_and_restart();
         stop.store(true, Ordering::SeqCst);
+        // Every job completes a checkpoint again.
+        let client = server.client().await;
+        loop {
+            if latest_checkpoints(&client).await.len() == VIEWS.len() {
+                break;
+            }
+            assert!(
+                restarted.elapsed() < Duration::from_secs(60),
+                "round {round}: no checkpoint after the restart\n{}",
+                server.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = restarted.elapsed();
+        to_checkpoint.push(took);
+        println!(
+            "round {round}: killed {delay} ms into the stream; restart to first completed checkpoint of every job: {} ms",
+            took.as_millis()
+        );
+        // Each job restored the newest checkpoint completed before the kill
+        // (or one completed between that look and the kill).
+        for r in rows(
+            &client,
+            "SELECT view, restored_checkpoint FROM weir_catalog.jobs",
+        )
+        .await
+        {
+            if let Some(seen) = before.get(&r[0]) {
+                let restored: i64 = r[1].parse().unwrap_or(-1);
+                assert!(
+                    restored >= *seen,
+                    "round {round}: {} restored checkpoint {restored}, but {seen} had completed",
+                    r[0]
+                );
+            }
+        }
         let mut deleted = std::collections::HashSet::new();
         for w in writers {
             let w = w.await.expect("writer");
@@ -124,7 +206,6 @@ async fn views_survive_sigkill_mid_stream() {
             deleted.extend(w.deleted);
         }
         survivors.retain(|id| !deleted.contains(id));
-        let client = server.client().await;
         let present: std::collections::HashSet<i64> = rows(&client, "SELECT id FROM events")
             .await
             .into_iter()
@@ -149,6 +230,13 @@ async fn views_survive_sigkill_mid_stream() {
             .expect("update kinds");
         check_views(&server).await;
     }
+    to_checkpoint.sort();
+    println!(
+        "restart to first completed checkpoint over {} restarts: median {} ms, max {} ms",
+        to_checkpoint.len(),
+        to_checkpoint[to_checkpoint.len() / 2].as_millis(),
+        to_checkpoint[to_checkpoint.len() - 1].as_millis()
+    );
     assert!(
         survivors.len() > 20,
         "the writers wrote too little to test anything: {}",
