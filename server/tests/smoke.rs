@@ -1,0 +1,151 @@
+//! Every view in `sql-tests/` survives being interrupted (in the style of
+//! Arroyo's smoke tests): each `.slt` file's statements are replayed with a
+//! `CHECKPOINT` every few statements, the server is killed with SIGKILL
+//! halfway and restarted, every view is rescaled to another parallelism,
+//! and the replay finishes. Before a view is dropped, and at the end, it
+//! must equal its query computed from the tables — what an uninterrupted
+//! run gives.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use common::{Server, rows};
+use sqllogictest::{DefaultColumnType, Record, StatementExpect};
+
+/// `CREATE MATERIALIZED VIEW name [(columns)] AS query` → (name, query).
+fn view_definition(sql: &str) -> Option<(String, String)> {
+    let sql = sql.trim();
+    let lower = sql.to_lowercase();
+    let mut rest = lower.strip_prefix("create materialized view")?.trim_start();
+    rest = rest
+        .strip_prefix("if not exists")
+        .unwrap_or(rest)
+        .trim_start();
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    rest = rest[name.len()..].trim_start();
+    if rest.starts_with('(') {
+        // A column list renames; it does not change values.
+        rest = rest[rest.find(')')? + 1..].trim_start();
+    }
+    let query = rest.strip_prefix("as")?;
+    let at = sql.len() - query.len();
+    Some((name, sql[at..].trim().trim_end_matches(';').to_string()))
+}
+
+async fn compare(client: &tokio_postgres::Client, file: &str, views: &BTreeMap<String, String>) {
+    client.simple_query("FLUSH").await.expect("flush");
+    for (name, query) in views {
+        let mut view = rows(client, &format!("SELECT * FROM {name}")).await;
+        let mut expected = rows(client, query).await;
+        view.sort();
+        expected.sort();
+        assert!(
+            view == expected,
+            "{file}: view {name} differs from its query after the interruption\nview:  {view:?}\nquery: {expected:?}"
+        );
+    }
+}
+
+async fn connect(server: &Server, settings: &[String]) -> tokio_postgres::Client {
+    let client = server.client().await;
+    for s in settings {
+        client.simple_query(s).await.expect("setting");
+    }
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("sql-tests/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    files.sort();
+    let mut checked = 0;
+    for path in files {
+        let file = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if file == "errors.slt" {
+            // Its one view is built to fail.
+            continue;
+        }
+        let statements: Vec<String> = sqllogictest::parse_file::<DefaultColumnType>(&path)
+            .expect("parse")
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Statement {
+                    sql,
+                    expected: StatementExpect::Ok | StatementExpect::Count(_),
+                    ..
+                } => Some(sql),
+                _ => None,
+            })
+            .collect();
+        if !statements.iter().any(|s| view_definition(s).is_some()) {
+            continue;
+        }
+        let mut server = Server::start();
+        let mut settings: Vec<String> = Vec::new();
+        let mut client = connect(&server, &settings).await;
+        let mut views: BTreeMap<String, String> = BTreeMap::new();
+        let crash_at = statements.len() / 2;
+        for (i, sql) in statements.iter().enumerate() {
+            let lower = sql.trim().to_lowercase();
+            if lower.starts_with("drop materialized view") || lower.starts_with("drop table") {
+                compare(&client, &file, &views).await;
+            }
+            if let Err(e) = client.simple_query(sql).await {
+                panic!("{file}: {sql}: {e}");
+            }
+            if lower.starts_with("set ") {
+                settings.push(sql.clone());
+            }
+            if let Some((name, query)) = view_definition(sql) {
+                views.insert(name, query);
+            }
+            if lower.starts_with("drop materialized view") {
+                views.retain(|name, _| !lower.contains(name.as_str()));
+            }
+            if i % 3 == 2 {
+                client.simple_query("CHECKPOINT").await.expect("checkpoint");
+            }
+            if i == crash_at {
+                server.crash_and_restart();
+                client = connect(&server, &settings).await;
+                for (n, name) in views.keys().enumerate() {
+                    let p = rows(
+                        &client,
+                        &format!(
+                            "SELECT count(DISTINCT subtask) FROM weir_catalog.subtasks WHERE view = '{name}'"
+                        ),
+                    )
+                    .await;
+                    let now: usize = p[0][0].parse().unwrap_or(1);
+                    let other = (now + n) % 4 + 1;
+                    let other = if other == now { now % 4 + 1 } else { other };
+                    client
+                        .simple_query(&format!(
+                            "ALTER MATERIALIZED VIEW {name} SET PARALLELISM = {other}"
+                        ))
+                        .await
+                        .unwrap_or_else(|e| panic!("{file}: rescale {name} to {other}: {e}"));
+                }
+                compare(&client, &file, &views).await;
+            }
+        }
+        checked += views.len();
+        compare(&client, &file, &views).await;
+        println!("ok   {file}");
+    }
+    assert!(checked > 0, "no views were checked");
+}
