@@ -132,6 +132,10 @@ fn poisoned() -> ClusterError {
     ClusterError::Internal("job master lock poisoned".into())
 }
 
+/// How a snapshot that failed for want of space says so
+/// (`StorageError::DiskFull`).
+const DISK_FULL: &str = "no space left on device";
+
 /// Checkpoints the history keeps per job.
 const HISTORY: usize = 100;
 
@@ -146,9 +150,14 @@ impl Inner {
 
     /// The pending checkpoint, if any, ends with `status`.
     fn abort_pending(&mut self, cause: &str) {
+        self.end_pending(CheckpointStatus::Aborted, cause);
+    }
+
+    /// The pending checkpoint, if any, ends with `status`.
+    fn end_pending(&mut self, status: CheckpointStatus, cause: &str) {
         if let Some(p) = self.pending.take() {
             let mut stats = p.stats;
-            stats.status = CheckpointStatus::Aborted;
+            stats.status = status;
             stats.duration = Some(p.started.elapsed());
             stats.cause = Some(cause.to_string());
             self.archive(stats);
@@ -426,9 +435,13 @@ impl JobMaster {
             };
             let handles = p.handles().to_vec();
             tracing::warn!(job = self.job, checkpoint = id, cause = %cause, "checkpoint failed");
-            inner.abort_pending(&cause);
+            inner.end_pending(CheckpointStatus::Failed, &cause);
             self.discard_files(&inner, id, &handles);
-            self.checkpoint_failed(&mut inner, &cause);
+            // A full disk is not the job's fault, and restarting it would
+            // not help: its checkpoints resume once there is space.
+            if !cause.contains(DISK_FULL) {
+                self.checkpoint_failed(&mut inner, &cause);
+            }
         }
         for tm in self.task_executors() {
             if let Err(e) = tm.abort_checkpoint(self.job, id).await {
@@ -1020,8 +1033,12 @@ impl JobMaster {
                 {
                     inner.restarts = 0;
                 }
-                inner.restarts += 1;
-                let delay = self.config.restart_strategy.delay(inner.restarts);
+                // A full disk is waited out: restarting cannot fix it, so it
+                // does not use up the restart strategy's attempts.
+                if !error.contains(DISK_FULL) {
+                    inner.restarts += 1;
+                }
+                let delay = self.config.restart_strategy.delay(inner.restarts.max(1));
                 if let Some(exec) = &mut inner.exec {
                     for ev in exec.subtasks.iter_mut().flatten() {
                         ev.state = if delay.is_some() {

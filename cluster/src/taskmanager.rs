@@ -41,7 +41,7 @@ use futures::FutureExt;
 use planner::execution_graph::{ExecutionState, SlotId};
 use std::panic::AssertUnwindSafe;
 use storage::SlotMemory;
-use storage::backend::KeyedStateBackend;
+use storage::backend::{KeyedStateBackend, SnapshotError};
 use storage::checkpoint_storage::{CheckpointStorage, TableRange};
 use storage::keys::key_group_range;
 use storage::state::{StateEntry, StateScan};
@@ -430,7 +430,22 @@ impl TaskReporter for TaskExecutor {
         // Synchronous part, on the task: its changes in, a RocksDB checkpoint out.
         let snapshot = match backend.snapshot(id, std::mem::take(&mut ack.writes)) {
             Ok(s) => s,
-            Err(e) => return master.acknowledge_checkpoint(&task, decline(ack, &task, e)),
+            Err(SnapshotError::Declined(e)) => {
+                return master.acknowledge_checkpoint(&task, decline(ack, &task, e));
+            }
+            Err(lost @ SnapshotError::Lost(_)) => {
+                // Its state no longer matches its operators: restart the
+                // job from the last completed checkpoint.
+                tracing::error!(task = %task, checkpoint = id, error = %lost, "state backend lost changes");
+                let e = storage::StorageError::Internal(lost.to_string());
+                master.acknowledge_checkpoint(&task, decline(ack, &task, e));
+                master.update_task_execution_state(
+                    &task,
+                    ExecutionState::Failed,
+                    Some(lost.to_string()),
+                );
+                return;
+            }
         };
         let Some(storage) = self.storage_of(task.job) else {
             let e = storage::StorageError::Internal("no checkpoint storage".into());

@@ -31,6 +31,17 @@ use crate::kv::SlotMemory;
 use crate::state::{StateEntry, StateScan, StateWrite};
 use crate::{KvStore, Result, StorageError};
 
+/// Why a snapshot failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The operators' changes were not written: the backend is unusable.
+    #[error("state changes could not be written: {0}")]
+    Lost(StorageError),
+    /// Only this checkpoint failed.
+    #[error(transparent)]
+    Declined(StorageError),
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     /// SST files of the last completed checkpoint, by local name: already
@@ -109,13 +120,34 @@ impl KeyedStateBackend {
 
     /// The synchronous part of checkpoint `id`: writes the operators'
     /// changes and takes a local RocksDB checkpoint.
-    pub fn snapshot(&self, id: u64, writes: Vec<StateWrite>) -> Result<LocalSnapshot> {
-        self.kv()?.write_state(writes)?;
+    ///
+    /// If the changes cannot be written the backend no longer matches its
+    /// operators and must not be snapshotted again ([`SnapshotError::Lost`]:
+    /// the task has to restart from the last completed checkpoint); if only
+    /// the RocksDB checkpoint fails, this checkpoint is lost but the
+    /// backend is sound ([`SnapshotError::Declined`]).
+    pub fn snapshot(
+        &self,
+        id: u64,
+        writes: Vec<StateWrite>,
+    ) -> std::result::Result<LocalSnapshot, SnapshotError> {
+        self.kv()
+            .and_then(|kv| kv.write_state(writes))
+            .map_err(SnapshotError::Lost)?;
+        self.local_checkpoint(id).map_err(SnapshotError::Declined)
+    }
+
+    fn local_checkpoint(&self, id: u64) -> Result<LocalSnapshot> {
         let dir = self.dir.join(format!("chk-{id}"));
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(io_err)?;
         }
-        self.kv()?.checkpoint_to(&dir)?;
+        if let Err(e) = self.kv()?.checkpoint_to(&dir) {
+            // A half-made checkpoint would only take space (a full disk
+            // would stay full).
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(io_err)? {
             let entry = entry.map_err(io_err)?;
@@ -259,7 +291,7 @@ impl KeyedStateBackend {
             drop(source);
             std::fs::remove_dir_all(&scratch).map_err(io_err)?;
         }
-        self.snapshot(id, Vec::new())?;
+        self.local_checkpoint(id)?;
         self.complete(id)?;
         Ok(restored)
     }

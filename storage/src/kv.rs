@@ -94,6 +94,10 @@ impl KvStore {
         opts.create_if_missing(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.set_write_buffer_manager(&memory.buffers);
+        // Many small instances: keep their info logs small (they grow with
+        // every error, for example while the disk is full).
+        opts.set_max_log_file_size(256 << 10);
+        opts.set_keep_log_file_num(2);
         let mut block = rocksdb::BlockBasedOptions::default();
         block.set_block_cache(&memory.cache);
         opts.set_block_based_table_factory(&block);

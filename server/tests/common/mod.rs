@@ -13,6 +13,8 @@ pub struct Server {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    /// Where the data directory is (under `dir` unless given).
+    data: PathBuf,
     log: PathBuf,
     /// Extra command-line arguments of `weir playground`.
     args: Vec<String>,
@@ -33,11 +35,27 @@ impl Server {
     /// A playground with extra arguments (for example cluster settings).
     pub fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        Self::start_at(dir, data, args)
+    }
+
+    /// A playground whose data directory is `data` (for example on a
+    /// small file system).
+    pub fn start_in(data: &Path, args: &[&str]) -> Self {
+        Self::start_at(
+            tempfile::tempdir().expect("temp dir"),
+            data.to_path_buf(),
+            args,
+        )
+    }
+
+    fn start_at(dir: tempfile::TempDir, data: PathBuf, args: &[&str]) -> Self {
         let log = dir.path().join("weir.log");
         let mut s = Server {
             child: None,
             port: free_port(),
             dir,
+            data,
             log,
             args: args.iter().map(|a| a.to_string()).collect(),
         };
@@ -55,7 +73,7 @@ impl Server {
             "--listen".into(),
             format!("127.0.0.1:{}", self.port),
             "--data-dir".into(),
-            self.dir.path().join("data").display().to_string(),
+            self.data.display().to_string(),
         ];
         args.extend(self.args.iter().cloned());
         self.child = Some(spawn_weir(&args, &self.log));
