@@ -53,6 +53,25 @@ pub struct CheckpointStats {
     pub cause: Option<String>,
 }
 
+impl CheckpointStats {
+    /// A checkpoint triggered now, with nothing acknowledged yet.
+    pub(crate) fn new(id: u64, status: CheckpointStatus) -> Self {
+        Self {
+            id,
+            kind: SnapshotKind::Checkpoint,
+            status,
+            triggered_at: SystemTime::now(),
+            duration: None,
+            alignment: Duration::ZERO,
+            full_bytes: 0,
+            incremental_bytes: 0,
+            acknowledged: 0,
+            tasks: 0,
+            cause: None,
+        }
+    }
+}
+
 /// A checkpoint every subtask has acknowledged and every TaskManager has
 /// committed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,17 +99,8 @@ impl PendingCheckpoint {
             id,
             started: Instant::now(),
             stats: CheckpointStats {
-                id,
-                kind: SnapshotKind::Checkpoint,
-                status: CheckpointStatus::InProgress,
-                triggered_at: SystemTime::now(),
-                duration: None,
-                alignment: Duration::ZERO,
-                full_bytes: 0,
-                incremental_bytes: 0,
-                acknowledged: 0,
                 tasks: waiting.len(),
-                cause: None,
+                ..CheckpointStats::new(id, CheckpointStatus::InProgress)
             },
             waiting,
             positions: HashMap::new(),

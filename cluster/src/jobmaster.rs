@@ -205,19 +205,10 @@ fn millis(t: SystemTime) -> u64 {
 /// The history row of a checkpoint found damaged.
 fn corrupt_stats(id: u64, why: &str) -> CheckpointStats {
     CheckpointStats {
-        id,
-        kind: SnapshotKind::Checkpoint,
-        status: CheckpointStatus::Failed,
-        triggered_at: SystemTime::now(),
-        duration: None,
-        alignment: Duration::ZERO,
-        full_bytes: 0,
-        incremental_bytes: 0,
-        acknowledged: 0,
-        tasks: 0,
         cause: Some(format!(
             "corrupt: {why}; restoring from the previous retained checkpoint"
         )),
+        ..CheckpointStats::new(id, CheckpointStatus::Failed)
     }
 }
 
