@@ -198,7 +198,7 @@ impl CheckpointStorage {
             && scheme != "file"
         {
             return Err(StorageError::Unsupported(format!(
-                "checkpoint storage \"{location}\": only local directories are supported"
+                "checkpoint storage at \"{location}\" (only a local directory or a file:// URL for now)"
             )));
         }
         let dir = location.strip_prefix("file://").unwrap_or(location);
@@ -334,7 +334,7 @@ impl CheckpointStorage {
             .ok_or_else(|| corrupt("bad version"))?;
         if version > FORMAT_VERSION {
             return Err(StorageError::Unsupported(format!(
-                "{path} has format version {version}; this Weir reads up to {FORMAT_VERSION}"
+                "{path}: format version {version} (this Weir reads up to {FORMAT_VERSION})"
             )));
         }
         if words.next() != Some(sha256(body).as_str()) {
