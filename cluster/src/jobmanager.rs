@@ -286,9 +286,8 @@ impl JobManager {
         self.checkpoint_now(job).await?;
         let jm = self.job_master(job).ok_or(ClusterError::UnknownJob(job))?;
         let latest = jm.pin_latest()?;
-        let (storage, scratch) = jm.storage();
-        let scratch = scratch.join(format!("savepoint-{name}-{job}"));
-        let part = storage.savepoint_job(name, &latest, &scratch).await;
+        let scratch = self.scratch.join(format!("savepoint-{name}-{job}"));
+        let part = self.storage.savepoint_job(name, &latest, &scratch).await;
         jm.unpin(latest.id);
         let _ = std::fs::remove_dir_all(&scratch);
         Ok(part?)

@@ -677,11 +677,6 @@ impl JobMaster {
         }
     }
 
-    /// Where the next checkpoint's files go; the scratch directory.
-    pub(crate) fn storage(&self) -> (&Arc<CheckpointStorage>, &std::path::Path) {
-        (&self.storage, &self.scratch)
-    }
-
     pub(crate) fn restored_checkpoint(&self) -> Option<u64> {
         self.lock().ok().and_then(|i| i.restored)
     }

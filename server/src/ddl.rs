@@ -313,15 +313,15 @@ pub async fn set_parallelism(
     let entry = db.catalog.by_name(view).ok_or_else(|| {
         ServerError::UndefinedTable(format!("materialized view \"{view}\" does not exist"))
     })?;
+    let mut updated = entry;
     let Entry::MaterializedView {
         id,
-        name,
         sql,
-        parallelism: old,
+        parallelism: current,
         chaining,
         checkpoint_mode,
-        depends_on,
-    } = entry
+        ..
+    } = &mut updated
     else {
         return Err(ServerError::WrongObjectType(format!(
             "\"{view}\" is not a materialized view"
@@ -329,24 +329,17 @@ pub async fn set_parallelism(
     };
     let tag = QueryResult::command("ALTER MATERIALIZED VIEW");
     let parallelism = parallelism as usize;
-    if parallelism == old {
+    if parallelism == *current {
         return Ok(tag);
     }
-    let graph = job_graph(db, &sql, id, parallelism, chaining, checkpoint_mode).await?;
+    let graph = job_graph(db, sql, *id, parallelism, *chaining, *checkpoint_mode).await?;
     db.cluster
         .job_manager
-        .rescale(id, graph)
+        .rescale(*id, graph)
         .await
         .map_err(|e| db.job_error(e))?;
-    db.catalog.add(Entry::MaterializedView {
-        id,
-        name,
-        sql,
-        parallelism,
-        chaining,
-        checkpoint_mode,
-        depends_on,
-    })?;
+    *current = parallelism;
+    db.catalog.add(updated)?;
     Ok(tag)
 }
 
