@@ -17,3 +17,16 @@ ensure_packages() {
 # One target directory outside the clone, so that every clone (and CI)
 # reuses the same build.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/weir-target}"
+
+# Installs a program from crates.io with `cargo install` unless it is on
+# the PATH or in cargo's bin directory already: ensure_crate BIN CRATE
+# VERSION [cargo install flags…].
+ensure_crate() {
+    local bin="$1" crate="$2" version="$3"
+    shift 3
+    command -v "$bin" >/dev/null 2>&1 && return 0
+    [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/$bin" ] && return 0
+    echo "installing $crate $version (cargo install)" >&2
+    CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tools" \
+        cargo install --quiet --locked "$crate" --version "$version" "$@"
+}

@@ -69,6 +69,7 @@ impl Cluster {
             None => data_dir.join("checkpoints").display().to_string(),
         };
         let storage = Arc::new(CheckpointStorage::open(&location)?);
+        storage.check().await?;
         let scratch = data_dir.join("scratch");
         fresh_dir(&scratch)?;
         let resource_manager =

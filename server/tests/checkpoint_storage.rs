@@ -1,13 +1,51 @@
-//! Checkpoint storage as files on disk: retention with shared SST files
-//! counted and deleted, and damaged checkpoints detected by their checksums
-//! and skipped in favour of the previous retained one.
+//! Checkpoint storage, in a local directory and in an S3-compatible object
+//! store: retention with shared SST files counted and deleted, and damaged
+//! checkpoints detected by their checksums and skipped in favour of the
+//! previous retained one.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::s3::S3Server;
 use common::{Server, rows};
+
+/// A server that checkpoints only when told (the interval is a minute),
+/// and where its checkpoints are on disk.
+struct Fixture {
+    server: Server,
+    root: PathBuf,
+    _s3: Option<S3Server>,
+}
+
+const QUIET: [&str; 2] = ["--checkpoint-interval-ms", "60000"];
+
+impl Fixture {
+    /// Checkpoints in the data directory (the default).
+    fn local() -> Self {
+        let server = Server::start_with(&QUIET);
+        let root = server.data_dir().join("data/checkpoints");
+        Self {
+            server,
+            root,
+            _s3: None,
+        }
+    }
+
+    /// Checkpoints in an S3 bucket, under a prefix, through `s3s-fs`.
+    fn s3() -> Self {
+        let s3 = S3Server::start("weir");
+        let mut args = QUIET.to_vec();
+        args.extend(["--checkpoint-dir", "s3://weir/cluster-1/checkpoints"]);
+        let server = Server::start_with_env(&args, &s3.env());
+        Self {
+            server,
+            root: s3.dir("weir/cluster-1/checkpoints"),
+            _s3: Some(s3),
+        }
+    }
+}
 
 /// `chk-<n>` directories with metadata under the only job's storage.
 fn completed(storage: &Path) -> Vec<(u64, PathBuf)> {
@@ -75,9 +113,17 @@ async fn same_as_query(c: &tokio_postgres::Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retains_three_checkpoints_and_deletes_unshared_files() {
-    let server = Server::start_with(&["--checkpoint-interval-ms", "60000"]);
-    let storage = server.data_dir().join("data/checkpoints");
-    let c = setup(&server).await;
+    retains_three_checkpoints(Fixture::local()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_retains_three_checkpoints_and_deletes_unshared_files() {
+    retains_three_checkpoints(Fixture::s3()).await;
+}
+
+async fn retains_three_checkpoints(f: Fixture) {
+    let storage = f.root.clone();
+    let c = setup(&f.server).await;
     for round in 0..6 {
         c.simple_query(&format!(
             "INSERT INTO t SELECT x % 7, x + {round} FROM generate_series(1, 300) AS g(x)"
@@ -126,9 +172,12 @@ async fn retains_three_checkpoints_and_deletes_unshared_files() {
 
 /// Damages the newest checkpoint's files with `damage`, restarts, and
 /// checks the server restored from the one before.
-async fn falls_back_when(damage: fn(&Path)) {
-    let mut server = Server::start_with(&["--checkpoint-interval-ms", "60000"]);
-    let storage = server.data_dir().join("data/checkpoints");
+async fn falls_back_when(f: Fixture, damage: fn(&Path)) {
+    let Fixture {
+        mut server,
+        root: storage,
+        _s3,
+    } = f;
     let c = setup(&server).await;
     for round in 0..3 {
         c.simple_query(&format!(
@@ -186,21 +235,27 @@ async fn falls_back_when(damage: fn(&Path)) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bit_flip_falls_back_to_the_previous_checkpoint() {
-    falls_back_when(|f| {
-        let mut bytes = std::fs::read(f).expect("read");
-        if bytes.is_empty() {
-            return;
-        }
-        let mid = bytes.len() / 2;
-        bytes[mid] ^= 0x10;
-        std::fs::write(f, bytes).expect("write");
-    })
-    .await;
+    falls_back_when(Fixture::local(), flip_a_bit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_bit_flip_falls_back_to_the_previous_checkpoint() {
+    falls_back_when(Fixture::s3(), flip_a_bit).await;
+}
+
+fn flip_a_bit(f: &Path) {
+    let mut bytes = std::fs::read(f).expect("read");
+    if bytes.is_empty() {
+        return;
+    }
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(f, bytes).expect("write");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_file_falls_back_to_the_previous_checkpoint() {
-    falls_back_when(|f| {
+    falls_back_when(Fixture::local(), |f| {
         let bytes = std::fs::read(f).expect("read");
         std::fs::write(f, &bytes[..bytes.len() / 2]).expect("write");
     })

@@ -9,6 +9,8 @@
 //!   TaskManager started afterwards), and the views are still exact.
 //! - A JobManager killed and restarted: the TaskManagers register again and
 //!   the views go on.
+//! - Checkpoints in an S3-compatible object store: after everything is
+//!   killed, new TaskManagers with empty disks restore the views from it.
 //! - A TaskManager that cannot reach a JobManager gives up after its
 //!   registration timeout, with a message that says so.
 //!
@@ -23,7 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{connect, free_port, rows, spawn_weir, wait_for_port};
+use common::s3::S3Server;
+use common::{connect, free_port, rows, spawn_weir, spawn_weir_with, wait_for_port};
 
 /// Settings that make failure detection quick enough for a test.
 fn cluster_args(slot_timeout_ms: u64, restart_strategy: &str) -> Vec<String> {
@@ -65,6 +68,10 @@ struct TestCluster {
     tms: Vec<TaskManager>,
     slot_timeout_ms: u64,
     restart_strategy: &'static str,
+    /// Environment of every process (for example an object store's).
+    env: Vec<(String, String)>,
+    /// Extra arguments of the JobManager.
+    jm_args: Vec<String>,
 }
 
 impl TestCluster {
@@ -102,12 +109,41 @@ impl TestCluster {
             tms: Vec::new(),
             slot_timeout_ms,
             restart_strategy,
+            env: Vec::new(),
+            jm_args: Vec::new(),
         };
-        c.start_job_manager(parallelism);
-        for _ in 0..task_managers {
-            c.add_task_manager(slots);
-        }
+        c.start_processes(task_managers, slots, parallelism);
         c
+    }
+
+    /// A cluster whose checkpoints go to `checkpoint_dir` in `s3`.
+    fn start_on_s3(
+        task_managers: usize,
+        slots: usize,
+        parallelism: usize,
+        s3: &S3Server,
+        checkpoint_dir: &str,
+    ) -> Self {
+        let mut c = TestCluster {
+            dir: tempfile::tempdir().expect("temp dir"),
+            jm: None,
+            pg: free_port(),
+            rpc: free_port(),
+            tms: Vec::new(),
+            slot_timeout_ms: 20_000,
+            restart_strategy: "fixed-delay",
+            env: s3.env(),
+            jm_args: vec!["--checkpoint-dir".into(), checkpoint_dir.into()],
+        };
+        c.start_processes(task_managers, slots, parallelism);
+        c
+    }
+
+    fn start_processes(&mut self, task_managers: usize, slots: usize, parallelism: usize) {
+        self.start_job_manager(parallelism);
+        for _ in 0..task_managers {
+            self.add_task_manager(slots);
+        }
     }
 
     fn log(&self, name: &str) -> PathBuf {
@@ -127,8 +163,9 @@ impl TestCluster {
             parallelism.to_string(),
         ];
         args.extend(cluster_args(self.slot_timeout_ms, self.restart_strategy));
+        args.extend(self.jm_args.iter().cloned());
         let log = self.log("jobmanager");
-        self.jm = Some(spawn_weir(&args, &log));
+        self.jm = Some(spawn_weir_with(&args, &self.env, &log));
         wait_for_port(self.pg, "jobmanager", &log);
     }
 
@@ -149,7 +186,7 @@ impl TestCluster {
         args.extend(cluster_args(self.slot_timeout_ms, self.restart_strategy));
         let log = self.log(&format!("tm{i}"));
         self.tms.push(TaskManager {
-            child: Some(spawn_weir(&args, &log)),
+            child: Some(spawn_weir_with(&args, &self.env, &log)),
             rpc,
         });
         wait_for_port(rpc, "taskmanager", &log);
@@ -738,4 +775,78 @@ async fn reads_across_task_managers_see_whole_statements() {
     let cluster = TestCluster::start(2, 2, 4);
     cluster.wait_registered(2).await;
     common::transfers_never_show_half_done(cluster.pg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_in_s3_restore_on_new_task_managers() {
+    let s3 = S3Server::start("weir");
+    let mut cluster = TestCluster::start_on_s3(2, 2, 2, &s3, "s3://weir/prod/checkpoints");
+    cluster.wait_registered(2).await;
+    let client = cluster.client().await;
+    create_schema(&client).await;
+    insert_events(&client, 0..50).await;
+    client
+        .batch_execute("CHECKPOINT")
+        .await
+        .expect("checkpoint");
+    assert_views_exact(&cluster).await;
+    // Every view's job wrote its checkpoints to the bucket, none locally.
+    let root = s3.dir("weir/prod/checkpoints");
+    let jobs: Vec<_> = std::fs::read_dir(&root)
+        .expect("checkpoints in the bucket")
+        .flatten()
+        .filter(|j| {
+            std::fs::read_dir(j.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|c| c.path().join("_metadata").is_file())
+        })
+        .collect();
+    assert_eq!(jobs.len(), VIEWS.len(), "{:?}", root);
+    assert!(!cluster.dir.path().join("jobmanager/checkpoints").exists());
+
+    // Everything goes down; a JobManager and two TaskManagers with empty
+    // state directories come back.
+    for tm in &mut cluster.tms {
+        TestCluster::kill9(&mut tm.child);
+    }
+    TestCluster::kill9(&mut cluster.jm);
+    cluster.start_job_manager(2);
+    let client = cluster.client().await;
+    // Before any TaskManager is back the views answer from the bucket.
+    let n = rows(&client, "SELECT sum(n) FROM per_kind").await;
+    assert_eq!(n[0][0], "50");
+    cluster.add_task_manager(2);
+    cluster.add_task_manager(2);
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.jobs WHERE state = 'RUNNING' AND restored_checkpoint IS NOT NULL",
+            Duration::from_secs(60),
+            |r| r[0][0] == VIEWS.len().to_string(),
+        )
+        .await;
+    insert_events(&client, 50..80).await;
+    assert_views_exact(&cluster).await;
+    // A savepoint goes to the bucket too, and a view goes back to it.
+    client
+        .batch_execute(
+            "CREATE SAVEPOINT before_more FOR MATERIALIZED VIEW per_kind;
+             DELETE FROM events WHERE id < 10;",
+        )
+        .await
+        .expect("savepoint");
+    assert!(root.join("savepoints/before_more/_metadata").is_file());
+    client
+        .batch_execute("RESTORE MATERIALIZED VIEW per_kind FROM SAVEPOINT before_more")
+        .await
+        .expect("restore");
+    cluster
+        .wait_for(
+            "SELECT count(*) FROM weir_catalog.jobs WHERE state = 'RUNNING'",
+            Duration::from_secs(60),
+            |r| r[0][0] == VIEWS.len().to_string(),
+        )
+        .await;
+    assert_views_exact(&cluster).await;
 }

@@ -192,16 +192,24 @@ pub struct CheckpointStorage {
 
 impl CheckpointStorage {
     /// Opens the storage at `location`: a local directory (created if
-    /// missing). Object-store URLs are not supported yet.
+    /// missing), a `file://` URL, or an S3-compatible object store as
+    /// `s3://bucket/prefix`. The object store's endpoint, region and
+    /// credentials come from the standard `AWS_*` environment variables
+    /// (`AWS_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`, …) of each process that
+    /// opens it, JobManager and TaskManagers alike.
     pub fn open(location: &str) -> Result<Self> {
-        if let Some((scheme, _)) = location.split_once("://")
-            && scheme != "file"
-        {
-            return Err(StorageError::Unsupported(format!(
-                "checkpoint storage at \"{location}\" (only a local directory or a file:// URL for now)"
-            )));
+        match location.split_once("://") {
+            Some(("s3" | "s3a", rest)) => Self::open_s3(location, rest),
+            Some(("file", dir)) => Self::open_local(dir),
+            None => Self::open_local(location),
+            Some(_) => Err(StorageError::Unsupported(format!(
+                "checkpoint storage at \"{location}\" (use a local directory, a file:// URL or an s3:// URL)"
+            ))),
         }
-        let dir = location.strip_prefix("file://").unwrap_or(location);
+    }
+
+    fn open_local(dir: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io_err)?;
         let dir = std::fs::canonicalize(dir).map_err(io_err)?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
@@ -211,6 +219,44 @@ impl CheckpointStorage {
             store: Arc::new(store),
             location: dir.display().to_string(),
         })
+    }
+
+    /// `rest` is `bucket/prefix` of an `s3://` URL. The bucket must exist;
+    /// Weir writes under the prefix only.
+    fn open_s3(location: &str, rest: &str) -> Result<Self> {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(StorageError::CheckpointStorage(format!(
+                "\"{location}\" names no bucket (s3://bucket/prefix)"
+            )));
+        }
+        let s3 = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .build()
+            .map_err(|e| StorageError::CheckpointStorage(format!("{location}: {e}")))?;
+        let prefix = prefix.trim_matches('/');
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            Arc::new(s3)
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+        };
+        let location = if prefix.is_empty() {
+            format!("s3://{bucket}")
+        } else {
+            format!("s3://{bucket}/{prefix}")
+        };
+        Ok(Self { store, location })
+    }
+
+    /// Fails unless the storage answers: a listing of its root. Called when
+    /// a JobManager starts, so a wrong endpoint, bucket or credential is
+    /// an error at startup rather than at the first checkpoint.
+    pub async fn check(&self) -> Result<()> {
+        self.store
+            .list_with_delimiter(None)
+            .await
+            .map(|_| ())
+            .map_err(|e| StorageError::CheckpointStorage(format!("{}: {e}", self.location)))
     }
 
     /// Where it is, as given to TaskManagers.
@@ -591,6 +637,20 @@ mod tests {
         let mut freed = s.release(&b);
         freed.sort();
         assert_eq!(freed, vec!["y".to_string(), "z".to_string()]);
+    }
+
+    #[test]
+    fn storage_urls_are_checked() {
+        assert!(matches!(
+            CheckpointStorage::open("gs://bucket/x"),
+            Err(StorageError::Unsupported(m)) if m.contains("gs://bucket/x")
+        ));
+        assert!(matches!(
+            CheckpointStorage::open("s3:///x"),
+            Err(StorageError::CheckpointStorage(m)) if m.contains("names no bucket")
+        ));
+        let s3 = CheckpointStorage::open("s3://bucket/a/b/").unwrap();
+        assert_eq!(s3.location(), "s3://bucket/a/b");
     }
 
     #[tokio::test]

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod s3;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +20,8 @@ pub struct Server {
     log: PathBuf,
     /// Extra command-line arguments of `weir playground`.
     args: Vec<String>,
+    /// Extra environment variables of the process.
+    env: Vec<(String, String)>,
 }
 
 pub fn free_port() -> u16 {
@@ -36,7 +40,7 @@ impl Server {
     pub fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("data");
-        Self::start_at(dir, data, args)
+        Self::start_at(dir, data, args, &[])
     }
 
     /// A playground whose data directory is `data` (for example on a
@@ -46,10 +50,16 @@ impl Server {
             tempfile::tempdir().expect("temp dir"),
             data.to_path_buf(),
             args,
+            &[],
         )
     }
 
-    fn start_at(dir: tempfile::TempDir, data: PathBuf, args: &[&str]) -> Self {
+    fn start_at(
+        dir: tempfile::TempDir,
+        data: PathBuf,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Self {
         let log = dir.path().join("weir.log");
         let mut s = Server {
             child: None,
@@ -58,9 +68,17 @@ impl Server {
             data,
             log,
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: env.to_vec(),
         };
         s.spawn();
         s
+    }
+
+    /// A playground with extra arguments and environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(String, String)]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        Self::start_at(dir, data, args, env)
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -76,7 +94,7 @@ impl Server {
             self.data.display().to_string(),
         ];
         args.extend(self.args.iter().cloned());
-        self.child = Some(spawn_weir(&args, &self.log));
+        self.child = Some(spawn_weir_with(&args, &self.env, &self.log));
         wait_for_port(self.port, "weir", &self.log);
     }
 
@@ -140,6 +158,11 @@ pub async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<String>
 
 /// Starts `weir` with `args`, appending its log to `log`.
 pub fn spawn_weir(args: &[String], log: &Path) -> Child {
+    spawn_weir_with(args, &[], log)
+}
+
+/// Starts `weir` with `args` and extra environment variables.
+pub fn spawn_weir_with(args: &[String], env: &[(String, String)], log: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -148,6 +171,7 @@ pub fn spawn_weir(args: &[String], log: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
         .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
