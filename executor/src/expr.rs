@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use datafusion::arrow::compute::prep_null_mask_filter;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
@@ -14,7 +15,7 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::physical_expr::{PhysicalExpr, create_physical_expr};
 use storage::keys::MAX_PARALLELISM;
 
-use crate::Result;
+use crate::{ExecError, Result};
 
 /// Fixed so that a key maps to the same key group in every process and
 /// after every restart: state is stored by key group.
@@ -71,4 +72,22 @@ pub fn batch(schema: &SchemaRef, columns: Vec<ArrayRef>, rows: usize) -> Result<
         columns,
         &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
+}
+
+/// Evaluates a boolean predicate on `batch` as a selection mask: NULL is
+/// not true (SQL's WHERE and ON).
+pub fn predicate_mask(
+    predicate: &Arc<dyn PhysicalExpr>,
+    batch: &RecordBatch,
+) -> Result<BooleanArray> {
+    let values = predicate.evaluate(batch)?.into_array(batch.num_rows())?;
+    let mask = values
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| ExecError::Protocol(format!("predicate {predicate} is not boolean")))?;
+    Ok(if mask.null_count() > 0 {
+        prep_null_mask_filter(mask)
+    } else {
+        mask.clone()
+    })
 }

@@ -244,6 +244,7 @@ mod tests {
         let r = source(&mut g);
         let j = g.add_node(
             OperatorSpec::HashJoin {
+                join_type: Default::default(),
                 left_keys: vec![lit(1)],
                 right_keys: vec![lit(1)],
                 filter: None,

@@ -17,10 +17,10 @@
 use datafusion::common::NullEquality;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::Volatility;
-use datafusion::logical_expr::{Expr, JoinType, LogicalPlan};
+use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, lit};
 
 use crate::source::as_stream_source;
-use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner};
+use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner, StreamJoinType};
 use crate::stream_graph::StreamGraph;
 use crate::{PlanError, Result};
 
@@ -94,20 +94,25 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
         plan.schema().clone(),
     );
     let partitioner = if p > 1 {
-        Partitioner::Hash {
-            exprs: plan
-                .schema()
-                .columns()
-                .into_iter()
-                .map(Expr::Column)
-                .collect(),
-            schema: plan.schema().clone(),
-        }
+        whole_row(plan)
     } else {
         Partitioner::Forward
     };
     l.graph.connect(root, mat, 0, partitioner);
     Ok(l.graph)
+}
+
+/// Hash partitioning on every column of `plan`'s output.
+fn whole_row(plan: &LogicalPlan) -> Partitioner {
+    Partitioner::Hash {
+        exprs: plan
+            .schema()
+            .columns()
+            .into_iter()
+            .map(Expr::Column)
+            .collect(),
+        schema: plan.schema().clone(),
+    }
 }
 
 struct Lowering<'a> {
@@ -281,42 +286,45 @@ impl Lowering<'_> {
                 Ok(node)
             }
             LogicalPlan::Join(join) => {
-                let kind = match join.join_type {
-                    JoinType::Inner => None,
-                    JoinType::Left => Some("LEFT JOIN"),
-                    JoinType::Right => Some("RIGHT JOIN"),
-                    JoinType::Full => Some("FULL JOIN"),
-                    JoinType::LeftSemi | JoinType::RightSemi => {
-                        Some("semi joins (EXISTS, IN subqueries)")
+                let join_type = match join.join_type {
+                    JoinType::Inner => StreamJoinType::Inner,
+                    JoinType::Left => StreamJoinType::Left,
+                    JoinType::Right => StreamJoinType::Right,
+                    JoinType::Full => StreamJoinType::Full,
+                    JoinType::LeftSemi => StreamJoinType::LeftSemi,
+                    JoinType::RightSemi => StreamJoinType::RightSemi,
+                    JoinType::LeftAnti => StreamJoinType::LeftAnti,
+                    JoinType::RightAnti => StreamJoinType::RightAnti,
+                    JoinType::LeftMark | JoinType::RightMark => {
+                        return unsupported(
+                            "EXISTS or IN subqueries under OR or in SELECT lists in materialized views",
+                        );
                     }
-                    JoinType::LeftAnti | JoinType::RightAnti => {
-                        Some("anti joins (NOT EXISTS, NOT IN)")
-                    }
-                    _ => Some("this join type"),
                 };
-                if let Some(kind) = kind {
-                    return unsupported(format!("{kind} in materialized views"));
-                }
-                if join.on.is_empty() {
+                if join.null_aware {
                     return unsupported(
-                        "joins without an equality condition (cross joins) in materialized views",
+                        "NOT IN (subquery) in materialized views; NOT EXISTS has the same meaning when neither side is NULL",
                     );
                 }
-                let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) =
-                    join.on.iter().cloned().unzip();
-                for e in left_keys
-                    .iter()
-                    .chain(&right_keys)
-                    .chain(join.filter.iter())
-                {
-                    check_expr(e)?;
-                }
+                // A join without equal keys (a cross join, an uncorrelated
+                // scalar subquery) is one key: every row meets every row in
+                // a single subtask.
+                let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = if join.on.is_empty() {
+                    (vec![lit(true)], vec![lit(true)])
+                } else {
+                    join.on.iter().cloned().unzip()
+                };
                 let left = self.node(&join.left)?;
                 let right = self.node(&join.right)?;
                 let id = self.graph.nodes.len();
-                let p = self.opts.parallelism;
+                let p = if join.on.is_empty() {
+                    1
+                } else {
+                    self.opts.parallelism
+                };
                 let node = self.graph.add_node(
                     OperatorSpec::HashJoin {
+                        join_type,
                         left_keys: left_keys.clone(),
                         right_keys: right_keys.clone(),
                         filter: join.filter.clone(),
@@ -351,7 +359,32 @@ impl Lowering<'_> {
             LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => {
                 unsupported("ORDER BY … LIMIT (top-N) in materialized views")
             }
-            LogicalPlan::Union(_) => unsupported("UNION in materialized views"),
+            LogicalPlan::Union(u) => {
+                let inputs = u
+                    .inputs
+                    .iter()
+                    .map(|i| self.node(i))
+                    .collect::<Result<Vec<_>>>()?;
+                let p = self.opts.parallelism;
+                let node = self.graph.add_node(
+                    OperatorSpec::Union {
+                        inputs: inputs.len(),
+                    },
+                    p,
+                    plan.schema().clone(),
+                );
+                for (port, (input, plan)) in inputs.into_iter().zip(&u.inputs).enumerate() {
+                    // Hashing on the whole row keeps each row's changes in
+                    // order on one path; the same parallelism needs no shuffle.
+                    let partitioner = if self.graph.nodes[input].parallelism == p {
+                        Partitioner::Forward
+                    } else {
+                        whole_row(plan)
+                    };
+                    self.graph.connect(input, node, port, partitioner);
+                }
+                Ok(node)
+            }
             LogicalPlan::Window(_) => unsupported("window functions (OVER) in materialized views"),
             LogicalPlan::Distinct(_) => unsupported("DISTINCT ON in materialized views"),
             LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
@@ -497,6 +530,15 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_maintain() {
+        let limit = scan("a", 1).limit(0, Some(3)).unwrap().build().unwrap();
+        assert!(matches!(
+            lower(&limit, &opts(1)),
+            Err(PlanError::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn outer_joins_keep_their_kind_and_cross_joins_run_once() {
         let left = scan("a", 1)
             .join(
                 scan("b", 2).build().unwrap(),
@@ -507,13 +549,31 @@ mod tests {
             .unwrap()
             .build()
             .unwrap();
-        assert!(
-            matches!(lower(&left, &opts(1)), Err(PlanError::Unsupported(m)) if m.contains("LEFT JOIN"))
-        );
-        let limit = scan("a", 1).limit(0, Some(3)).unwrap().build().unwrap();
+        let g = lower(&left, &opts(2)).unwrap();
+        let join = g
+            .nodes
+            .iter()
+            .find(|n| n.spec.name() == "HashJoin")
+            .unwrap();
         assert!(matches!(
-            lower(&limit, &opts(1)),
-            Err(PlanError::Unsupported(_))
+            join.spec,
+            OperatorSpec::HashJoin {
+                join_type: StreamJoinType::Left,
+                ..
+            }
         ));
+        assert_eq!(join.parallelism, 2);
+        let cross = scan("a", 1)
+            .cross_join(scan("b", 2).build().unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let g = lower(&cross, &opts(2)).unwrap();
+        let join = g
+            .nodes
+            .iter()
+            .find(|n| n.spec.name() == "HashJoin")
+            .unwrap();
+        assert_eq!(join.parallelism, 1);
     }
 }

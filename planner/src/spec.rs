@@ -47,8 +47,13 @@ pub enum OperatorSpec {
         input_schema: DFSchemaRef,
         state_table: u64,
     },
-    /// Inner equi-join; both inputs hash-partitioned on their keys.
+    /// Equi-join of any kind in [`StreamJoinType`]; both inputs
+    /// hash-partitioned on their keys.
     HashJoin {
+        /// Inner, outer, semi or anti (absent in graphs of older Weirs,
+        /// which only had inner joins).
+        #[serde(default)]
+        join_type: StreamJoinType,
         #[serde(with = "crate::wire::exprs")]
         left_keys: Vec<Expr>,
         #[serde(with = "crate::wire::exprs")]
@@ -64,6 +69,8 @@ pub enum OperatorSpec {
         null_equals_null: bool,
         state_table: u64,
     },
+    /// `UNION ALL` of `inputs` inputs of the same column types.
+    Union { inputs: usize },
     /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
     Materialize { view_id: u64, state_table: u64 },
 }
@@ -77,6 +84,7 @@ impl OperatorSpec {
             OperatorSpec::Project { .. } => "Project",
             OperatorSpec::HashAgg { .. } => "HashAgg",
             OperatorSpec::HashJoin { .. } => "HashJoin",
+            OperatorSpec::Union { .. } => "Union",
             OperatorSpec::Materialize { .. } => "Materialize",
         }
     }
@@ -86,6 +94,7 @@ impl OperatorSpec {
         match self {
             OperatorSpec::TableSource { .. } => 0,
             OperatorSpec::HashJoin { .. } => 2,
+            OperatorSpec::Union { inputs } => *inputs,
             _ => 1,
         }
     }
@@ -97,7 +106,9 @@ impl OperatorSpec {
             | OperatorSpec::HashAgg { state_table, .. }
             | OperatorSpec::HashJoin { state_table, .. }
             | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
-            OperatorSpec::Filter { .. } | OperatorSpec::Project { .. } => vec![],
+            OperatorSpec::Filter { .. }
+            | OperatorSpec::Project { .. }
+            | OperatorSpec::Union { .. } => vec![],
         }
     }
 }
@@ -131,6 +142,7 @@ impl fmt::Display for OperatorSpec {
                 left_keys,
                 right_keys,
                 filter,
+                join_type,
                 ..
             } => {
                 let on: Vec<String> = left_keys
@@ -138,13 +150,72 @@ impl fmt::Display for OperatorSpec {
                     .zip(right_keys)
                     .map(|(l, r)| format!("{l} = {r}"))
                     .collect();
-                write!(f, "HashJoin: on=[{}]", on.join(", "))?;
+                write!(
+                    f,
+                    "HashJoin: type={} on=[{}]",
+                    join_type.name(),
+                    on.join(", ")
+                )?;
                 if let Some(filter) = filter {
                     write!(f, " filter={filter}")?;
                 }
                 Ok(())
             }
+            OperatorSpec::Union { inputs } => write!(f, "Union: {inputs} inputs"),
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
+        }
+    }
+}
+
+/// The kinds of join a HashJoin maintains under retractions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum StreamJoinType {
+    #[default]
+    Inner,
+    /// Every left row, with NULLs where nothing on the right matches.
+    Left,
+    Right,
+    Full,
+    /// Left rows with at least one match (`EXISTS`, `IN`); left columns only.
+    LeftSemi,
+    /// Left rows without a match (`NOT EXISTS`); left columns only.
+    LeftAnti,
+    RightSemi,
+    RightAnti,
+}
+
+impl StreamJoinType {
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamJoinType::Inner => "inner",
+            StreamJoinType::Left => "left",
+            StreamJoinType::Right => "right",
+            StreamJoinType::Full => "full",
+            StreamJoinType::LeftSemi => "left semi",
+            StreamJoinType::LeftAnti => "left anti",
+            StreamJoinType::RightSemi => "right semi",
+            StreamJoinType::RightAnti => "right anti",
+        }
+    }
+
+    /// Whether rows of `side` (0 left, 1 right) without a match are kept,
+    /// padded with NULLs.
+    pub fn preserves(self, side: usize) -> bool {
+        matches!(
+            (self, side),
+            (StreamJoinType::Full, _) | (StreamJoinType::Left, 0) | (StreamJoinType::Right, 1)
+        )
+    }
+
+    /// For semi and anti joins: the side whose rows are the output, and
+    /// whether they are kept when matched (semi) or when not (anti).
+    pub fn filtering(self) -> Option<(usize, bool)> {
+        match self {
+            StreamJoinType::LeftSemi => Some((0, true)),
+            StreamJoinType::LeftAnti => Some((0, false)),
+            StreamJoinType::RightSemi => Some((1, true)),
+            StreamJoinType::RightAnti => Some((1, false)),
+            _ => None,
         }
     }
 }

@@ -193,6 +193,10 @@ impl CatalogSchema {
                 if self.mode == Mode::Stream {
                     Arc::new(ViewTable::new(plan, Some(sql.clone())))
                 } else {
+                    // The types the view's rows were written with are those
+                    // after type coercion (a UNION widens its inputs), which
+                    // the analyzer applies.
+                    let plan = context(db, self.mode).state().optimize(&plan)?;
                     Arc::new(ViewRows {
                         db: db.clone(),
                         job: *id,

@@ -178,7 +178,15 @@ async fn job_graph(
     let ctx = context(db, Mode::Stream);
     let plan = plan_query(&ctx, sql).await?;
     planner::check_deterministic(&plan)?;
-    let plan = ctx.state().optimize(&plan)?;
+    let mut state = ctx.state();
+    // A dataflow cannot run a subquery once up front: every scalar subquery,
+    // correlated or not, becomes a join that keeps its value current.
+    state
+        .config_mut()
+        .options_mut()
+        .optimizer
+        .enable_physical_uncorrelated_scalar_subquery = false;
+    let plan = state.optimize(&plan)?;
     let stream = lower(
         &plan,
         &StreamPlanOptions {

@@ -3,15 +3,13 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, BooleanArray};
-use datafusion::arrow::compute::prep_null_mask_filter;
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
 use storage::chunk::Chunk;
 
 use crate::operator::{Collector, Operator};
-use crate::{ExecError, Result, expr};
+use crate::{Result, expr};
 
 pub struct Filter {
     predicate: Arc<dyn PhysicalExpr>,
@@ -32,20 +30,7 @@ impl Operator for Filter {
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
-        let mask = self
-            .predicate
-            .evaluate(chunk.data())?
-            .into_array(chunk.num_rows())?;
-        let mask = mask
-            .as_any()
-            .downcast_ref::<BooleanArray>()
-            .ok_or_else(|| ExecError::Protocol("filter predicate is not boolean".into()))?;
-        // NULL is not true.
-        let mask = if mask.null_count() > 0 {
-            prep_null_mask_filter(mask)
-        } else {
-            mask.clone()
-        };
+        let mask = expr::predicate_mask(&self.predicate, chunk.data())?;
         let kept = chunk.filter(&mask)?;
         if !kept.is_empty() {
             out.push(kept);

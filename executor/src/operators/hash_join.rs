@@ -1,22 +1,34 @@
-//! HashJoin: inner equi-join of two changelogs.
+//! HashJoin: equi-join of two changelogs, of any kind in
+//! [`StreamJoinType`] — inner, left/right/full outer, semi and anti.
 //!
 //! Both inputs arrive hash-partitioned on their join keys. Each side keeps
-//! its rows as a multiset per join key. A change on one side is first applied
-//! to that side's state, then joined with the other side's current rows and
-//! emitted with the change's sign: Δ(L ⋈ R) = ΔL ⋈ R + L' ⋈ ΔR, one input
-//! at a time. Rows with a NULL key never match (unless the plan asks for
-//! NULL-safe equality) and are not stored.
+//! its rows as a multiset per join key, and for every row its **degree**:
+//! how many rows of the other side match it (equal key and the extra `ON`
+//! condition), as Flink's outer-join state keeps its "number of
+//! associations". A change on one side is applied to that side's state,
+//! joined with the other side's current rows and emitted with the change's
+//! sign: Δ(L ⋈ R) = ΔL ⋈ R + L' ⋈ ΔR, one input at a time.
+//!
+//! The degree is what makes outer, semi and anti joins retract correctly:
+//! a preserved row whose degree goes from 0 to 1 retracts its NULL-padded
+//! row before its first match is emitted, and emits it again when its
+//! degree falls back to 0; a semi join emits a row when its degree leaves
+//! 0 and retracts it when it returns there, an anti join the reverse.
+//!
+//! Rows with a NULL key never match (unless the plan asks for NULL-safe
+//! equality): they are not stored, and pass straight through as unmatched
+//! where the join keeps unmatched rows.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray};
-use datafusion::arrow::compute::{cast, prep_null_mask_filter};
+use datafusion::arrow::array::{Array, ArrayRef, UInt32Array};
+use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
-use planner::spec::OperatorSpec;
+use planner::spec::{OperatorSpec, StreamJoinType};
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
@@ -25,14 +37,54 @@ use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
 
-type Side = HashMap<Vec<u8>, HashMap<Vec<u8>, i64>>;
+/// A stored row: how many copies, and how many other-side rows match it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Entry {
+    count: i64,
+    degree: i64,
+}
+
+impl Entry {
+    fn encode(self) -> Vec<u8> {
+        let mut v = self.count.to_be_bytes().to_vec();
+        v.extend_from_slice(&self.degree.to_be_bytes());
+        v
+    }
+
+    /// 16 bytes; 8 (count only) from inner joins of older Weirs, whose
+    /// degrees nothing reads.
+    fn decode(v: &[u8]) -> Option<Self> {
+        let int = |b: &[u8]| b.try_into().ok().map(i64::from_be_bytes);
+        match v.len() {
+            8 => Some(Entry {
+                count: int(v)?,
+                degree: 0,
+            }),
+            16 => Some(Entry {
+                count: int(&v[..8])?,
+                degree: int(&v[8..])?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Join key → row → entry.
+type Side = HashMap<Vec<u8>, HashMap<Vec<u8>, Entry>>;
+
+/// One output row: which side's rows (None = NULLs) with which op.
+type Out = (Op, Option<Vec<u8>>, Option<Vec<u8>>);
 
 pub struct HashJoin {
+    join_type: StreamJoinType,
     keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
     key_types: Vec<DataType>,
     key_codec: RowCodec,
     row_codecs: [RowCodec; 2],
+    /// The extra `ON` condition, over the left columns then the right.
     filter: Option<Arc<dyn PhysicalExpr>>,
+    /// Schema the filter is evaluated over: left columns then right.
+    pair_schema: SchemaRef,
     schema: SchemaRef,
     null_equals_null: bool,
     state_table: u64,
@@ -66,9 +118,14 @@ fn split_state_key(k: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((side, key, &k[5 + len..]))
 }
 
+fn op(sign: i64) -> Op {
+    if sign > 0 { Op::Insert } else { Op::Delete }
+}
+
 impl HashJoin {
     pub fn new(spec: &OperatorSpec, output: &DFSchema) -> Result<Self> {
         let OperatorSpec::HashJoin {
+            join_type,
             left_keys,
             right_keys,
             filter,
@@ -88,11 +145,13 @@ impl HashJoin {
             .iter()
             .map(|e| Ok(e.get_type(left_schema.as_ref())?))
             .collect::<Result<_>>()?;
+        let pair = left_schema.join(right_schema)?;
         let filter = match filter {
-            Some(f) => Some(expr::compile(std::slice::from_ref(f), output)?.remove(0)),
+            Some(f) => Some(expr::compile(std::slice::from_ref(f), &pair)?.remove(0)),
             None => None,
         };
         Ok(Self {
+            join_type: *join_type,
             keys: [left, right],
             key_codec: RowCodec::new(key_types.clone())?,
             key_types,
@@ -101,12 +160,210 @@ impl HashJoin {
                 RowCodec::new(types(right_schema))?,
             ],
             filter,
+            pair_schema: expr::output_schema(&pair),
             schema: expr::output_schema(output),
             null_equals_null: *null_equals_null,
             state_table: *state_table,
             sides: [HashMap::new(), HashMap::new()],
             dirty: HashMap::new(),
         })
+    }
+
+    /// Rows of side `other` under `key` that match `row` of the other side
+    /// (the `ON` condition holds), with their counts.
+    fn matches(&self, side: usize, key: &[u8], row: &[u8]) -> Result<Vec<(Vec<u8>, i64)>> {
+        let other = 1 - side;
+        let Some(theirs) = self.sides[other].get(key) else {
+            return Ok(Vec::new());
+        };
+        let candidates: Vec<(&Vec<u8>, i64)> = theirs.iter().map(|(r, e)| (r, e.count)).collect();
+        let Some(filter) = &self.filter else {
+            return Ok(candidates
+                .into_iter()
+                .map(|(r, c)| (r.clone(), c))
+                .collect());
+        };
+        let n = candidates.len();
+        let mine = self.row_codecs[side].decode(std::iter::repeat_n(row, n))?;
+        let them = self.row_codecs[other].decode(candidates.iter().map(|(r, _)| r.as_slice()))?;
+        let columns = if side == 0 {
+            mine.into_iter().chain(them).collect()
+        } else {
+            them.into_iter().chain(mine).collect()
+        };
+        let pairs = expr::batch(&self.pair_schema, columns, n)?;
+        let mask = expr::predicate_mask(filter, &pairs)?;
+        Ok(candidates
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| mask.value(*i))
+            .map(|(_, (r, c))| (r.clone(), c))
+            .collect())
+    }
+
+    /// Applies one change of `row` (key and its key group, or None for a
+    /// NULL key that matches nothing) on `side`, pushing what the join emits.
+    fn apply(
+        &mut self,
+        side: usize,
+        key: Option<(&[u8], u16)>,
+        row: &[u8],
+        sign: i64,
+        out: &mut Vec<Out>,
+    ) -> Result<()> {
+        let other = 1 - side;
+        let matched = match key {
+            Some((k, _)) => self.matches(side, k, row)?,
+            None => Vec::new(),
+        };
+        let degree: i64 = matched.iter().map(|(_, c)| *c).sum();
+        // The other side's matched rows gain or lose one match each.
+        let mut crossed = Vec::new();
+        if let Some((k, key_group)) = key {
+            self.dirty
+                .insert((side as u8, k.to_vec(), row.to_vec()), key_group);
+            let theirs = self.sides[other].get_mut(k);
+            if let Some(theirs) = theirs {
+                for (r, _) in &matched {
+                    if let Some(e) = theirs.get_mut(r) {
+                        let before = e.degree;
+                        e.degree += sign;
+                        if (before == 0) != (e.degree == 0) {
+                            crossed.push((r.clone(), e.count));
+                        }
+                    }
+                }
+            }
+            for (r, _) in &matched {
+                self.dirty
+                    .insert((other as u8, k.to_vec(), r.clone()), key_group);
+            }
+        }
+        let pair = |mine: &[u8], theirs: &[u8]| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+            if side == 0 {
+                (Some(mine.to_vec()), Some(theirs.to_vec()))
+            } else {
+                (Some(theirs.to_vec()), Some(mine.to_vec()))
+            }
+        };
+        let alone = |s: usize, r: &[u8]| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+            if s == 0 {
+                (Some(r.to_vec()), None)
+            } else {
+                (None, Some(r.to_vec()))
+            }
+        };
+        let repeat =
+            |out: &mut Vec<Out>, op: Op, rows: (Option<Vec<u8>>, Option<Vec<u8>>), n: i64| {
+                for _ in 0..n.max(0) {
+                    out.push((op, rows.0.clone(), rows.1.clone()));
+                }
+            };
+        match self.join_type.filtering() {
+            Some((kept, semi)) if kept == side => {
+                if (degree > 0) == semi {
+                    repeat(out, op(sign), alone(side, row), 1);
+                }
+            }
+            Some((_, semi)) => {
+                // A row of the output side starts or stops having matches.
+                for (r, count) in &crossed {
+                    let now_matched = sign > 0;
+                    let shown = now_matched == semi;
+                    repeat(
+                        out,
+                        if shown { Op::Insert } else { Op::Delete },
+                        alone(other, r),
+                        *count,
+                    );
+                }
+            }
+            None => {
+                let theirs_padded = self.join_type.preserves(other);
+                if theirs_padded && sign > 0 {
+                    for (r, count) in &crossed {
+                        repeat(out, Op::Delete, alone(other, r), *count);
+                    }
+                }
+                for (r, count) in &matched {
+                    repeat(out, op(sign), pair(row, r), *count);
+                }
+                if theirs_padded && sign < 0 {
+                    for (r, count) in &crossed {
+                        repeat(out, Op::Insert, alone(other, r), *count);
+                    }
+                }
+                if self.join_type.preserves(side) && degree == 0 {
+                    repeat(out, op(sign), alone(side, row), 1);
+                }
+            }
+        }
+        // This side's own state.
+        if let Some((k, _)) = key {
+            let mine = self.sides[side].entry(k.to_vec()).or_default();
+            let e = mine.entry(row.to_vec()).or_default();
+            e.count += sign;
+            e.degree = degree;
+            if e.count <= 0 {
+                if e.count < 0 {
+                    tracing::error!(
+                        state_table = self.state_table,
+                        "join row retracted below zero"
+                    );
+                }
+                mine.remove(row);
+                if mine.is_empty() {
+                    self.sides[side].remove(k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the output chunk: NULLs where a side is absent.
+    fn emit(&self, rows: Vec<Out>) -> Result<Chunk> {
+        let n = rows.len();
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        let sides: Vec<usize> = match self.join_type.filtering() {
+            Some((kept, _)) => vec![kept],
+            None => vec![0, 1],
+        };
+        for s in sides {
+            let present: Vec<&[u8]> = rows
+                .iter()
+                .filter_map(|r| {
+                    if s == 0 {
+                        r.1.as_deref()
+                    } else {
+                        r.2.as_deref()
+                    }
+                })
+                .collect();
+            let decoded = self.row_codecs[s].decode(present.iter().copied())?;
+            if present.len() == n {
+                columns.extend(decoded);
+                continue;
+            }
+            let mut next = 0u32;
+            let indices: UInt32Array = rows
+                .iter()
+                .map(|r| {
+                    let has = if s == 0 { r.1.is_some() } else { r.2.is_some() };
+                    has.then(|| {
+                        next += 1;
+                        next - 1
+                    })
+                })
+                .collect();
+            for c in decoded {
+                columns.push(take(c.as_ref(), &indices, None)?);
+            }
+        }
+        let ops: Vec<Op> = rows.iter().map(|r| r.0).collect();
+        Ok(Chunk::with_ops(
+            &ops,
+            expr::batch(&self.schema, columns, n)?,
+        ))
     }
 }
 
@@ -123,26 +380,21 @@ impl Operator for HashJoin {
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let (side, key, row) = split_state_key(&e.key)
                 .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
-            let count = i64::from_be_bytes(
-                e.value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| storage::StorageError::Corrupt("join count".into()))?,
-            );
+            let entry = Entry::decode(&e.value)
+                .ok_or_else(|| storage::StorageError::Corrupt("join count".into()))?;
             let side = self
                 .sides
                 .get_mut(side as usize)
                 .ok_or_else(|| storage::StorageError::Corrupt("side".into()))?;
             side.entry(key.to_vec())
                 .or_default()
-                .insert(row.to_vec(), count);
+                .insert(row.to_vec(), entry);
         }
         Ok(())
     }
 
     fn process_batch(&mut self, input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let side = input.min(1);
-        let other = 1 - side;
         let n = chunk.num_rows();
         let data = chunk.data();
         let mut keys = expr::evaluate(&self.keys[side], data)?;
@@ -155,65 +407,19 @@ impl Operator for HashJoin {
         let key_bytes = self.key_codec.encode(&keys)?;
         let rows = self.row_codecs[side].encode(data.columns())?;
 
-        let mut matched: Vec<(Op, Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut emitted: Vec<Out> = Vec::new();
         for r in 0..n {
-            if !self.null_equals_null && keys.iter().any(|k| k.is_null(r)) {
+            let sign = chunk.op(r).sign();
+            let null_key = !self.null_equals_null && keys.iter().any(|k| k.is_null(r));
+            if null_key {
+                self.apply(side, None, &rows[r], sign, &mut emitted)?;
                 continue;
             }
-            let sign = chunk.op(r).sign();
-            let key = &key_bytes[r];
-            let mine = self.sides[side].entry(key.clone()).or_default();
-            let count = mine.entry(rows[r].clone()).or_insert(0);
-            *count += sign;
-            if *count <= 0 {
-                if *count < 0 {
-                    tracing::error!(
-                        state_table = self.state_table,
-                        "join row retracted below zero"
-                    );
-                }
-                mine.remove(&rows[r]);
-                if mine.is_empty() {
-                    self.sides[side].remove(key);
-                }
-            }
-            self.dirty
-                .insert((side as u8, key.clone(), rows[r].clone()), key_groups[r]);
-            let op = if sign > 0 { Op::Insert } else { Op::Delete };
-            if let Some(theirs) = self.sides[other].get(key) {
-                for (their_row, their_count) in theirs {
-                    for _ in 0..*their_count {
-                        let (l, rr) = if side == 0 {
-                            (rows[r].clone(), their_row.clone())
-                        } else {
-                            (their_row.clone(), rows[r].clone())
-                        };
-                        matched.push((op, l, rr));
-                    }
-                }
-            }
+            let key = (key_bytes[r].as_slice(), key_groups[r]);
+            self.apply(side, Some(key), &rows[r], sign, &mut emitted)?;
         }
-        if matched.is_empty() {
-            return Ok(());
-        }
-        let mut columns: Vec<ArrayRef> =
-            self.row_codecs[0].decode(matched.iter().map(|m| m.1.as_slice()))?;
-        columns.extend(self.row_codecs[1].decode(matched.iter().map(|m| m.2.as_slice()))?);
-        let ops: Vec<Op> = matched.iter().map(|m| m.0).collect();
-        let joined = Chunk::with_ops(&ops, expr::batch(&self.schema, columns, matched.len())?);
-        let joined = match &self.filter {
-            None => joined,
-            Some(f) => {
-                let mask = f.evaluate(joined.data())?.into_array(joined.num_rows())?;
-                let mask = mask
-                    .as_any()
-                    .downcast_ref::<BooleanArray>()
-                    .ok_or_else(|| ExecError::Protocol("join filter is not boolean".into()))?;
-                joined.filter(&prep_null_mask_filter(mask))?
-            }
-        };
-        if !joined.is_empty() {
-            out.push(joined);
+        if !emitted.is_empty() {
+            out.push(self.emit(emitted)?);
         }
         Ok(())
     }
@@ -224,7 +430,7 @@ impl Operator for HashJoin {
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
         for ((side, key, row), key_group) in self.dirty.drain() {
-            let count = self.sides[side as usize]
+            let entry = self.sides[side as usize]
                 .get(&key)
                 .and_then(|m| m.get(&row))
                 .copied();
@@ -232,7 +438,7 @@ impl Operator for HashJoin {
                 table: self.state_table,
                 key_group,
                 key: state_key(side, &key, &row),
-                value: count.map(|c| c.to_be_bytes().to_vec()),
+                value: entry.map(Entry::encode),
             });
         }
         Ok(())
@@ -248,13 +454,22 @@ mod tests {
     use std::sync::Arc;
 
     fn join() -> HashJoin {
+        join_of(StreamJoinType::Inner, None)
+    }
+
+    fn join_of(join_type: StreamJoinType, filter: Option<Expr>) -> HashJoin {
         let left = Arc::new(int_schema(&["a", "b"]));
         let right = Arc::new(int_schema(&["c", "d"]));
-        let out = int_schema(&["a", "b", "c", "d"]);
+        let out = match join_type.filtering() {
+            Some((0, _)) => int_schema(&["a", "b"]),
+            Some(_) => int_schema(&["c", "d"]),
+            None => int_schema(&["a", "b", "c", "d"]),
+        };
         let spec = OperatorSpec::HashJoin {
+            join_type,
             left_keys: vec![Expr::Column(Column::from_name("a"))],
             right_keys: vec![Expr::Column(Column::from_name("c"))],
-            filter: None,
+            filter,
             left_schema: left,
             right_schema: right,
             null_equals_null: false,
@@ -326,5 +541,129 @@ mod tests {
         let mut got = feed(&mut k, 1, &[Op::Delete], &[Some(1)], &[Some(9)]);
         got.sort();
         assert_eq!(got, vec!["-D 1 10 1 9", "-D 1 12 1 9"]);
+    }
+
+    const I: Op = Op::Insert;
+    const D: Op = Op::Delete;
+
+    #[test]
+    fn left_join_pads_and_retracts_the_padding() {
+        let mut j = join_of(StreamJoinType::Left, None);
+        assert_eq!(
+            feed(&mut j, 0, &[I, I], &[Some(1), None], &[Some(10), Some(11)]),
+            vec!["+I 1 10 NULL NULL", "+I NULL 11 NULL NULL"]
+        );
+        // The first match replaces the padded row; the second adds one.
+        assert_eq!(
+            feed(&mut j, 1, &[I, I], &[Some(1), Some(1)], &[Some(7), Some(8)]),
+            vec!["-D 1 10 NULL NULL", "+I 1 10 1 7", "+I 1 10 1 8"]
+        );
+        assert_eq!(
+            feed(&mut j, 1, &[D], &[Some(1)], &[Some(7)]),
+            vec!["-D 1 10 1 7"]
+        );
+        // The last match goes: padded again.
+        assert_eq!(
+            feed(&mut j, 1, &[D], &[Some(1)], &[Some(8)]),
+            vec!["-D 1 10 1 8", "+I 1 10 NULL NULL"]
+        );
+        // Right rows without a match are not kept in a left join.
+        assert!(feed(&mut j, 1, &[I], &[Some(2)], &[Some(1)]).is_empty());
+        assert_eq!(
+            feed(&mut j, 0, &[D, D], &[Some(1), None], &[Some(10), Some(11)]),
+            vec!["-D 1 10 NULL NULL", "-D NULL 11 NULL NULL"]
+        );
+    }
+
+    #[test]
+    fn full_join_degrees_survive_a_restore_and_follow_the_on_condition() {
+        use datafusion::logical_expr::col;
+        // ON a = c AND b < d
+        let cond = Some(col("b").lt(col("d")));
+        let mut j = join_of(StreamJoinType::Full, cond.clone());
+        assert_eq!(
+            feed(&mut j, 0, &[I], &[Some(1)], &[Some(5)]),
+            vec!["+I 1 5 NULL NULL"]
+        );
+        // Same key but the condition fails: both sides padded.
+        assert_eq!(
+            feed(&mut j, 1, &[I], &[Some(1)], &[Some(3)]),
+            vec!["+I NULL NULL 1 3"]
+        );
+        assert_eq!(
+            feed(&mut j, 1, &[I], &[Some(1)], &[Some(9)]),
+            vec!["-D 1 5 NULL NULL", "+I 1 5 1 9"]
+        );
+        let mut writes = vec![];
+        j.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        let mut k = join_of(StreamJoinType::Full, cond);
+        k.on_start(
+            &ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))),
+            &mut vec![],
+        )
+        .unwrap();
+        assert_eq!(
+            feed(&mut k, 1, &[D], &[Some(1)], &[Some(9)]),
+            vec!["-D 1 5 1 9", "+I 1 5 NULL NULL"]
+        );
+    }
+
+    #[test]
+    fn semi_and_anti_joins_flip_when_the_first_match_comes_and_the_last_goes() {
+        let no_rows: Vec<String> = vec![];
+        let mut semi = join_of(StreamJoinType::LeftSemi, None);
+        assert_eq!(
+            feed(
+                &mut semi,
+                0,
+                &[I, I],
+                &[Some(1), None],
+                &[Some(10), Some(11)]
+            ),
+            no_rows
+        );
+        assert_eq!(
+            feed(&mut semi, 1, &[I], &[Some(1)], &[Some(7)]),
+            vec!["+I 1 10"]
+        );
+        // A second match changes nothing; only losing the last one does.
+        assert_eq!(feed(&mut semi, 1, &[I], &[Some(1)], &[Some(8)]), no_rows);
+        assert_eq!(feed(&mut semi, 1, &[D], &[Some(1)], &[Some(7)]), no_rows);
+        assert_eq!(
+            feed(&mut semi, 1, &[D], &[Some(1)], &[Some(8)]),
+            vec!["-D 1 10"]
+        );
+
+        let mut anti = join_of(StreamJoinType::LeftAnti, None);
+        assert_eq!(
+            feed(
+                &mut anti,
+                0,
+                &[I, I],
+                &[Some(1), None],
+                &[Some(10), Some(11)]
+            ),
+            vec!["+I 1 10", "+I NULL 11"]
+        );
+        assert_eq!(
+            feed(&mut anti, 1, &[I], &[Some(1)], &[Some(7)]),
+            vec!["-D 1 10"]
+        );
+        assert_eq!(feed(&mut anti, 1, &[I], &[Some(1)], &[Some(8)]), no_rows);
+        assert_eq!(feed(&mut anti, 1, &[D], &[Some(1)], &[Some(7)]), no_rows);
+        assert_eq!(
+            feed(&mut anti, 1, &[D], &[Some(1)], &[Some(8)]),
+            vec!["+I 1 10"]
+        );
+        // A matched row leaving a semi join's output side retracts it.
+        assert_eq!(
+            feed(&mut semi, 1, &[I], &[Some(1)], &[Some(9)]),
+            vec!["+I 1 10"]
+        );
+        assert_eq!(
+            feed(&mut semi, 0, &[D], &[Some(1)], &[Some(10)]),
+            vec!["-D 1 10"]
+        );
     }
 }

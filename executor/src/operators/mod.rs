@@ -8,6 +8,7 @@ mod hash_join;
 pub mod materialize;
 mod project;
 pub mod table_source;
+mod union;
 
 use planner::spec::OperatorSpec;
 use planner::stream_graph::StreamNode;
@@ -17,6 +18,7 @@ pub use hash_agg::HashAgg;
 pub use hash_join::HashJoin;
 pub use materialize::Materialize;
 pub use project::Project;
+pub use union::Union;
 
 use crate::operator::Operator;
 use crate::{ExecError, Result};
@@ -45,6 +47,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             *state_table,
         )?),
         OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
+        OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),
         OperatorSpec::Materialize { state_table, .. } => {
             Box::new(Materialize::new(&node.schema, *state_table)?)
         }
