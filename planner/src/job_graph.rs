@@ -176,6 +176,7 @@ mod tests {
             aggs: vec![],
             input_schema: schema(),
             state_table: 2,
+            empty_set: None,
         }
     }
 

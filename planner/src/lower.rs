@@ -14,8 +14,11 @@
 //! Anything without a streaming operator yet is refused with
 //! [`PlanError::Unsupported`] naming the feature, never planned wrongly.
 
-use datafusion::common::NullEquality;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::Field;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema, DFSchemaRef, NullEquality};
 use datafusion::logical_expr::Volatility;
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, lit};
 
@@ -100,6 +103,70 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
     };
     l.graph.connect(root, mat, 0, partitioner);
     Ok(l.graph)
+}
+
+/// One aggregate call, if a HashAgg can maintain it.
+fn agg_call(
+    kind: AggKind,
+    params: &datafusion::logical_expr::expr::AggregateFunctionParams,
+    output_type: datafusion::arrow::datatypes::DataType,
+) -> Result<AggCall> {
+    let name = kind.name();
+    let (arg, delimiter) = match (kind, params.args.as_slice()) {
+        (AggKind::StringAgg, [arg, delimiter]) => {
+            let Expr::Literal(value, _) = delimiter else {
+                return unsupported("string_agg with a delimiter that is not a constant");
+            };
+            let delimiter = if value.is_null() {
+                String::new()
+            } else {
+                value.to_string()
+            };
+            (arg, Some(delimiter))
+        }
+        (_, [arg]) => (arg, None),
+        (_, args) => return unsupported(format!("{name} with {} arguments", args.len())),
+    };
+    check_expr(arg)?;
+    if let Some(filter) = &params.filter {
+        check_expr(filter)?;
+    }
+    if params.distinct
+        && !matches!(
+            kind,
+            AggKind::Count
+                | AggKind::Sum
+                | AggKind::Avg
+                | AggKind::Min
+                | AggKind::Max
+                | AggKind::StringAgg
+                | AggKind::ArrayAgg
+        )
+    {
+        return unsupported(format!("{name}(DISTINCT …) in materialized views"));
+    }
+    // Order-sensitive aggregates list values in ascending order, which is
+    // what ORDER BY the argument itself asks for; any other order is not
+    // kept. For the rest the order does not matter.
+    if kind.order_sensitive() {
+        match params.order_by.as_slice() {
+            [] => {}
+            [s] if s.asc && !s.nulls_first && &s.expr == arg => {}
+            _ => {
+                return unsupported(format!(
+                    "{name}(… ORDER BY …) in materialized views other than ascending by its argument"
+                ));
+            }
+        }
+    }
+    Ok(AggCall {
+        kind,
+        arg: arg.clone(),
+        output_type,
+        distinct: params.distinct,
+        filter: params.filter.as_deref().cloned(),
+        delimiter,
+    })
 }
 
 /// Hash partitioning on every column of `plan`'s output.
@@ -215,12 +282,10 @@ impl Lowering<'_> {
             LogicalPlan::Sort(s) if s.fetch.is_none() => self.node(&s.input),
             LogicalPlan::Aggregate(agg) => {
                 for e in &agg.group_expr {
-                    if matches!(e, Expr::GroupingSet(_)) {
-                        return unsupported("GROUPING SETS, ROLLUP and CUBE in materialized views");
-                    }
                     check_expr(e)?;
                 }
-                let n_groups = agg.group_expr.len();
+                // Group columns (with grouping sets, also the grouping id) come first.
+                let n_groups = agg.schema.fields().len() - agg.aggr_expr.len();
                 let mut aggs = Vec::with_capacity(agg.aggr_expr.len());
                 for (i, e) in agg.aggr_expr.iter().enumerate() {
                     let Expr::AggregateFunction(f) = e.clone().unalias() else {
@@ -232,26 +297,20 @@ impl Lowering<'_> {
                             "aggregate function {name} in materialized views"
                         ));
                     };
-                    if f.params.distinct {
-                        return unsupported(format!("{name}(DISTINCT …) in materialized views"));
-                    }
-                    if f.params.filter.is_some() {
-                        return unsupported("FILTER (WHERE …) on aggregates in materialized views");
-                    }
-                    let [arg] = f.params.args.as_slice() else {
-                        return unsupported(format!(
-                            "{name} with {} arguments",
-                            f.params.args.len()
-                        ));
-                    };
-                    check_expr(arg)?;
-                    aggs.push(AggCall {
+                    aggs.push(agg_call(
                         kind,
-                        arg: arg.clone(),
-                        output_type: agg.schema.field(n_groups + i).data_type().clone(),
-                    });
+                        &f.params,
+                        agg.schema.field(n_groups + i).data_type().clone(),
+                    )?);
                 }
-                let input = self.node(&agg.input)?;
+                let mut input = self.node(&agg.input)?;
+                let mut group_exprs = agg.group_expr.clone();
+                let mut input_schema = agg.input.schema().clone();
+                let mut empty_set = None;
+                if let [Expr::GroupingSet(sets)] = agg.group_expr.as_slice() {
+                    (input, group_exprs, input_schema, empty_set) =
+                        self.expand(input, sets, agg)?;
+                }
                 let input_p = self.graph.nodes[input].parallelism;
                 let (p, partitioner) = if agg.group_expr.is_empty() {
                     (
@@ -266,18 +325,19 @@ impl Lowering<'_> {
                     (
                         self.opts.parallelism,
                         Partitioner::Hash {
-                            exprs: agg.group_expr.clone(),
-                            schema: agg.input.schema().clone(),
+                            exprs: group_exprs.clone(),
+                            schema: input_schema.clone(),
                         },
                     )
                 };
                 let id = self.graph.nodes.len();
                 let node = self.graph.add_node(
                     OperatorSpec::HashAgg {
-                        group_exprs: agg.group_expr.clone(),
+                        group_exprs,
                         aggs,
-                        input_schema: agg.input.schema().clone(),
+                        input_schema,
                         state_table: self.state_table(id),
+                        empty_set,
                     },
                     p,
                     plan.schema().clone(),
@@ -394,6 +454,89 @@ impl Lowering<'_> {
             LogicalPlan::RecursiveQuery(_) => unsupported("recursive queries"),
             other => unsupported(format!("{} in materialized views", other.display())),
         }
+    }
+
+    /// Lowers grouping sets to an Expand in front of the HashAgg; returns the
+    /// Expand node, the HashAgg's group expressions over its output (the
+    /// group columns and the grouping id, as in `agg`'s schema) and that
+    /// output's schema.
+    fn expand(
+        &mut self,
+        input: usize,
+        sets: &datafusion::logical_expr::GroupingSet,
+        agg: &datafusion::logical_expr::Aggregate,
+    ) -> Result<(usize, Vec<Expr>, DFSchemaRef, Option<u64>)> {
+        use datafusion::logical_expr::GroupingSet;
+        let exprs: Vec<Expr> = sets.distinct_expr().into_iter().cloned().collect();
+        let k = exprs.len();
+        if k >= 16 {
+            return unsupported("grouping sets over more than 15 expressions");
+        }
+        let lists: Vec<Vec<Expr>> = match sets {
+            GroupingSet::GroupingSets(lists) => lists.clone(),
+            // (a, b), (a), ()
+            GroupingSet::Rollup(e) => (0..=e.len()).rev().map(|i| e[..i].to_vec()).collect(),
+            // Every subset.
+            GroupingSet::Cube(e) => (0..1u32 << e.len())
+                .map(|bits| {
+                    e.iter()
+                        .enumerate()
+                        .filter(|(i, _)| bits & (1 << i) == 0)
+                        .map(|(_, x)| x.clone())
+                        .collect()
+                })
+                .collect(),
+        };
+        // The grouping id as DataFusion computes it: one bit per expression
+        // (1 = left out), the first expression the most significant, and
+        // above them the ordinal of a set that repeats an earlier one.
+        let mut seen: std::collections::HashMap<Vec<bool>, u64> = Default::default();
+        let mut out_sets = Vec::with_capacity(lists.len());
+        for list in &lists {
+            let nulls: Vec<bool> = exprs.iter().map(|e| !list.contains(e)).collect();
+            let mask = nulls.iter().fold(0u64, |acc, n| (acc << 1) | u64::from(*n));
+            let ordinal = seen.entry(nulls.clone()).or_insert(0);
+            out_sets.push((nulls, mask | (*ordinal << k)));
+            *ordinal += 1;
+        }
+        let empty_set = lists
+            .iter()
+            .position(|l| l.is_empty())
+            .map(|i| out_sets[i].1);
+        // Output: the input's columns, then the group columns and the id
+        // with the names and types the aggregate's schema gives them.
+        let mut fields: Vec<(Option<datafusion::common::TableReference>, Arc<Field>)> = agg
+            .input
+            .schema()
+            .iter()
+            .map(|(q, f)| (q.cloned(), f.clone()))
+            .collect();
+        let mut group_cols = Vec::with_capacity(k + 1);
+        for i in 0..=k {
+            let f = agg.schema.field(i);
+            let name = format!("__weir_expand_{i}");
+            group_cols.push(Expr::Column(Column::new_unqualified(&name)));
+            fields.push((
+                None,
+                Arc::new(Field::new(name, f.data_type().clone(), true)),
+            ));
+        }
+        let schema = Arc::new(DFSchema::new_with_metadata(
+            fields,
+            agg.input.schema().metadata().clone(),
+        )?);
+        let p = self.graph.nodes[input].parallelism;
+        let node = self.graph.add_node(
+            OperatorSpec::Expand {
+                group_exprs: exprs,
+                sets: out_sets,
+                input_schema: agg.input.schema().clone(),
+            },
+            p,
+            schema.clone(),
+        );
+        self.graph.connect(input, node, 0, Partitioner::Forward);
+        Ok((node, group_cols, schema, empty_set))
     }
 
     /// A one-input operator without state: same parallelism as its input,

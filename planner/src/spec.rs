@@ -46,6 +46,10 @@ pub enum OperatorSpec {
         #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
         state_table: u64,
+        /// Grouping sets with the empty set `()`: its grouping id (its row
+        /// exists even over no rows).
+        #[serde(default)]
+        empty_set: Option<u64>,
     },
     /// Equi-join of any kind in [`StreamJoinType`]; both inputs
     /// hash-partitioned on their keys.
@@ -69,6 +73,18 @@ pub enum OperatorSpec {
         null_equals_null: bool,
         state_table: u64,
     },
+    /// Grouping sets (`GROUPING SETS`, `ROLLUP`, `CUBE`): every row goes
+    /// out once per set, as its input columns, then the group expressions
+    /// (NULL where the set leaves one out), then the set's grouping id, for
+    /// a HashAgg grouping on the last two (Flink's and RisingWave's Expand).
+    Expand {
+        #[serde(with = "crate::wire::exprs")]
+        group_exprs: Vec<Expr>,
+        /// Per set: which group expressions it leaves out (NULL), and its id.
+        sets: Vec<(Vec<bool>, u64)>,
+        #[serde(with = "crate::wire::schema")]
+        input_schema: DFSchemaRef,
+    },
     /// `UNION ALL` of `inputs` inputs of the same column types.
     Union { inputs: usize },
     /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
@@ -85,6 +101,7 @@ impl OperatorSpec {
             OperatorSpec::HashAgg { .. } => "HashAgg",
             OperatorSpec::HashJoin { .. } => "HashJoin",
             OperatorSpec::Union { .. } => "Union",
+            OperatorSpec::Expand { .. } => "Expand",
             OperatorSpec::Materialize { .. } => "Materialize",
         }
     }
@@ -108,7 +125,8 @@ impl OperatorSpec {
             | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
-            | OperatorSpec::Union { .. } => vec![],
+            | OperatorSpec::Union { .. }
+            | OperatorSpec::Expand { .. } => vec![],
         }
     }
 }
@@ -162,6 +180,23 @@ impl fmt::Display for OperatorSpec {
                 Ok(())
             }
             OperatorSpec::Union { inputs } => write!(f, "Union: {inputs} inputs"),
+            OperatorSpec::Expand {
+                group_exprs, sets, ..
+            } => {
+                let sets: Vec<String> = sets
+                    .iter()
+                    .map(|(nulls, _)| {
+                        let kept: Vec<String> = group_exprs
+                            .iter()
+                            .zip(nulls)
+                            .filter(|(_, null)| !**null)
+                            .map(|(e, _)| e.to_string())
+                            .collect();
+                        format!("({})", kept.join(", "))
+                    })
+                    .collect();
+                write!(f, "Expand: sets=[{}]", sets.join(", "))
+            }
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
         }
     }
@@ -228,9 +263,20 @@ pub enum AggKind {
     Avg,
     Min,
     Max,
+    BoolAnd,
+    BoolOr,
+    StddevSamp,
+    StddevPop,
+    VarSamp,
+    VarPop,
+    /// `string_agg(x, delimiter)`, values in ascending order.
+    StringAgg,
+    /// `array_agg(x)`, values (NULLs included) in ascending order.
+    ArrayAgg,
 }
 
 impl AggKind {
+    /// By DataFusion's name of the function.
     pub fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "count" => AggKind::Count,
@@ -238,8 +284,40 @@ impl AggKind {
             "avg" | "mean" => AggKind::Avg,
             "min" => AggKind::Min,
             "max" => AggKind::Max,
+            "bool_and" => AggKind::BoolAnd,
+            "bool_or" => AggKind::BoolOr,
+            "stddev" | "stddev_samp" => AggKind::StddevSamp,
+            "stddev_pop" => AggKind::StddevPop,
+            "var" | "var_samp" | "var_sample" | "variance" => AggKind::VarSamp,
+            "var_pop" | "var_population" => AggKind::VarPop,
+            "string_agg" => AggKind::StringAgg,
+            "array_agg" => AggKind::ArrayAgg,
             _ => return None,
         })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AggKind::Count => "count",
+            AggKind::Sum => "sum",
+            AggKind::Avg => "avg",
+            AggKind::Min => "min",
+            AggKind::Max => "max",
+            AggKind::BoolAnd => "bool_and",
+            AggKind::BoolOr => "bool_or",
+            AggKind::StddevSamp => "stddev_samp",
+            AggKind::StddevPop => "stddev_pop",
+            AggKind::VarSamp => "var_samp",
+            AggKind::VarPop => "var_pop",
+            AggKind::StringAgg => "string_agg",
+            AggKind::ArrayAgg => "array_agg",
+        }
+    }
+
+    /// Whether the result depends on the order rows arrive in (and so an
+    /// `ORDER BY` inside the call matters).
+    pub fn order_sensitive(self) -> bool {
+        matches!(self, AggKind::StringAgg | AggKind::ArrayAgg)
     }
 }
 
@@ -253,16 +331,25 @@ pub struct AggCall {
     /// The type of the result, as DataFusion's logical plan says.
     #[serde(with = "crate::wire::data_type")]
     pub output_type: DataType,
+    /// `agg(DISTINCT …)`: each value counts once however often it occurs.
+    #[serde(default)]
+    pub distinct: bool,
+    /// `FILTER (WHERE …)`: only rows where it is true are aggregated.
+    #[serde(default, with = "crate::wire::opt_expr")]
+    pub filter: Option<Expr>,
+    /// `string_agg`'s delimiter.
+    #[serde(default)]
+    pub delimiter: Option<String>,
 }
 
 impl fmt::Display for AggCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}({})",
-            format!("{:?}", self.kind).to_lowercase(),
-            self.arg
-        )
+        let distinct = if self.distinct { "DISTINCT " } else { "" };
+        write!(f, "{}({distinct}{})", self.kind.name(), self.arg)?;
+        if let Some(filter) = &self.filter {
+            write!(f, " FILTER (WHERE {filter})")?;
+        }
+        Ok(())
     }
 }
 

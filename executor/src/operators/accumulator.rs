@@ -1,14 +1,21 @@
 //! Retractable aggregate state: each aggregate of a group keeps what it needs
-//! to take a row back out. count, sum and avg keep running totals; min and
-//! max keep every value with its multiplicity (an ordered multiset), because a
-//! deleted minimum must give way to the next one.
+//! to take a row back out. count, sum and avg keep running totals; variance
+//! and standard deviation keep n, Σx and Σx²; bool_and and bool_or count
+//! trues and falses; min, max, every `DISTINCT` aggregate, string_agg and
+//! array_agg keep every value with its multiplicity (an ordered multiset),
+//! because a deleted minimum must give way to the next one, and a value
+//! counts for `DISTINCT` until its last copy goes.
 
 use std::collections::BTreeMap;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array,
+};
+use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type};
 use datafusion::common::ScalarValue;
+use datafusion::common::utils::SingleRowListArrayBuilder;
+use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
 use planner::spec::{AggCall, AggKind};
 use std::sync::Arc;
@@ -42,57 +49,109 @@ pub(crate) enum AccState {
         n: i64,
     },
     /// Encoded value → multiplicity.
-    MinMax(BTreeMap<Vec<u8>, i64>),
+    Values(BTreeMap<Vec<u8>, i64>),
+    /// n, Σx, Σx² of the non-NULL values.
+    Moments {
+        n: i64,
+        sum: f64,
+        sum_sq: f64,
+    },
+    Bools {
+        trues: i64,
+        falses: i64,
+    },
 }
 
 /// An aggregate call, compiled.
 pub(crate) struct Aggregate {
     kind: AggKind,
     arg: Arc<dyn PhysicalExpr>,
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    distinct: bool,
+    delimiter: String,
     output_type: DataType,
     /// Type the argument is cast to before accumulating.
     input_type: DataType,
     sum: Option<SumKind>,
+    /// Encodes values kept in a multiset.
     codec: Option<RowCodec>,
 }
 
 /// An aggregate's argument for one batch, ready to accumulate.
-pub(crate) enum Prepared {
+pub(crate) struct Prepared {
+    values: Values,
+    /// Rows `FILTER (WHERE …)` keeps.
+    keep: Option<BooleanArray>,
+}
+
+enum Values {
     Array(ArrayRef),
+    /// Encoded values; None for NULLs that are not kept.
     Encoded(Vec<Option<Vec<u8>>>),
+}
+
+fn sum_kind(t: &DataType) -> Option<(DataType, SumKind)> {
+    Some(match t {
+        DataType::Int64 | DataType::Int32 | DataType::Int16 | DataType::Int8 => {
+            (DataType::Int64, SumKind::I64)
+        }
+        DataType::UInt64 | DataType::UInt32 | DataType::UInt16 | DataType::UInt8 => {
+            (DataType::Int64, SumKind::I64)
+        }
+        DataType::Float64 | DataType::Float32 => (DataType::Float64, SumKind::F64),
+        DataType::Decimal128(_, s) => (DataType::Decimal128(38, *s), SumKind::I128),
+        _ => return None,
+    })
 }
 
 impl Aggregate {
     pub(crate) fn new(call: &AggCall, input_schema: &datafusion::common::DFSchema) -> Result<Self> {
         let arg = expr::compile(std::slice::from_ref(&call.arg), input_schema)?.remove(0);
+        let filter = match &call.filter {
+            Some(f) => Some(expr::compile(std::slice::from_ref(f), input_schema)?.remove(0)),
+            None => None,
+        };
         let unsupported = || {
-            ExecError::Unsupported(
-                format!("{:?} returning {}", call.kind, call.output_type).to_lowercase(),
-            )
+            ExecError::Unsupported(format!(
+                "{} returning {}",
+                call.kind.name(),
+                call.output_type
+            ))
+        };
+        let arg_type = call.arg.get_type(input_schema)?;
+        let multiset = |t: &DataType| -> Result<Option<RowCodec>> {
+            Ok(Some(RowCodec::new(vec![t.clone()])?))
         };
         let (input_type, sum, codec) = match call.kind {
+            AggKind::Count if call.distinct => (arg_type.clone(), None, multiset(&arg_type)?),
             AggKind::Count => (DataType::Null, None, None),
             AggKind::Sum | AggKind::Avg => {
-                let (t, k) = match &call.output_type {
-                    DataType::Int64 | DataType::Int32 | DataType::Int16 | DataType::Int8 => {
-                        (DataType::Int64, SumKind::I64)
-                    }
-                    DataType::UInt64 | DataType::UInt32 => (DataType::Int64, SumKind::I64),
-                    DataType::Float64 | DataType::Float32 => (DataType::Float64, SumKind::F64),
-                    DataType::Decimal128(_, s) => (DataType::Decimal128(38, *s), SumKind::I128),
+                let (t, k) = sum_kind(&call.output_type).ok_or_else(unsupported)?;
+                let codec = if call.distinct { multiset(&t)? } else { None };
+                (t, Some(k), codec)
+            }
+            AggKind::Min | AggKind::Max => {
+                (call.output_type.clone(), None, multiset(&call.output_type)?)
+            }
+            AggKind::BoolAnd | AggKind::BoolOr => (DataType::Boolean, None, None),
+            AggKind::StddevSamp | AggKind::StddevPop | AggKind::VarSamp | AggKind::VarPop => {
+                (DataType::Float64, None, None)
+            }
+            AggKind::StringAgg => (DataType::Utf8, None, multiset(&DataType::Utf8)?),
+            AggKind::ArrayAgg => {
+                let element = match &call.output_type {
+                    DataType::List(f) | DataType::LargeList(f) => f.data_type().clone(),
                     _ => return Err(unsupported()),
                 };
-                (t, Some(k), None)
+                (element.clone(), None, multiset(&element)?)
             }
-            AggKind::Min | AggKind::Max => (
-                call.output_type.clone(),
-                None,
-                Some(RowCodec::new(vec![call.output_type.clone()])?),
-            ),
         };
         Ok(Self {
             kind: call.kind,
             arg,
+            filter,
+            distinct: call.distinct,
+            delimiter: call.delimiter.clone().unwrap_or_default(),
             output_type: call.output_type.clone(),
             input_type,
             sum,
@@ -101,39 +160,62 @@ impl Aggregate {
     }
 
     pub(crate) fn init(&self) -> AccState {
+        if self.codec.is_some() {
+            return AccState::Values(BTreeMap::new());
+        }
         match (self.kind, self.sum) {
             (AggKind::Count, _) => AccState::Count(0),
             (_, Some(SumKind::I64)) => AccState::SumI64 { sum: 0, n: 0 },
             (_, Some(SumKind::F64)) => AccState::SumF64 { sum: 0.0, n: 0 },
             (_, Some(SumKind::I128)) => AccState::SumI128 { sum: 0, n: 0 },
-            _ => AccState::MinMax(BTreeMap::new()),
+            (AggKind::BoolAnd | AggKind::BoolOr, _) => AccState::Bools {
+                trues: 0,
+                falses: 0,
+            },
+            _ => AccState::Moments {
+                n: 0,
+                sum: 0.0,
+                sum_sq: 0.0,
+            },
         }
     }
 
-    /// Evaluates and casts the argument for a whole batch.
+    /// Evaluates and casts the argument (and the filter) for a whole batch.
     pub(crate) fn prepare(&self, batch: &RecordBatch) -> Result<Prepared> {
+        let keep = match &self.filter {
+            Some(f) => Some(expr::predicate_mask(f, batch)?),
+            None => None,
+        };
         let values = self.arg.evaluate(batch)?.into_array(batch.num_rows())?;
-        if let Some(codec) = &self.codec {
+        let values = if let Some(codec) = &self.codec {
             let values = cast(&values, &self.input_type)?;
             let encoded = codec.encode(std::slice::from_ref(&values))?;
-            return Ok(Prepared::Encoded(
+            // array_agg keeps NULL elements, as in Postgres.
+            let keep_nulls = self.kind == AggKind::ArrayAgg;
+            Values::Encoded(
                 encoded
                     .into_iter()
                     .enumerate()
-                    .map(|(i, e)| values.is_valid(i).then_some(e))
+                    .map(|(i, e)| (keep_nulls || values.is_valid(i)).then_some(e))
                     .collect(),
-            ));
-        }
-        if self.kind == AggKind::Count {
-            return Ok(Prepared::Array(values));
-        }
-        Ok(Prepared::Array(cast(&values, &self.input_type)?))
+            )
+        } else if self.kind == AggKind::Count {
+            Values::Array(values)
+        } else {
+            Values::Array(cast(&values, &self.input_type)?)
+        };
+        Ok(Prepared { values, keep })
     }
 
     /// Adds (`sign` = 1) or retracts (`sign` = -1) row `row`.
-    pub(crate) fn update(&self, state: &mut AccState, values: &Prepared, row: usize, sign: i64) {
-        match (state, values) {
-            (AccState::MinMax(set), Prepared::Encoded(enc)) => {
+    pub(crate) fn update(&self, state: &mut AccState, prepared: &Prepared, row: usize, sign: i64) {
+        if let Some(keep) = &prepared.keep
+            && !keep.value(row)
+        {
+            return;
+        }
+        match (state, &prepared.values) {
+            (AccState::Values(set), Values::Encoded(enc)) => {
                 if let Some(Some(v)) = enc.get(row) {
                     let c = set.entry(v.clone()).or_insert(0);
                     *c += sign;
@@ -142,7 +224,7 @@ impl Aggregate {
                     }
                 }
             }
-            (state, Prepared::Array(a)) if a.is_valid(row) => match state {
+            (state, Values::Array(a)) if a.is_valid(row) => match state {
                 AccState::Count(c) => *c += sign,
                 AccState::SumI64 { sum, n } => {
                     let v = a.as_primitive::<Int64Type>().value(row);
@@ -158,7 +240,20 @@ impl Aggregate {
                         .wrapping_add(a.as_primitive::<Decimal128Type>().value(row) * sign as i128);
                     *n += sign;
                 }
-                AccState::MinMax(_) => {}
+                AccState::Moments { n, sum, sum_sq } => {
+                    let v = a.as_primitive::<Float64Type>().value(row);
+                    *n += sign;
+                    *sum += v * sign as f64;
+                    *sum_sq += v * v * sign as f64;
+                }
+                AccState::Bools { trues, falses } => {
+                    if a.as_boolean().value(row) {
+                        *trues += sign;
+                    } else {
+                        *falses += sign;
+                    }
+                }
+                AccState::Values(_) => {}
             },
             _ => {}
         }
@@ -171,7 +266,8 @@ impl Aggregate {
             AccState::Count(c) => ScalarValue::Int64(Some(*c)),
             AccState::SumI64 { n: 0, .. }
             | AccState::SumF64 { n: 0, .. }
-            | AccState::SumI128 { n: 0, .. } => {
+            | AccState::SumI128 { n: 0, .. }
+            | AccState::Moments { n: 0, .. } => {
                 return Ok(null()?);
             }
             AccState::SumI64 { sum, n } => match self.kind {
@@ -204,22 +300,128 @@ impl Aggregate {
                 };
                 ScalarValue::Decimal128(Some(v), p, s)
             }
-            AccState::MinMax(set) => {
-                let entry = match self.kind {
-                    AggKind::Min => set.keys().next(),
-                    _ => set.keys().next_back(),
-                };
-                let (Some(bytes), Some(codec)) = (entry, &self.codec) else {
+            AccState::Moments { n, sum, sum_sq } => {
+                let n = *n as f64;
+                let sample = matches!(self.kind, AggKind::StddevSamp | AggKind::VarSamp);
+                if sample && n < 2.0 {
                     return Ok(null()?);
+                }
+                // Rounding can take a zero spread just below zero.
+                let squares = (sum_sq - sum * sum / n).max(0.0);
+                let variance = squares / if sample { n - 1.0 } else { n };
+                let v = match self.kind {
+                    AggKind::StddevSamp | AggKind::StddevPop => variance.sqrt(),
+                    _ => variance,
                 };
-                let arr = codec.decode([bytes.as_slice()])?.remove(0);
-                ScalarValue::try_from_array(&arr, 0)?
+                ScalarValue::Float64(Some(v))
             }
+            AccState::Bools { trues, falses } => {
+                if trues + falses == 0 {
+                    return Ok(null()?);
+                }
+                ScalarValue::Boolean(Some(match self.kind {
+                    AggKind::BoolAnd => *falses == 0,
+                    _ => *trues > 0,
+                }))
+            }
+            AccState::Values(set) => return self.values_output(set),
         };
         if value.data_type() == self.output_type {
             Ok(value)
         } else {
             Ok(value.cast_to(&self.output_type)?)
+        }
+    }
+
+    /// The value of an aggregate kept as a multiset.
+    fn values_output(&self, set: &BTreeMap<Vec<u8>, i64>) -> Result<ScalarValue> {
+        let null = || -> Result<ScalarValue> { Ok(ScalarValue::try_from(&self.output_type)?) };
+        let Some(codec) = &self.codec else {
+            return Err(ExecError::Protocol("multiset without a codec".into()));
+        };
+        let decode = |keys: Vec<&Vec<u8>>| -> Result<ArrayRef> {
+            Ok(codec
+                .decode(keys.into_iter().map(|k| k.as_slice()))?
+                .remove(0))
+        };
+        let cast_out = |v: ScalarValue| -> Result<ScalarValue> {
+            if v.data_type() == self.output_type {
+                Ok(v)
+            } else {
+                Ok(v.cast_to(&self.output_type)?)
+            }
+        };
+        if set.is_empty() {
+            return match self.kind {
+                AggKind::Count => Ok(ScalarValue::Int64(Some(0))),
+                _ => null(),
+            };
+        }
+        match self.kind {
+            AggKind::Min | AggKind::Max => {
+                let key = if self.kind == AggKind::Min {
+                    set.keys().next()
+                } else {
+                    set.keys().next_back()
+                };
+                let arr = decode(key.into_iter().collect())?;
+                cast_out(ScalarValue::try_from_array(&arr, 0)?)
+            }
+            AggKind::Count => Ok(ScalarValue::Int64(Some(set.len() as i64))),
+            AggKind::Sum | AggKind::Avg => {
+                // DISTINCT: each value once.
+                let values = decode(set.keys().collect())?;
+                let mut acc = match self.sum {
+                    Some(SumKind::I64) => AccState::SumI64 { sum: 0, n: 0 },
+                    Some(SumKind::F64) => AccState::SumF64 { sum: 0.0, n: 0 },
+                    _ => AccState::SumI128 { sum: 0, n: 0 },
+                };
+                let prepared = Prepared {
+                    values: Values::Array(values),
+                    keep: None,
+                };
+                for row in 0..set.len() {
+                    self.update(&mut acc, &prepared, row, 1);
+                }
+                self.output(&acc)
+            }
+            AggKind::StringAgg | AggKind::ArrayAgg => {
+                let distinct = decode(set.keys().collect())?;
+                // Ascending with NULLs last, as Postgres orders by default
+                // (the encoding sorts NULL first).
+                let order = (0..distinct.len())
+                    .filter(|i| distinct.is_valid(*i))
+                    .chain((0..distinct.len()).filter(|i| distinct.is_null(*i)));
+                let counts: Vec<i64> = set.values().copied().collect();
+                let indices: UInt32Array = order
+                    .flat_map(|i| {
+                        let copies = if self.distinct {
+                            1
+                        } else {
+                            counts[i].max(0) as usize
+                        };
+                        std::iter::repeat_n(i as u32, copies)
+                    })
+                    .collect();
+                let all = take(distinct.as_ref(), &indices, None)?;
+                if self.kind == AggKind::ArrayAgg {
+                    return Ok(SingleRowListArrayBuilder::new(all).build_list_scalar());
+                }
+                let strings = all
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .ok_or_else(|| ExecError::Protocol("string_agg over non-strings".into()))?;
+                let joined = strings
+                    .iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(&self.delimiter);
+                cast_out(ScalarValue::Utf8(Some(joined)))
+            }
+            _ => Err(ExecError::Protocol(format!(
+                "{} kept as a multiset",
+                self.kind.name()
+            ))),
         }
     }
 }
@@ -249,7 +451,7 @@ pub(crate) mod encoding {
                 out.extend_from_slice(&sum.to_be_bytes());
                 out.extend_from_slice(&n.to_be_bytes());
             }
-            AccState::MinMax(set) => {
+            AccState::Values(set) => {
                 out.push(4);
                 out.extend_from_slice(&(set.len() as u32).to_be_bytes());
                 for (v, c) in set {
@@ -257,6 +459,17 @@ pub(crate) mod encoding {
                     out.extend_from_slice(v);
                     out.extend_from_slice(&c.to_be_bytes());
                 }
+            }
+            AccState::Moments { n, sum, sum_sq } => {
+                out.push(5);
+                out.extend_from_slice(&n.to_be_bytes());
+                out.extend_from_slice(&sum.to_bits().to_be_bytes());
+                out.extend_from_slice(&sum_sq.to_bits().to_be_bytes());
+            }
+            AccState::Bools { trues, falses } => {
+                out.push(6);
+                out.extend_from_slice(&trues.to_be_bytes());
+                out.extend_from_slice(&falses.to_be_bytes());
             }
         }
     }
@@ -321,8 +534,17 @@ pub(crate) mod encoding {
                     let v = r.bytes(n)?;
                     set.insert(v, r.i64()?);
                 }
-                AccState::MinMax(set)
+                AccState::Values(set)
             }
+            5 => AccState::Moments {
+                n: r.i64()?,
+                sum: f64::from_bits(r.i64()? as u64),
+                sum_sq: f64::from_bits(r.i64()? as u64),
+            },
+            6 => AccState::Bools {
+                trues: r.i64()?,
+                falses: r.i64()?,
+            },
             t => {
                 return Err(ExecError::Storage(storage::StorageError::Corrupt(format!(
                     "unknown aggregate state tag {t}"

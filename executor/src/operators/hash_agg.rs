@@ -40,6 +40,10 @@ pub struct HashAgg {
     schema: SchemaRef,
     state_table: u64,
     global: bool,
+    /// With grouping sets including the empty set `()`: that set's group
+    /// key and key group. Its row exists even over no rows, as a global
+    /// aggregate's does.
+    always: Option<(Vec<u8>, u16)>,
     groups: HashMap<Vec<u8>, Group>,
     /// Group keys changed since the last barrier, with their key group.
     dirty: HashMap<Vec<u8>, u16>,
@@ -70,6 +74,7 @@ impl HashAgg {
             schema,
             state_table,
             global: group_exprs.is_empty(),
+            always: None,
             groups: HashMap::new(),
             dirty: HashMap::new(),
         })
@@ -82,8 +87,34 @@ impl HashAgg {
         }
     }
 
-    fn visible(&self, g: &Group) -> bool {
-        self.global || g.rows > 0
+    /// Grouping sets: `id` is the grouping id of the empty set `()`, the
+    /// last group column; the others are NULL in its row.
+    pub fn with_empty_set(mut self, id: u64) -> Result<Self> {
+        let n = self.group_exprs.len();
+        let columns = self
+            .schema
+            .fields()
+            .iter()
+            .take(n)
+            .enumerate()
+            .map(|(i, f)| {
+                if i + 1 == n {
+                    Ok(ScalarValue::UInt64(Some(id))
+                        .cast_to(f.data_type())?
+                        .to_array_of_size(1)?)
+                } else {
+                    Ok(datafusion::arrow::array::new_null_array(f.data_type(), 1))
+                }
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let key = self.key_codec.encode(&columns)?.remove(0);
+        let key_group = expr::key_groups(&columns, 1)?[0];
+        self.always = Some((key, key_group));
+        Ok(self)
+    }
+
+    fn visible(&self, key: &[u8], g: &Group) -> bool {
+        self.global || g.rows > 0 || self.always.as_ref().is_some_and(|(k, _)| k == key)
     }
 
     fn outputs(&self, g: &Group) -> Result<Vec<ScalarValue>> {
@@ -165,6 +196,17 @@ impl Operator for HashAgg {
             self.dirty.insert(Vec::new(), 0);
             self.emit(vec![(Op::Insert, &[], values)], out)?;
         }
+        if let Some((key, key_group)) = self.always.clone()
+            && ctx.key_groups.contains(&key_group)
+            && !self.groups.contains_key(&key)
+        {
+            // The empty grouping set's row, over no rows.
+            let g = self.new_group();
+            let values = self.outputs(&g)?;
+            self.groups.insert(key.clone(), g);
+            self.dirty.insert(key.clone(), key_group);
+            self.emit(vec![(Op::Insert, &key, values)], out)?;
+        }
         Ok(())
     }
 
@@ -191,7 +233,7 @@ impl Operator for HashAgg {
             let key = &key_bytes[row];
             if seen.insert(key.as_slice()) {
                 let old = match self.groups.get(key) {
-                    Some(g) if self.visible(g) => Some(self.outputs(g)?),
+                    Some(g) if self.visible(key, g) => Some(self.outputs(g)?),
                     _ => None,
                 };
                 touched.push((key.clone(), old));
@@ -220,7 +262,7 @@ impl Operator for HashAgg {
                     "group retracted below zero rows"
                 );
             }
-            let new = if self.visible(g) {
+            let new = if self.visible(key, g) {
                 Some(self.outputs(g)?)
             } else {
                 None
@@ -276,6 +318,9 @@ mod tests {
             kind,
             arg: col(arg),
             output_type,
+            distinct: false,
+            filter: None,
+            delimiter: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! operator for one subtask.
 
 mod accumulator;
+mod expand;
 mod filter;
 mod hash_agg;
 mod hash_join;
@@ -13,6 +14,7 @@ mod union;
 use planner::spec::OperatorSpec;
 use planner::stream_graph::StreamNode;
 
+pub use expand::Expand;
 pub use filter::Filter;
 pub use hash_agg::HashAgg;
 pub use hash_join::HashJoin;
@@ -39,15 +41,21 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             aggs,
             input_schema,
             state_table,
-        } => Box::new(HashAgg::new(
-            group_exprs,
-            aggs,
-            input_schema,
-            &node.schema,
-            *state_table,
-        )?),
+            empty_set,
+        } => {
+            let agg = HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?;
+            Box::new(match empty_set {
+                Some(id) => agg.with_empty_set(*id)?,
+                None => agg,
+            })
+        }
         OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
         OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),
+        OperatorSpec::Expand {
+            group_exprs,
+            sets,
+            input_schema,
+        } => Box::new(Expand::new(group_exprs, sets, input_schema, &node.schema)?),
         OperatorSpec::Materialize { state_table, .. } => {
             Box::new(Materialize::new(&node.schema, *state_table)?)
         }
