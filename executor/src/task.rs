@@ -21,7 +21,7 @@ use storage::state::StateWrite;
 use tokio::sync::{mpsc, watch};
 
 use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
-use crate::message::{Barrier, Message};
+use crate::message::{Barrier, Message, Watermark};
 use crate::operator::{Operator, OperatorContext, StateReader};
 use crate::operators::{self, table_source::TableSource};
 use crate::{ExecError, Result};
@@ -195,15 +195,19 @@ pub fn build_task(
             table_id,
             projection,
             state_table,
+            watermark,
             ..
         } => {
-            let source = TableSource::new(
+            let mut source = TableSource::new(
                 *table_id,
                 projection.clone(),
                 *state_table,
                 &head_node.schema,
                 env.tables.clone(),
             );
+            if let Some(w) = watermark {
+                source = source.with_watermark(w)?;
+            }
             (Head::Source(source), &vertex.nodes[1..])
         }
         _ => {
@@ -331,6 +335,7 @@ impl StreamTask {
         for chunk in source.backfill().await? {
             self.push(0, 0, chunk).await?;
         }
+        self.source_watermark(source).await?;
         loop {
             let has_more = source.has_more();
             tokio::select! {
@@ -350,6 +355,7 @@ impl StreamTask {
                                 self.push(0, 0, chunk).await?;
                             }
                         }
+                        self.source_watermark(source).await?;
                         let mut writes = Vec::new();
                         source.snapshot(&mut writes);
                         let position = SourcePosition { table: source.table_id(), seq: source.position() };
@@ -362,6 +368,7 @@ impl StreamTask {
                     for chunk in source.poll().await? {
                         self.push(0, 0, chunk).await?;
                     }
+                    self.source_watermark(source).await?;
                 }
                 _ = source.changed(), if !has_more => {}
             }
@@ -384,22 +391,40 @@ impl StreamTask {
                 event = gate.next() => match event? {
                     GateEvent::Chunk(input, chunk) => self.push(0, input, chunk).await?,
                     GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment).await?,
-                    GateEvent::Watermark(mut wm) => {
-                        for op in &mut self.chain {
-                            let mut out = Vec::new();
-                            match op.handle_watermark(wm, &mut out)? {
-                                Some(next) => wm = next,
-                                None => break,
-                            }
-                        }
-                        for o in &mut self.outputs {
-                            o.broadcast(Message::Watermark(wm)).await?;
-                        }
-                    }
+                    GateEvent::Watermark(wm) => self.watermark(wm).await?,
                     GateEvent::End => return Ok(Exit::InputsClosed),
                 },
             }
         }
+    }
+
+    /// Sends the source's watermark down the chain, if it advanced.
+    async fn source_watermark(&mut self, source: &mut TableSource) -> Result<()> {
+        match source.take_watermark() {
+            Some(wm) => self.watermark(wm).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Event time advanced: each operator of the chain may emit what it
+    /// closes (its output goes on down the chain) and passes the watermark
+    /// on, or holds it back.
+    async fn watermark(&mut self, mut wm: Watermark) -> Result<()> {
+        for i in 0..self.chain.len() {
+            let mut out = Vec::new();
+            let next = self.chain[i].handle_watermark(wm, &mut out)?;
+            for chunk in out {
+                self.push(i + 1, 0, chunk).await?;
+            }
+            match next {
+                Some(next) => wm = next,
+                None => return Ok(()),
+            }
+        }
+        for o in &mut self.outputs {
+            o.broadcast(Message::Watermark(wm)).await?;
+        }
+        Ok(())
     }
 
     /// Sends `chunk` through the chain from operator `from` on, then out.

@@ -157,6 +157,8 @@ mod tests {
                 table_name: "t".into(),
                 projection: vec![],
                 state_table: 1,
+                append_only: false,
+                watermark: None,
             },
             1,
             schema(),

@@ -166,6 +166,7 @@ fn agg_call(
         distinct: params.distinct,
         filter: params.filter.as_deref().cloned(),
         delimiter,
+        append_only_input: false,
     })
 }
 
@@ -240,12 +241,15 @@ impl Lowering<'_> {
                     .clone()
                     .unwrap_or_else(|| (0..source.schema.fields().len()).collect());
                 let id = self.graph.nodes.len();
+                let watermark = source.watermark.clone();
                 Ok(self.graph.add_node(
                     OperatorSpec::TableSource {
                         table_id: source.table_id,
                         table_name: source.name.clone(),
                         projection,
                         state_table: self.state_table(id),
+                        append_only: source.append_only,
+                        watermark,
                     },
                     1,
                     scan.projected_schema.clone(),
@@ -304,6 +308,10 @@ impl Lowering<'_> {
                     )?);
                 }
                 let mut input = self.node(&agg.input)?;
+                let append_only = self.append_only(input);
+                for a in &mut aggs {
+                    a.append_only_input = append_only;
+                }
                 let mut group_exprs = agg.group_expr.clone();
                 let mut input_schema = agg.input.schema().clone();
                 let mut empty_set = None;
@@ -539,6 +547,24 @@ impl Lowering<'_> {
         Ok((node, group_cols, schema, empty_set))
     }
 
+    /// Whether `node` only ever emits inserts: sources of append-only
+    /// tables, and what filters, projects, unions or inner-joins only them.
+    fn append_only(&self, node: usize) -> bool {
+        let inputs: Vec<usize> = self.graph.in_edges(node).map(|e| e.from).collect();
+        match &self.graph.nodes[node].spec {
+            OperatorSpec::TableSource { append_only, .. } => *append_only,
+            OperatorSpec::Filter { .. }
+            | OperatorSpec::Project { .. }
+            | OperatorSpec::Expand { .. }
+            | OperatorSpec::Union { .. }
+            | OperatorSpec::HashJoin {
+                join_type: StreamJoinType::Inner,
+                ..
+            } => inputs.iter().all(|i| self.append_only(*i)),
+            _ => false,
+        }
+    }
+
     /// A one-input operator without state: same parallelism as its input,
     /// forward edge, so it can chain.
     fn stateless(&mut self, input: usize, spec: OperatorSpec, plan: &LogicalPlan) -> usize {
@@ -569,6 +595,8 @@ mod tests {
             table_id: id,
             name: name.into(),
             schema,
+            append_only: false,
+            watermark: None,
         });
         LogicalPlanBuilder::scan(name, provider_as_source(table), None).unwrap()
     }

@@ -20,6 +20,10 @@ pub struct StreamSourceTable {
     pub name: String,
     /// The user-visible columns (a prefix of the stored columns).
     pub schema: SchemaRef,
+    /// INSERT only: a stream or an `APPEND ONLY` table.
+    pub append_only: bool,
+    /// `WATERMARK FOR … AS expr`.
+    pub watermark: Option<crate::spec::SourceWatermark>,
 }
 
 #[async_trait]

@@ -22,6 +22,12 @@ pub enum OperatorSpec {
         projection: Vec<usize>,
         /// Where the source keeps its log position.
         state_table: u64,
+        /// The table takes inserts only (a stream, an `APPEND ONLY` table).
+        #[serde(default)]
+        append_only: bool,
+        /// The table's `WATERMARK FOR`, if any.
+        #[serde(default)]
+        watermark: Option<SourceWatermark>,
     },
     /// Keeps rows whose predicate is true.
     Filter {
@@ -142,7 +148,21 @@ fn list(exprs: &[Expr]) -> String {
 impl fmt::Display for OperatorSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OperatorSpec::TableSource { table_name, .. } => write!(f, "TableSource: {table_name}"),
+            OperatorSpec::TableSource {
+                table_name,
+                append_only,
+                watermark,
+                ..
+            } => {
+                write!(f, "TableSource: {table_name}")?;
+                if *append_only {
+                    write!(f, " append_only")?;
+                }
+                if let Some(w) = watermark {
+                    write!(f, " watermark=({})", w.sql)?;
+                }
+                Ok(())
+            }
             OperatorSpec::Filter { predicate, .. } => write!(f, "Filter: {predicate}"),
             OperatorSpec::Project { exprs, .. } => write!(f, "Project: {}", list(exprs)),
             OperatorSpec::HashAgg {
@@ -200,6 +220,19 @@ impl fmt::Display for OperatorSpec {
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
         }
     }
+}
+
+/// How a source derives watermarks: event time is complete up to the
+/// largest value of `expr` over the rows read so far.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SourceWatermark {
+    /// Over the table's columns (before the source's projection).
+    #[serde(with = "crate::wire::expr")]
+    pub expr: Expr,
+    #[serde(with = "crate::wire::schema")]
+    pub table_schema: DFSchemaRef,
+    /// The expression as the user wrote it, for EXPLAIN.
+    pub sql: String,
 }
 
 /// The kinds of join a HashJoin maintains under retractions.
@@ -340,6 +373,10 @@ pub struct AggCall {
     /// `string_agg`'s delimiter.
     #[serde(default)]
     pub delimiter: Option<String>,
+    /// The input is append-only, so min and max never have to give a value
+    /// back: they keep only the current one instead of every value.
+    #[serde(default)]
+    pub append_only_input: bool,
 }
 
 impl fmt::Display for AggCall {

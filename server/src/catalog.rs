@@ -22,6 +22,13 @@ pub struct Column {
     pub not_null: bool,
 }
 
+/// `WATERMARK FOR column AS expr`, the expression kept as SQL text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatermarkDef {
+    pub column: String,
+    pub expr: String,
+}
+
 /// One catalog object.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -31,6 +38,14 @@ pub enum Entry {
         name: String,
         columns: Vec<Column>,
         primary_key: Vec<String>,
+        /// Created by `CREATE STREAM`.
+        #[serde(default)]
+        stream: bool,
+        /// INSERT only (`APPEND ONLY`, and every stream).
+        #[serde(default)]
+        append_only: bool,
+        #[serde(default)]
+        watermark: Option<WatermarkDef>,
     },
     View {
         id: u64,
@@ -70,6 +85,7 @@ impl Entry {
     /// As Postgres names the kind in messages.
     pub fn kind(&self) -> &'static str {
         match self {
+            Entry::Table { stream: true, .. } => "stream",
             Entry::Table { .. } => "table",
             Entry::View { .. } => "view",
             Entry::MaterializedView { .. } => "materialized view",
@@ -93,6 +109,7 @@ pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
         name,
         columns,
         primary_key,
+        ..
     } = entry
     else {
         return Err(ServerError::Internal(format!(

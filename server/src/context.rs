@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{MemTable, SchemaProvider, Session, TableProvider};
+use datafusion::common::DFSchema;
 use datafusion::datasource::{TableType, ViewTable};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
@@ -167,11 +168,35 @@ impl CatalogSchema {
             Entry::Table { id, .. } => {
                 let desc = table_desc(&entry)?;
                 match self.mode {
-                    Mode::Stream => Arc::new(StreamSourceTable {
-                        table_id: *id,
-                        name: entry.name().to_string(),
-                        schema: user_schema(&desc),
-                    }),
+                    Mode::Stream => {
+                        let schema = user_schema(&desc);
+                        let (append_only, watermark) = match &entry {
+                            Entry::Table {
+                                append_only,
+                                watermark,
+                                ..
+                            } => (*append_only, watermark.clone()),
+                            _ => (false, None),
+                        };
+                        let watermark = match watermark {
+                            Some(w) => {
+                                let df = DFSchema::try_from(schema.as_ref().clone())?;
+                                Some(planner::spec::SourceWatermark {
+                                    expr: new_context().parse_sql_expr(&w.expr, &df)?,
+                                    table_schema: Arc::new(df),
+                                    sql: w.expr,
+                                })
+                            }
+                            None => None,
+                        };
+                        Arc::new(StreamSourceTable {
+                            table_id: *id,
+                            name: entry.name().to_string(),
+                            schema,
+                            append_only,
+                            watermark,
+                        })
+                    }
                     Mode::Dml(t) if t == *id => Arc::new(TableRows {
                         db: db.clone(),
                         table: *id,

@@ -6,6 +6,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::DFSchema;
+use datafusion::logical_expr::ExprSchemable;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, CreateTable, CreateView, Expr as SqlExpr, ObjectName, ObjectType, TableConstraint,
@@ -15,22 +18,31 @@ use planner::spec::{CheckpointMode, OperatorSpec};
 use planner::{StreamPlanOptions, lower};
 use storage::table::ROW_ID_COLUMN;
 
-use crate::catalog::{Column, Entry, table_desc};
+use crate::catalog::{Column, Entry, WatermarkDef, table_desc};
 use crate::context::{Mode, context, plan_query};
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::session::Session;
-use crate::stmt::{self, apply_pg_names, ident, object_name};
+use crate::stmt::{self, TableOptions, WatermarkClause, apply_pg_names, ident, object_name};
 use crate::types;
 
 fn already_exists(name: &str) -> ServerError {
     ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
 }
 
-/// `CREATE TABLE`.
-pub async fn create_table(db: &Arc<Database>, ct: CreateTable) -> Result<QueryResult> {
+/// `CREATE TABLE` and `CREATE STREAM`.
+pub async fn create_table(
+    db: &Arc<Database>,
+    ct: CreateTable,
+    options: TableOptions,
+) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let name = object_name(&ct.name)?;
+    let tag = if options.stream {
+        "CREATE STREAM"
+    } else {
+        "CREATE TABLE"
+    };
     if ct.query.is_some() || ct.like.is_some() || ct.clone.is_some() {
         return Err(ServerError::unsupported("CREATE TABLE … AS / LIKE / CLONE"));
     }
@@ -39,7 +51,7 @@ pub async fn create_table(db: &Arc<Database>, ct: CreateTable) -> Result<QueryRe
     }
     if db.catalog.by_name(&name).is_some() {
         if ct.if_not_exists {
-            return Ok(QueryResult::command("CREATE TABLE"));
+            return Ok(QueryResult::command(tag));
         }
         return Err(already_exists(&name));
     }
@@ -118,16 +130,64 @@ pub async fn create_table(db: &Arc<Database>, ct: CreateTable) -> Result<QueryRe
             }
         }
     }
+    if options.append_only && !primary_key.is_empty() {
+        return Err(ServerError::InvalidTableDefinition(format!(
+            "append-only {} \"{name}\" cannot have a primary key",
+            if options.stream { "stream" } else { "table" }
+        )));
+    }
+    let watermark = match &options.watermark {
+        Some(w) => Some(watermark_def(&columns, w)?),
+        None => None,
+    };
     let entry = Entry::Table {
         id: db.catalog.allocate_id()?,
         name,
         columns,
         primary_key,
+        stream: options.stream,
+        append_only: options.append_only,
+        watermark,
     };
     let desc = table_desc(&entry)?;
     db.catalog.add(entry)?;
     db.cluster.tables.open_table(desc)?;
-    Ok(QueryResult::command("CREATE TABLE"))
+    Ok(QueryResult::command(tag))
+}
+
+/// Checks `WATERMARK FOR column AS expr`: the column is a timestamp and the
+/// expression a timestamp over the table's columns.
+fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef> {
+    let Some(col) = columns.iter().find(|c| c.name == w.column) else {
+        return Err(ServerError::UndefinedColumn(format!(
+            "column \"{}\" named in WATERMARK FOR does not exist",
+            w.column
+        )));
+    };
+    let is_timestamp = |t: &DataType| matches!(t, DataType::Timestamp(..));
+    if !is_timestamp(&types::parse_type(&col.sql_type)?) {
+        return Err(ServerError::DatatypeMismatch(format!(
+            "the watermark column \"{}\" must be a timestamp, not {}",
+            col.name, col.sql_type
+        )));
+    }
+    let fields = columns
+        .iter()
+        .map(|c| Ok(Field::new(&c.name, types::parse_type(&c.sql_type)?, true)))
+        .collect::<Result<Vec<_>>>()?;
+    let schema = DFSchema::try_from(Schema::new(fields))?;
+    let sql = w.expr.to_string();
+    let expr = crate::context::new_context().parse_sql_expr(&sql, &schema)?;
+    let t = expr.get_type(&schema)?;
+    if !is_timestamp(&t) {
+        return Err(ServerError::DatatypeMismatch(format!(
+            "the watermark expression {sql} is {t}, not a timestamp"
+        )));
+    }
+    Ok(WatermarkDef {
+        column: w.column.clone(),
+        expr: sql,
+    })
 }
 
 /// The view's query text, with Postgres column names and the optional
@@ -382,6 +442,7 @@ pub async fn explain_view(
 fn kind_of(t: &ObjectType) -> Result<&'static str> {
     Ok(match t {
         ObjectType::Table => "table",
+        ObjectType::Stream => "stream",
         ObjectType::View => "view",
         ObjectType::MaterializedView => "materialized view",
         other => return Err(ServerError::unsupported(format!("DROP {other}"))),

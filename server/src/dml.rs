@@ -26,6 +26,14 @@ use crate::stmt::{ident, object_name};
 
 fn target(db: &Database, name: &str, verb: &str) -> Result<TableDesc> {
     match db.catalog.by_name(name) {
+        Some(Entry::Table {
+            append_only: true,
+            stream,
+            ..
+        }) if verb != "insert into" => Err(ServerError::WrongObjectType(format!(
+            "cannot {verb} {} \"{name}\": it is append-only (INSERT only)",
+            if stream { "stream" } else { "table" }
+        ))),
         Some(entry @ Entry::Table { .. }) => table_desc(&entry),
         Some(other) => Err(ServerError::WrongObjectType(format!(
             "cannot {verb} {} \"{name}\"",

@@ -179,6 +179,10 @@ impl Database {
             Stmt::RestoreSavepoint { name, view } => {
                 savepoint::restore(self, &name, view.as_deref()).await
             }
+            Stmt::CreateTable { table, options } => match *table {
+                Statement::CreateTable(ct) => ddl::create_table(self, ct, options).await,
+                other => Err(ServerError::Internal(format!("not CREATE TABLE: {other}"))),
+            },
             Stmt::Sql(s) => self.execute_sql(session, *s).await,
         }
     }
@@ -193,7 +197,7 @@ impl Database {
             Statement::Insert(insert) => dml::insert(self, insert).await,
             Statement::Update(update) => dml::update(self, update).await,
             Statement::Delete(delete) => dml::delete(self, delete).await,
-            Statement::CreateTable(ct) => ddl::create_table(self, ct).await,
+            Statement::CreateTable(ct) => ddl::create_table(self, ct, Default::default()).await,
             Statement::CreateView(cv) => ddl::create_view(self, session, cv).await,
             Statement::Drop {
                 object_type,

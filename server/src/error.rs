@@ -64,6 +64,8 @@ pub enum ServerError {
     #[error("{0}")]
     WrongObjectType(String),
     #[error("{0}")]
+    InvalidTableDefinition(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -82,6 +84,7 @@ impl ServerError {
             ServerError::DependentObjects(_) => "2BP01",
             ServerError::Unsupported(_) => "0A000",
             ServerError::DatatypeMismatch(_) => "42804",
+            ServerError::InvalidTableDefinition(_) => "42P16",
             ServerError::UniqueViolation(_) => "23505",
             ServerError::SerializationFailure(_) => "40001",
             ServerError::NotNullViolation(_) => "23502",

@@ -51,6 +51,31 @@ pub enum Stmt {
         name: String,
         view: Option<String>,
     },
+    /// `CREATE TABLE` or `CREATE STREAM`, with Weir's own clauses
+    /// (`APPEND ONLY`, `WATERMARK FOR`) taken out of the statement.
+    CreateTable {
+        table: Box<Statement>,
+        options: TableOptions,
+    },
+}
+
+/// What `CREATE STREAM` and the clauses Postgres lacks add to a table.
+#[derive(Debug, Clone, Default)]
+pub struct TableOptions {
+    /// `CREATE STREAM`: an append-only table by another name.
+    pub stream: bool,
+    /// `APPEND ONLY` (implied by a stream): INSERT only.
+    pub append_only: bool,
+    /// `WATERMARK FOR column AS expr`.
+    pub watermark: Option<WatermarkClause>,
+}
+
+/// `WATERMARK FOR column AS expr`: event time on `column` is complete up to
+/// the largest `expr` seen (Flink's and RisingWave's syntax).
+#[derive(Debug, Clone)]
+pub struct WatermarkClause {
+    pub column: String,
+    pub expr: Box<SqlExpr>,
 }
 
 fn is_word(t: &Token, word: &str) -> bool {
@@ -124,6 +149,8 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             expect_words(&mut parser, &["from", "savepoint"])?;
             let name = object_name(&parser.parse_object_name(false)?)?;
             Stmt::RestoreSavepoint { name, view }
+        } else if is_word(&a, "create") && (is_word(&b, "table") || is_word(&b, "stream")) {
+            create_table(&mut parser)?
         } else if is_word(&a, "alter") && is_word(&b, "materialized") && is_word(&c, "view") {
             for _ in 0..3 {
                 parser.next_token();
@@ -142,6 +169,109 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
     }
     Ok(out)
+}
+
+/// `CREATE TABLE | STREAM …`: takes the statement's tokens, removes the
+/// clauses sqlparser does not know, and parses the rest as `CREATE TABLE`.
+fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
+    let mut tokens = Vec::new();
+    let mut depth = 0i32;
+    loop {
+        let t = parser.peek_token().token;
+        match t {
+            Token::EOF => break,
+            Token::SemiColon if depth == 0 => break,
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            _ => {}
+        }
+        tokens.push(parser.next_token().token);
+    }
+    let mut options = TableOptions::default();
+    if tokens.get(1).is_some_and(|t| is_word(t, "stream")) {
+        tokens[1] = Token::make_keyword("TABLE");
+        options.stream = true;
+        options.append_only = true;
+    }
+    // WATERMARK FOR … inside the column list.
+    let mut depth = 0;
+    let mut clause = None;
+    for (i, t) in tokens.iter().enumerate() {
+        match t {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 1 && is_word(t, "watermark") => {
+                if tokens.get(i + 1).is_some_and(|t| is_word(t, "for")) {
+                    clause = Some(i);
+                }
+                break;
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = clause {
+        let mut end = start;
+        let mut d = 0;
+        while end < tokens.len() {
+            match tokens[end] {
+                Token::LParen => d += 1,
+                Token::RParen if d == 0 => break,
+                Token::RParen => d -= 1,
+                Token::Comma if d == 0 => break,
+                _ => {}
+            }
+            end += 1;
+        }
+        let body: Vec<Token> = tokens[start + 2..end].to_vec();
+        // Remove the clause and the comma that separates it.
+        let (from, to) = if start > 0 && tokens[start - 1] == Token::Comma {
+            (start - 1, end)
+        } else if tokens.get(end) == Some(&Token::Comma) {
+            (start, end + 1)
+        } else {
+            (start, end)
+        };
+        tokens.drain(from..to);
+        let [Token::Word(column), as_word, expr @ ..] = body.as_slice() else {
+            return Err(ServerError::Syntax(
+                "syntax error in WATERMARK FOR: expected WATERMARK FOR column AS expression".into(),
+            ));
+        };
+        if !is_word(as_word, "as") || expr.is_empty() {
+            return Err(ServerError::Syntax(
+                "syntax error in WATERMARK FOR: expected WATERMARK FOR column AS expression".into(),
+            ));
+        }
+        let expr = Box::new(
+            Parser::new(&PostgreSqlDialect {})
+                .with_tokens(expr.to_vec())
+                .parse_expr()?,
+        );
+        options.watermark = Some(WatermarkClause {
+            column: if column.quote_style.is_some() {
+                column.value.clone()
+            } else {
+                column.value.to_lowercase()
+            },
+            expr,
+        });
+    }
+    // APPEND ONLY after the column list.
+    let n = tokens.len();
+    if n >= 2 && is_word(&tokens[n - 2], "append") && is_word(&tokens[n - 1], "only") {
+        tokens.truncate(n - 2);
+        options.append_only = true;
+    }
+    let table = Parser::new(&PostgreSqlDialect {})
+        .with_tokens(tokens)
+        .parse_statement()?;
+    if !matches!(table, Statement::CreateTable(_)) {
+        return Err(ServerError::Syntax("expected CREATE TABLE".into()));
+    }
+    Ok(Stmt::CreateTable {
+        table: Box::new(table),
+        options,
+    })
 }
 
 /// Consumes `words`, or fails with a syntax error at the first other token.
@@ -329,6 +459,35 @@ pub fn ident(i: &Ident) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streams_watermarks_and_append_only_tables() {
+        let stmts = parse(
+            "CREATE STREAM s (ts timestamp, v int, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND); \
+             create table t (a int, watermark for \"A\" as \"A\") append only; \
+             CREATE TABLE u (a int PRIMARY KEY)",
+        )
+        .unwrap();
+        let Stmt::CreateTable { table, options } = &stmts[0] else {
+            panic!("{:?}", stmts[0]);
+        };
+        assert!(options.stream && options.append_only);
+        let w = options.watermark.as_ref().unwrap();
+        assert_eq!(w.column, "ts");
+        assert_eq!(w.expr.to_string(), "ts - INTERVAL '5' SECOND");
+        assert_eq!(table.to_string(), "CREATE TABLE s (ts TIMESTAMP, v INT)");
+        let Stmt::CreateTable { table, options } = &stmts[1] else {
+            panic!();
+        };
+        assert!(!options.stream && options.append_only);
+        assert_eq!(options.watermark.as_ref().unwrap().column, "A");
+        assert_eq!(table.to_string(), "CREATE TABLE t (a INT)");
+        let Stmt::CreateTable { options, .. } = &stmts[2] else {
+            panic!();
+        };
+        assert!(!options.append_only && options.watermark.is_none());
+        assert!(parse("CREATE STREAM s (ts timestamp, WATERMARK FOR ts)").is_err());
+    }
 
     #[test]
     fn splits_and_recognises_weir_statements() {

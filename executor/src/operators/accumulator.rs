@@ -75,6 +75,9 @@ pub(crate) struct Aggregate {
     sum: Option<SumKind>,
     /// Encodes values kept in a multiset.
     codec: Option<RowCodec>,
+    /// min or max over an append-only input: only the current extreme is
+    /// kept, as nothing is ever retracted.
+    keep_extreme_only: bool,
 }
 
 /// An aggregate's argument for one batch, ready to accumulate.
@@ -156,6 +159,9 @@ impl Aggregate {
             input_type,
             sum,
             codec,
+            keep_extreme_only: call.append_only_input
+                && !call.distinct
+                && matches!(call.kind, AggKind::Min | AggKind::Max),
         })
     }
 
@@ -222,6 +228,15 @@ impl Aggregate {
                     if *c <= 0 {
                         set.remove(v);
                     }
+                }
+                if self.keep_extreme_only && set.len() > 1 {
+                    let keep = if self.kind == AggKind::Min {
+                        set.pop_first()
+                    } else {
+                        set.pop_last()
+                    };
+                    set.clear();
+                    set.extend(keep);
                 }
             }
             (state, Values::Array(a)) if a.is_valid(row) => match state {
@@ -551,5 +566,46 @@ pub(crate) mod encoding {
                 ))));
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::test_util::{chunk, ints};
+    use datafusion::logical_expr::col;
+    use storage::chunk::Op;
+
+    fn call(kind: AggKind, append_only_input: bool) -> AggCall {
+        AggCall {
+            kind,
+            arg: col("a"),
+            output_type: DataType::Int64,
+            distinct: false,
+            filter: None,
+            delimiter: None,
+            append_only_input,
+        }
+    }
+
+    #[test]
+    fn min_over_an_append_only_input_keeps_one_value() {
+        let (c, schema) = chunk(
+            &[Op::Insert; 4],
+            vec![ints(&[Some(5), Some(3), None, Some(7)])],
+        );
+        for (append_only, kept) in [(true, 1), (false, 3)] {
+            let agg = Aggregate::new(&call(AggKind::Min, append_only), &schema).unwrap();
+            let mut state = agg.init();
+            let prepared = agg.prepare(c.data()).unwrap();
+            for row in 0..4 {
+                agg.update(&mut state, &prepared, row, 1);
+            }
+            assert_eq!(agg.output(&state).unwrap(), ScalarValue::Int64(Some(3)));
+            let AccState::Values(set) = &state else {
+                panic!("{state:?}");
+            };
+            assert_eq!(set.len(), kept);
+        }
     }
 }

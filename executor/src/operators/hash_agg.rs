@@ -321,6 +321,7 @@ mod tests {
             distinct: false,
             filter: None,
             delimiter: None,
+            append_only_input: false,
         }
     }
 

@@ -17,11 +17,19 @@ use storage::chunk::Chunk;
 use storage::state::StateWrite;
 use tokio::sync::watch;
 
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::compute::{cast, max};
+use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
+use datafusion::physical_expr::PhysicalExpr;
+use planner::spec::SourceWatermark;
+
+use crate::message::Watermark;
 use crate::operator::OperatorContext;
 use crate::task::TableLog;
 use crate::{Result, expr};
 
 const POSITION_KEY: &[u8] = b"position";
+const WATERMARK_KEY: &[u8] = b"watermark";
 /// Log entries read per poll.
 const LOG_BATCH: usize = 256;
 
@@ -34,6 +42,12 @@ pub struct TableSource {
     position: Option<u64>,
     /// The table's last sequence number; `None` until [`TableSource::open`].
     seq: Option<watch::Receiver<u64>>,
+    /// `WATERMARK FOR`: the expression over the table's columns.
+    watermark_expr: Option<Arc<dyn PhysicalExpr>>,
+    /// The largest watermark value seen (microseconds since the epoch).
+    watermark: Option<i64>,
+    /// The watermark last sent downstream.
+    emitted: Option<i64>,
 }
 
 impl std::fmt::Debug for TableSource {
@@ -61,7 +75,48 @@ impl TableSource {
             log,
             position: None,
             seq: None,
+            watermark_expr: None,
+            watermark: None,
+            emitted: None,
         }
+    }
+
+    /// Derives watermarks from `w` (see [`SourceWatermark`]).
+    pub fn with_watermark(mut self, w: &SourceWatermark) -> Result<Self> {
+        self.watermark_expr =
+            Some(expr::compile(std::slice::from_ref(&w.expr), &w.table_schema)?.remove(0));
+        Ok(self)
+    }
+
+    /// Raises the watermark to the largest value of the watermark
+    /// expression over `chunk`'s rows (before projection).
+    fn observe(&mut self, chunk: &Chunk) -> Result<()> {
+        let Some(e) = &self.watermark_expr else {
+            return Ok(());
+        };
+        // The expression reads the user columns, a prefix of the stored ones.
+        let n = e_columns(chunk);
+        let data = chunk.data().project(&(0..n).collect::<Vec<_>>())?;
+        let values = e.evaluate(&data)?.into_array(data.num_rows())?;
+        let micros = cast(&values, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+        let micros = cast(&micros, &DataType::Int64)?;
+        if let Some(max) = max(micros.as_primitive::<Int64Type>()) {
+            self.watermark = Some(self.watermark.map_or(max, |w| w.max(max)));
+        }
+        Ok(())
+    }
+
+    /// The watermark, if it advanced since the last call.
+    pub fn take_watermark(&mut self) -> Option<Watermark> {
+        let w = self.watermark?;
+        if self.emitted.is_some_and(|e| e >= w) {
+            return None;
+        }
+        self.emitted = Some(w);
+        Some(Watermark {
+            column: 0,
+            timestamp: w,
+        })
     }
 
     /// Starts following the table's log.
@@ -79,22 +134,26 @@ impl TableSource {
         self.position.unwrap_or(0)
     }
 
-    /// Restores the position of the last committed checkpoint.
+    /// Restores the position (and watermark) of the last committed
+    /// checkpoint.
     pub fn restore(&mut self, ctx: &OperatorContext) -> Result<()> {
         for e in ctx.state.scan(self.state_table, 0..1)? {
+            let v: [u8; 8] = e
+                .value
+                .as_slice()
+                .try_into()
+                .map_err(|_| storage::StorageError::Corrupt("source state".into()))?;
             if e.key == POSITION_KEY {
-                let v = e
-                    .value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| storage::StorageError::Corrupt("position".into()))?;
                 self.position = Some(u64::from_be_bytes(v));
+            } else if e.key == WATERMARK_KEY {
+                self.watermark = Some(i64::from_be_bytes(v));
             }
         }
         Ok(())
     }
 
-    fn project(&self, chunk: Chunk) -> Result<Chunk> {
+    fn project(&mut self, chunk: Chunk) -> Result<Chunk> {
+        self.observe(&chunk)?;
         let data = chunk.data().project(&self.projection)?;
         let data = expr::batch(&self.schema, data.columns().to_vec(), data.num_rows())?;
         Ok(chunk.with_data(data))
@@ -111,7 +170,7 @@ impl TableSource {
             .into_iter()
             .filter(|b| b.num_rows() > 0)
             .map(|b| self.project(Chunk::inserts(b)))
-            .collect()
+            .collect::<Result<Vec<_>>>()
     }
 
     /// Log entries after the position, up to a batch of them; advances.
@@ -149,7 +208,7 @@ impl TableSource {
         }
     }
 
-    /// The position as a state write.
+    /// The position (and watermark) as state writes.
     pub fn snapshot(&self, writes: &mut Vec<StateWrite>) {
         writes.push(StateWrite {
             table: self.state_table,
@@ -157,6 +216,25 @@ impl TableSource {
             key: POSITION_KEY.to_vec(),
             value: Some(self.position().to_be_bytes().to_vec()),
         });
+        if let Some(w) = self.emitted {
+            writes.push(StateWrite {
+                table: self.state_table,
+                key_group: 0,
+                key: WATERMARK_KEY.to_vec(),
+                value: Some(w.to_be_bytes().to_vec()),
+            });
+        }
+    }
+}
+
+/// How many leading columns a watermark expression may read: the stored
+/// row id, if any, comes after the user columns and is never named.
+fn e_columns(chunk: &Chunk) -> usize {
+    let schema = chunk.schema();
+    let n = schema.fields().len();
+    match schema.fields().last() {
+        Some(f) if f.name() == storage::table::ROW_ID_COLUMN => n - 1,
+        _ => n,
     }
 }
 
@@ -258,5 +336,42 @@ mod tests {
                 .value(0),
             40
         );
+    }
+
+    #[tokio::test]
+    async fn watermarks_follow_the_largest_value_and_survive_a_restore() {
+        let (_dir, store) = table();
+        insert(&store, 3);
+        insert(&store, 1);
+        let table_schema = Arc::new(int_schema(&["a", "b"]));
+        let w = SourceWatermark {
+            expr: datafusion::logical_expr::col("b"),
+            table_schema,
+            sql: "b".into(),
+        };
+        let output = int_schema(&["a"]);
+        let mut s = TableSource::new(1, vec![0], 7, &output, store.clone())
+            .with_watermark(&w)
+            .unwrap();
+        s.restore(&ctx(Arc::new(MemState::default()))).unwrap();
+        s.open().await.unwrap();
+        s.backfill().await.unwrap();
+        assert_eq!(s.take_watermark().map(|w| w.timestamp), Some(30));
+        assert_eq!(s.take_watermark(), None, "only when it advances");
+        insert(&store, 2);
+        s.poll().await.unwrap();
+        assert_eq!(s.take_watermark(), None, "never backwards");
+        insert(&store, 5);
+        s.poll().await.unwrap();
+        assert_eq!(s.take_watermark().map(|w| w.timestamp), Some(50));
+        let mut writes = vec![];
+        s.snapshot(&mut writes);
+        let mut again = TableSource::new(1, vec![0], 7, &output, store)
+            .with_watermark(&w)
+            .unwrap();
+        again
+            .restore(&ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))))
+            .unwrap();
+        assert_eq!(again.take_watermark().map(|w| w.timestamp), Some(50));
     }
 }
