@@ -179,6 +179,7 @@ mod tests {
             input_schema: schema(),
             state_table: 2,
             empty_set: None,
+            emit_on_window_close: None,
         }
     }
 

@@ -36,6 +36,9 @@ pub struct StreamPlanOptions {
     pub chaining: bool,
     /// `checkpoint_mode`: exactly-once (aligned) or at-least-once.
     pub checkpoint_mode: crate::spec::CheckpointMode,
+    /// `EMIT ON WINDOW CLOSE`: the view's windowed aggregate emits each
+    /// window once, final, when the watermark passes its end.
+    pub emit_on_window_close: bool,
     /// The catalog id of the view; state table ids derive from it.
     pub view_id: u64,
 }
@@ -85,8 +88,14 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
             ..Default::default()
         },
         opts,
+        eowc_pending: opts.emit_on_window_close,
     };
     let root = l.node(plan)?;
+    if l.eowc_pending {
+        return unsupported(
+            "EMIT ON WINDOW CLOSE without a GROUP BY on a window function's window_end",
+        );
+    }
     let p = l.graph.nodes[root].parallelism;
     let mat = l.graph.add_node(
         OperatorSpec::Materialize {
@@ -103,6 +112,24 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
     };
     l.graph.connect(root, mat, 0, partitioner);
     Ok(l.graph)
+}
+
+/// The position among `agg`'s group keys of `window_end`, for EMIT ON
+/// WINDOW CLOSE.
+fn window_end_key(agg: &datafusion::logical_expr::Aggregate) -> Result<usize> {
+    if matches!(agg.group_expr.as_slice(), [Expr::GroupingSet(_)]) {
+        return unsupported("EMIT ON WINDOW CLOSE with grouping sets");
+    }
+    (0..agg.group_expr.len())
+        .find(|i| agg.schema.field(*i).name() == "window_end")
+        .map_or_else(
+            || {
+                unsupported(
+                    "EMIT ON WINDOW CLOSE without window_end (of TUMBLE, HOP or CUMULATE) in GROUP BY",
+                )
+            },
+            Ok,
+        )
 }
 
 /// One aggregate call, if a HashAgg can maintain it.
@@ -186,6 +213,9 @@ fn whole_row(plan: &LogicalPlan) -> Partitioner {
 struct Lowering<'a> {
     graph: StreamGraph,
     opts: &'a StreamPlanOptions,
+    /// EMIT ON WINDOW CLOSE was asked for and the aggregate it applies to
+    /// (the one nearest the view's output) is not reached yet.
+    eowc_pending: bool,
 }
 
 fn unsupported<T>(what: impl Into<String>) -> Result<T> {
@@ -223,6 +253,21 @@ impl Lowering<'_> {
     }
 
     fn node(&mut self, plan: &LogicalPlan) -> Result<usize> {
+        if self.eowc_pending
+            && !matches!(
+                plan,
+                LogicalPlan::Projection(_)
+                    | LogicalPlan::Filter(_)
+                    | LogicalPlan::SubqueryAlias(_)
+                    | LogicalPlan::Sort(_)
+                    | LogicalPlan::Aggregate(_)
+            )
+        {
+            return unsupported(format!(
+                "EMIT ON WINDOW CLOSE over {}: it applies to a GROUP BY on a window function's window_end",
+                plan.display()
+            ));
+        }
         match plan {
             LogicalPlan::TableScan(scan) => {
                 let Some(source) = as_stream_source(&scan.source) else {
@@ -307,7 +352,16 @@ impl Lowering<'_> {
                         agg.schema.field(n_groups + i).data_type().clone(),
                     )?);
                 }
+                let emit_on_window_close = if self.eowc_pending {
+                    self.eowc_pending = false;
+                    Some(window_end_key(agg)?)
+                } else {
+                    None
+                };
                 let mut input = self.node(&agg.input)?;
+                if emit_on_window_close.is_some() {
+                    self.check_watermarks(input)?;
+                }
                 let append_only = self.append_only(input);
                 for a in &mut aggs {
                     a.append_only_input = append_only;
@@ -346,6 +400,7 @@ impl Lowering<'_> {
                         input_schema,
                         state_table: self.state_table(id),
                         empty_set,
+                        emit_on_window_close,
                     },
                     p,
                     plan.schema().clone(),
@@ -547,6 +602,25 @@ impl Lowering<'_> {
         Ok((node, group_cols, schema, empty_set))
     }
 
+    /// Every source under `node` has a watermark: windows can only close
+    /// when event time advances on every input.
+    fn check_watermarks(&self, node: usize) -> Result<()> {
+        if let OperatorSpec::TableSource {
+            table_name,
+            watermark: None,
+            ..
+        } = &self.graph.nodes[node].spec
+        {
+            return Err(PlanError::InvalidDefinition(format!(
+                "EMIT ON WINDOW CLOSE needs a watermark on \"{table_name}\" (WATERMARK FOR column AS expression)"
+            )));
+        }
+        let inputs: Vec<usize> = self.graph.in_edges(node).map(|e| e.from).collect();
+        inputs
+            .into_iter()
+            .try_for_each(|i| self.check_watermarks(i))
+    }
+
     /// Whether `node` only ever emits inserts: sources of append-only
     /// tables, and what filters, projects, unions or inner-joins only them.
     fn append_only(&self, node: usize) -> bool {
@@ -606,6 +680,7 @@ mod tests {
             parallelism,
             chaining: true,
             checkpoint_mode: Default::default(),
+            emit_on_window_close: false,
             view_id: 5,
         }
     }

@@ -56,6 +56,12 @@ pub enum OperatorSpec {
         /// exists even over no rows).
         #[serde(default)]
         empty_set: Option<u64>,
+        /// `EMIT ON WINDOW CLOSE`: the position of `window_end` among the
+        /// group keys. Groups are emitted once, as inserts, when the
+        /// watermark reaches their window's end, and then forgotten; rows
+        /// of windows already closed are dropped as late.
+        #[serde(default)]
+        emit_on_window_close: Option<usize>,
     },
     /// Equi-join of any kind in [`StreamJoinType`]; both inputs
     /// hash-partitioned on their keys.
@@ -166,7 +172,10 @@ impl fmt::Display for OperatorSpec {
             OperatorSpec::Filter { predicate, .. } => write!(f, "Filter: {predicate}"),
             OperatorSpec::Project { exprs, .. } => write!(f, "Project: {}", list(exprs)),
             OperatorSpec::HashAgg {
-                group_exprs, aggs, ..
+                group_exprs,
+                aggs,
+                emit_on_window_close,
+                ..
             } => {
                 let aggs: Vec<String> = aggs.iter().map(|a| a.to_string()).collect();
                 write!(
@@ -174,7 +183,11 @@ impl fmt::Display for OperatorSpec {
                     "HashAgg: group=[{}] aggs=[{}]",
                     list(group_exprs),
                     aggs.join(", ")
-                )
+                )?;
+                if let Some(i) = emit_on_window_close {
+                    write!(f, " emit=on_window_close({})", group_exprs[*i])?;
+                }
+                Ok(())
             }
             OperatorSpec::HashJoin {
                 left_keys,

@@ -61,6 +61,9 @@ pub enum Entry {
         chaining: bool,
         #[serde(default)]
         checkpoint_mode: planner::spec::CheckpointMode,
+        /// `EMIT ON WINDOW CLOSE`.
+        #[serde(default)]
+        emit_on_window_close: bool,
         depends_on: Vec<u64>,
     },
 }

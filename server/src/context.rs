@@ -161,54 +161,65 @@ struct CatalogSchema {
     mode: Mode,
 }
 
+/// A table as a query in `mode` reads it.
+pub fn table_provider(
+    db: &Arc<Database>,
+    entry: &Entry,
+    mode: Mode,
+) -> Result<Arc<dyn TableProvider>> {
+    let Entry::Table {
+        id,
+        append_only,
+        watermark,
+        ..
+    } = entry
+    else {
+        return Err(ServerError::Internal(format!(
+            "{} is not a table",
+            entry.name()
+        )));
+    };
+    let desc = table_desc(entry)?;
+    Ok(match mode {
+        Mode::Stream => {
+            let schema = user_schema(&desc);
+            let watermark = match watermark {
+                Some(w) => {
+                    let df = DFSchema::try_from(schema.as_ref().clone())?;
+                    Some(planner::spec::SourceWatermark {
+                        expr: new_context().parse_sql_expr(&w.expr, &df)?,
+                        table_schema: Arc::new(df),
+                        sql: w.expr.clone(),
+                    })
+                }
+                None => None,
+            };
+            Arc::new(StreamSourceTable {
+                table_id: *id,
+                name: entry.name().to_string(),
+                schema,
+                append_only: *append_only,
+                watermark,
+            })
+        }
+        Mode::Dml(t) if t == *id => Arc::new(TableRows {
+            db: db.clone(),
+            table: *id,
+            schema: desc.schema,
+        }),
+        _ => Arc::new(TableRows {
+            db: db.clone(),
+            table: *id,
+            schema: user_schema(&desc),
+        }),
+    })
+}
+
 impl CatalogSchema {
     async fn provider(&self, entry: Entry) -> Result<Arc<dyn TableProvider>> {
         let db = &self.db;
         Ok(match &entry {
-            Entry::Table { id, .. } => {
-                let desc = table_desc(&entry)?;
-                match self.mode {
-                    Mode::Stream => {
-                        let schema = user_schema(&desc);
-                        let (append_only, watermark) = match &entry {
-                            Entry::Table {
-                                append_only,
-                                watermark,
-                                ..
-                            } => (*append_only, watermark.clone()),
-                            _ => (false, None),
-                        };
-                        let watermark = match watermark {
-                            Some(w) => {
-                                let df = DFSchema::try_from(schema.as_ref().clone())?;
-                                Some(planner::spec::SourceWatermark {
-                                    expr: new_context().parse_sql_expr(&w.expr, &df)?,
-                                    table_schema: Arc::new(df),
-                                    sql: w.expr,
-                                })
-                            }
-                            None => None,
-                        };
-                        Arc::new(StreamSourceTable {
-                            table_id: *id,
-                            name: entry.name().to_string(),
-                            schema,
-                            append_only,
-                            watermark,
-                        })
-                    }
-                    Mode::Dml(t) if t == *id => Arc::new(TableRows {
-                        db: db.clone(),
-                        table: *id,
-                        schema: desc.schema,
-                    }),
-                    _ => Arc::new(TableRows {
-                        db: db.clone(),
-                        table: *id,
-                        schema: user_schema(&desc),
-                    }),
-                }
-            }
+            Entry::Table { .. } => table_provider(db, &entry, self.mode)?,
             Entry::View { sql, .. } => {
                 let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
                 Arc::new(ViewTable::new(plan, Some(sql.clone())))
@@ -277,5 +288,6 @@ pub fn context(db: &Arc<Database>, mode: Mode) -> SessionContext {
             Arc::new(crate::system::SystemSchema { db: db.clone() }),
         );
     }
+    crate::windows::register(&ctx, db, mode);
     ctx
 }

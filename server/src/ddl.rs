@@ -225,16 +225,59 @@ fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
     Ok(ids.into_iter().collect())
 }
 
-/// Lowers a view's query into the JobGraph of its job, and checks that
-/// every operator can be built.
-async fn job_graph(
-    db: &Arc<Database>,
-    sql: &str,
-    id: u64,
+/// How a view's job is planned: the session's settings when it was
+/// created, kept in its catalog entry.
+#[derive(Debug, Clone, Copy)]
+struct JobOptions {
     parallelism: usize,
     chaining: bool,
     checkpoint_mode: CheckpointMode,
-) -> Result<JobGraph> {
+    emit_on_window_close: bool,
+}
+
+impl JobOptions {
+    fn of_session(session: &Session, emit_on_window_close: bool) -> Self {
+        Self {
+            parallelism: session.streaming_parallelism,
+            chaining: session.streaming_chaining,
+            checkpoint_mode: session.checkpoint_mode,
+            emit_on_window_close,
+        }
+    }
+
+    /// A materialized view's: its id, query and options.
+    fn of_view(entry: &Entry) -> Result<(u64, String, Self)> {
+        let Entry::MaterializedView {
+            id,
+            sql,
+            parallelism,
+            chaining,
+            checkpoint_mode,
+            emit_on_window_close,
+            ..
+        } = entry
+        else {
+            return Err(ServerError::WrongObjectType(format!(
+                "\"{}\" is not a materialized view",
+                entry.name()
+            )));
+        };
+        Ok((
+            *id,
+            sql.clone(),
+            Self {
+                parallelism: *parallelism,
+                chaining: *chaining,
+                checkpoint_mode: *checkpoint_mode,
+                emit_on_window_close: *emit_on_window_close,
+            },
+        ))
+    }
+}
+
+/// Lowers a view's query into the JobGraph of its job, and checks that
+/// every operator can be built.
+async fn job_graph(db: &Arc<Database>, sql: &str, id: u64, o: JobOptions) -> Result<JobGraph> {
     let ctx = context(db, Mode::Stream);
     let plan = plan_query(&ctx, sql).await?;
     planner::check_deterministic(&plan)?;
@@ -250,9 +293,10 @@ async fn job_graph(
     let stream = lower(
         &plan,
         &StreamPlanOptions {
-            parallelism,
-            chaining,
-            checkpoint_mode,
+            parallelism: o.parallelism,
+            chaining: o.chaining,
+            checkpoint_mode: o.checkpoint_mode,
+            emit_on_window_close: o.emit_on_window_close,
             view_id: id,
         },
     )?;
@@ -268,22 +312,9 @@ async fn job_graph(
 /// checkpoint, in the background: it waits for slots as long as its restart
 /// strategy allows (TaskManagers may still be registering).
 pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
-    let Entry::MaterializedView {
-        id,
-        sql,
-        parallelism,
-        chaining,
-        checkpoint_mode,
-        ..
-    } = entry
-    else {
-        return Err(ServerError::Internal(format!(
-            "{} is not a materialized view",
-            entry.name()
-        )));
-    };
-    let graph = job_graph(db, sql, *id, *parallelism, *chaining, *checkpoint_mode).await?;
-    db.cluster.job_manager.recover_job(*id, graph).await?;
+    let (id, sql, options) = JobOptions::of_view(entry)?;
+    let graph = job_graph(db, &sql, id, options).await?;
+    db.cluster.job_manager.recover_job(id, graph).await?;
     Ok(())
 }
 
@@ -292,6 +323,7 @@ pub async fn create_view(
     db: &Arc<Database>,
     session: &Session,
     cv: CreateView,
+    emit_on_window_close: bool,
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let name = object_name(&cv.name)?;
@@ -325,6 +357,11 @@ pub async fn create_view(
     let depends_on = dependencies(db, &sql)?;
     let id = db.catalog.allocate_id()?;
     if !cv.materialized {
+        if emit_on_window_close {
+            return Err(ServerError::Syntax(
+                "EMIT ON WINDOW CLOSE ends a CREATE MATERIALIZED VIEW only".into(),
+            ));
+        }
         db.catalog.add(Entry::View {
             id,
             name,
@@ -333,19 +370,16 @@ pub async fn create_view(
         })?;
         return Ok(QueryResult::command(tag));
     }
-    let (parallelism, chaining, checkpoint_mode) = (
-        session.streaming_parallelism,
-        session.streaming_chaining,
-        session.checkpoint_mode,
-    );
-    let graph = job_graph(db, &sql, id, parallelism, chaining, checkpoint_mode).await?;
+    let options = JobOptions::of_session(session, emit_on_window_close);
+    let graph = job_graph(db, &sql, id, options).await?;
     db.catalog.add(Entry::MaterializedView {
         id,
         name,
         sql,
-        parallelism,
-        chaining,
-        checkpoint_mode,
+        parallelism: options.parallelism,
+        chaining: options.chaining,
+        checkpoint_mode: options.checkpoint_mode,
+        emit_on_window_close,
         depends_on,
     })?;
     if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
@@ -381,32 +415,27 @@ pub async fn set_parallelism(
     let entry = db.catalog.by_name(view).ok_or_else(|| {
         ServerError::UndefinedTable(format!("materialized view \"{view}\" does not exist"))
     })?;
-    let mut updated = entry;
-    let Entry::MaterializedView {
-        id,
-        sql,
-        parallelism: current,
-        chaining,
-        checkpoint_mode,
-        ..
-    } = &mut updated
-    else {
-        return Err(ServerError::WrongObjectType(format!(
-            "\"{view}\" is not a materialized view"
-        )));
-    };
+    let (id, sql, mut options) = JobOptions::of_view(&entry)?;
     let tag = QueryResult::command("ALTER MATERIALIZED VIEW");
     let parallelism = parallelism as usize;
-    if parallelism == *current {
+    if parallelism == options.parallelism {
         return Ok(tag);
     }
-    let graph = job_graph(db, sql, *id, parallelism, *chaining, *checkpoint_mode).await?;
+    options.parallelism = parallelism;
+    let graph = job_graph(db, &sql, id, options).await?;
     db.cluster
         .job_manager
-        .rescale(*id, graph)
+        .rescale(id, graph)
         .await
         .map_err(|e| db.job_error(e))?;
-    *current = parallelism;
+    let mut updated = entry;
+    if let Entry::MaterializedView {
+        parallelism: current,
+        ..
+    } = &mut updated
+    {
+        *current = parallelism;
+    }
     db.catalog.add(updated)?;
     Ok(tag)
 }
@@ -417,18 +446,12 @@ pub async fn explain_view(
     db: &Arc<Database>,
     session: &Session,
     cv: CreateView,
+    emit_on_window_close: bool,
 ) -> Result<QueryResult> {
     let sql = view_sql(&cv)?;
     let id = db.catalog.allocate_id()?;
-    let graph = job_graph(
-        db,
-        &sql,
-        id,
-        session.streaming_parallelism,
-        session.streaming_chaining,
-        session.checkpoint_mode,
-    )
-    .await?;
+    let options = JobOptions::of_session(session, emit_on_window_close);
+    let graph = job_graph(db, &sql, id, options).await?;
     let stream = graph.stream.explain();
     let job = graph.explain();
     let exec = db.cluster.job_manager.preview(graph)?.explain();

@@ -179,6 +179,18 @@ impl Database {
             Stmt::RestoreSavepoint { name, view } => {
                 savepoint::restore(self, &name, view.as_deref()).await
             }
+            Stmt::EmitOnWindowClose(s) => match *s {
+                Statement::CreateView(cv) if cv.materialized => {
+                    ddl::create_view(self, session, cv, true).await
+                }
+                Statement::Explain { statement, .. } => match *statement {
+                    Statement::CreateView(cv) if cv.materialized => {
+                        ddl::explain_view(self, session, cv, true).await
+                    }
+                    _ => Err(emit_misplaced()),
+                },
+                _ => Err(emit_misplaced()),
+            },
             Stmt::CreateTable { table, options } => match *table {
                 Statement::CreateTable(ct) => ddl::create_table(self, ct, options).await,
                 other => Err(ServerError::Internal(format!("not CREATE TABLE: {other}"))),
@@ -198,7 +210,7 @@ impl Database {
             Statement::Update(update) => dml::update(self, update).await,
             Statement::Delete(delete) => dml::delete(self, delete).await,
             Statement::CreateTable(ct) => ddl::create_table(self, ct, Default::default()).await,
-            Statement::CreateView(cv) => ddl::create_view(self, session, cv).await,
+            Statement::CreateView(cv) => ddl::create_view(self, session, cv, false).await,
             Statement::Drop {
                 object_type,
                 if_exists,
@@ -210,7 +222,7 @@ impl Database {
                 statement, analyze, ..
             } => match *statement {
                 Statement::CreateView(cv) if cv.materialized => {
-                    ddl::explain_view(self, session, cv).await
+                    ddl::explain_view(self, session, cv, false).await
                 }
                 Statement::Query(q) if !analyze => query::explain(self, *q).await,
                 other => Err(ServerError::unsupported(format!(
@@ -350,4 +362,8 @@ fn set_variable(session: &mut Session, set: Set) -> Result<QueryResult> {
         Set::SetTransaction { .. } => Ok(QueryResult::command("SET")),
         other => Err(ServerError::unsupported(format!("{other}"))),
     }
+}
+
+fn emit_misplaced() -> ServerError {
+    ServerError::Syntax("EMIT ON WINDOW CLOSE ends a CREATE MATERIALIZED VIEW only".into())
 }

@@ -66,6 +66,8 @@ pub enum ServerError {
     #[error("{0}")]
     InvalidTableDefinition(String),
     #[error("{0}")]
+    InvalidObjectDefinition(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -85,6 +87,7 @@ impl ServerError {
             ServerError::Unsupported(_) => "0A000",
             ServerError::DatatypeMismatch(_) => "42804",
             ServerError::InvalidTableDefinition(_) => "42P16",
+            ServerError::InvalidObjectDefinition(_) => "42P17",
             ServerError::UniqueViolation(_) => "23505",
             ServerError::SerializationFailure(_) => "40001",
             ServerError::NotNullViolation(_) => "23502",
@@ -263,6 +266,7 @@ impl From<planner::PlanError> for ServerError {
     fn from(e: planner::PlanError) -> Self {
         match e {
             planner::PlanError::Unsupported(m) => ServerError::Unsupported(m),
+            planner::PlanError::InvalidDefinition(m) => ServerError::InvalidObjectDefinition(m),
             planner::PlanError::DataFusion(d) => d.into(),
             planner::PlanError::Internal(m) => ServerError::Internal(m),
         }

@@ -17,6 +17,7 @@ pub mod session;
 pub mod stmt;
 pub mod system;
 pub mod types;
+pub mod windows;
 
 /// What `server_version` says.
 pub const SERVER_VERSION: &str = "16.0 (Weir 0.1.0)";

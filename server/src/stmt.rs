@@ -51,6 +51,10 @@ pub enum Stmt {
         name: String,
         view: Option<String>,
     },
+    /// `CREATE MATERIALIZED VIEW … EMIT ON WINDOW CLOSE` (or its EXPLAIN),
+    /// the clause taken off: the view's windows are emitted once, final,
+    /// when the watermark passes their end.
+    EmitOnWindowClose(Box<Statement>),
     /// `CREATE TABLE` or `CREATE STREAM`, with Weir's own clauses
     /// (`APPEND ONLY`, `WATERMARK FOR`) taken out of the statement.
     CreateTable {
@@ -156,6 +160,8 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
                 parser.next_token();
             }
             set_parallelism(&mut parser)?
+        } else if is_word(&a, "create") || is_word(&a, "explain") {
+            emit_on_window_close(&mut parser)?
         } else {
             Stmt::Sql(Box::new(parser.parse_statement()?))
         };
@@ -171,9 +177,8 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     Ok(out)
 }
 
-/// `CREATE TABLE | STREAM …`: takes the statement's tokens, removes the
-/// clauses sqlparser does not know, and parses the rest as `CREATE TABLE`.
-fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
+/// This statement's tokens, up to its semicolon.
+fn statement_tokens(parser: &mut Parser<'_>) -> Vec<Token> {
     let mut tokens = Vec::new();
     let mut depth = 0i32;
     loop {
@@ -187,6 +192,38 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
         }
         tokens.push(parser.next_token().token);
     }
+    tokens
+}
+
+/// A `CREATE` or `EXPLAIN` statement, without a trailing `EMIT ON WINDOW
+/// CLOSE` (RisingWave's syntax), which sqlparser does not know.
+fn emit_on_window_close(parser: &mut Parser<'_>) -> Result<Stmt> {
+    let mut tokens = statement_tokens(parser);
+    let n = tokens.len();
+    let eowc = n >= 4
+        && ["emit", "on", "window", "close"]
+            .iter()
+            .zip(&tokens[n - 4..])
+            .all(|(w, t)| is_word(t, w));
+    if eowc {
+        tokens.truncate(n - 4);
+    }
+    let stmt = Box::new(
+        Parser::new(&PostgreSqlDialect {})
+            .with_tokens(tokens)
+            .parse_statement()?,
+    );
+    Ok(if eowc {
+        Stmt::EmitOnWindowClose(stmt)
+    } else {
+        Stmt::Sql(stmt)
+    })
+}
+
+/// `CREATE TABLE | STREAM …`: takes the statement's tokens, removes the
+/// clauses sqlparser does not know, and parses the rest as `CREATE TABLE`.
+fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
+    let mut tokens = statement_tokens(parser);
     let mut options = TableOptions::default();
     if tokens.get(1).is_some_and(|t| is_word(t, "stream")) {
         tokens[1] = Token::make_keyword("TABLE");

@@ -7,11 +7,12 @@
 //! without `GROUP BY` has one group that always exists, so the view holds one
 //! row even over an empty table, as in Postgres.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{ArrayRef, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
@@ -21,11 +22,32 @@ use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
 use super::accumulator::{AccState, Aggregate, encoding};
-use crate::message::Barrier;
+use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{Result, expr};
 
 const STATE_VERSION: u8 = 1;
+
+/// The state of EMIT ON WINDOW CLOSE: open groups by window end.
+#[derive(Default)]
+struct WindowClose {
+    /// Which group key is `window_end`.
+    key: usize,
+    /// Window end (µs) → the open groups of windows ending then, with
+    /// their key groups.
+    open: BTreeMap<i64, HashMap<Vec<u8>, u16>>,
+    /// The last watermark (µs): windows ending at or before it are closed.
+    watermark: Option<i64>,
+    /// Rows dropped for arriving after their window closed.
+    late_rows: u64,
+}
+
+/// A timestamp column as microseconds since the epoch.
+fn micros(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
+    let us = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+    let us = cast(&us, &DataType::Int64)?;
+    Ok(us.as_primitive::<Int64Type>().iter().collect())
+}
 
 struct Group {
     /// Input rows in the group (inserts minus retractions).
@@ -44,6 +66,8 @@ pub struct HashAgg {
     /// key and key group. Its row exists even over no rows, as a global
     /// aggregate's does.
     always: Option<(Vec<u8>, u16)>,
+    /// EMIT ON WINDOW CLOSE: see [`HashAgg::emit_on_window_close`].
+    eowc: Option<WindowClose>,
     groups: HashMap<Vec<u8>, Group>,
     /// Group keys changed since the last barrier, with their key group.
     dirty: HashMap<Vec<u8>, u16>,
@@ -75,6 +99,7 @@ impl HashAgg {
             state_table,
             global: group_exprs.is_empty(),
             always: None,
+            eowc: None,
             groups: HashMap::new(),
             dirty: HashMap::new(),
         })
@@ -111,6 +136,27 @@ impl HashAgg {
         let key_group = expr::key_groups(&columns, 1)?[0];
         self.always = Some((key, key_group));
         Ok(self)
+    }
+
+    /// Emits each group once, when the watermark reaches the end of its
+    /// window (group key `window_end_key`), then forgets it: an append-only
+    /// result whose state stays bounded (RisingWave's EMIT ON WINDOW CLOSE,
+    /// Flink's window aggregate).
+    pub fn emit_on_window_close(mut self, window_end_key: usize) -> Self {
+        self.eowc = Some(WindowClose {
+            key: window_end_key,
+            ..Default::default()
+        });
+        self
+    }
+
+    /// EMIT ON WINDOW CLOSE: window ends of `keys` (the key columns of a
+    /// batch).
+    fn window_ends(&self, keys: &[ArrayRef]) -> Result<Option<Vec<Option<i64>>>> {
+        match &self.eowc {
+            Some(w) => Ok(Some(micros(&keys[w.key])?)),
+            None => Ok(None),
+        }
     }
 
     fn visible(&self, key: &[u8], g: &Group) -> bool {
@@ -174,6 +220,45 @@ impl HashAgg {
     }
 }
 
+impl HashAgg {
+    /// EMIT ON WINDOW CLOSE: folds rows into their (open) windows and emits
+    /// nothing; rows of closed windows are dropped as late.
+    fn accumulate_windows(
+        &mut self,
+        chunk: &Chunk,
+        key_bytes: &[Vec<u8>],
+        key_groups: &[u16],
+        args: &[super::accumulator::Prepared],
+        ends: &[Option<i64>],
+    ) -> Result<()> {
+        let Some(w) = &mut self.eowc else {
+            return Ok(());
+        };
+        for (row, key) in key_bytes.iter().enumerate() {
+            let end = ends[row].unwrap_or(i64::MIN);
+            if w.watermark.is_some_and(|wm| end <= wm) {
+                w.late_rows += 1;
+                continue;
+            }
+            let sign = chunk.op(row).sign();
+            let g = self.groups.entry(key.clone()).or_insert_with(|| Group {
+                rows: 0,
+                accs: self.aggs.iter().map(|a| a.init()).collect(),
+            });
+            g.rows += sign;
+            for (i, agg) in self.aggs.iter().enumerate() {
+                agg.update(&mut g.accs[i], &args[i], row, sign);
+            }
+            w.open
+                .entry(end)
+                .or_default()
+                .insert(key.clone(), key_groups[row]);
+            self.dirty.insert(key.clone(), key_groups[row]);
+        }
+        Ok(())
+    }
+}
+
 impl Operator for HashAgg {
     fn name(&self) -> &'static str {
         "HashAgg"
@@ -184,9 +269,26 @@ impl Operator for HashAgg {
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, out: &mut Collector) -> Result<()> {
+        let mut key_groups = Vec::new();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let g = self.decode(&e.value)?;
+            key_groups.push((e.key.clone(), e.key_group));
             self.groups.insert(e.key, g);
+        }
+        if self.eowc.is_some() && !key_groups.is_empty() {
+            // The open windows, indexed by their end again.
+            let keys = self
+                .key_codec
+                .decode(key_groups.iter().map(|(k, _)| k.as_slice()))?;
+            let ends = self.window_ends(&keys)?.unwrap_or_default();
+            if let Some(w) = &mut self.eowc {
+                for ((key, kg), end) in key_groups.into_iter().zip(ends) {
+                    w.open
+                        .entry(end.unwrap_or(i64::MIN))
+                        .or_default()
+                        .insert(key, kg);
+                }
+            }
         }
         if self.global && self.groups.is_empty() {
             // The one row of an aggregate without GROUP BY, over no rows.
@@ -225,6 +327,9 @@ impl Operator for HashAgg {
             .iter()
             .map(|a| a.prepare(data))
             .collect::<Result<Vec<_>>>()?;
+        if let Some(ends) = self.window_ends(&keys)? {
+            return self.accumulate_windows(&chunk, &key_bytes, &key_groups, &args, &ends);
+        }
 
         // Each touched group's output before this chunk, in first-touch order.
         let mut touched: Vec<(Vec<u8>, Option<Vec<ScalarValue>>)> = Vec::new();
@@ -285,6 +390,50 @@ impl Operator for HashAgg {
             self.groups.remove(&key);
         }
         Ok(())
+    }
+
+    fn handle_watermark(
+        &mut self,
+        watermark: Watermark,
+        out: &mut Collector,
+    ) -> Result<Option<Watermark>> {
+        let Some(w) = &mut self.eowc else {
+            return Ok(Some(watermark));
+        };
+        if w.watermark.is_some_and(|old| old >= watermark.timestamp) {
+            return Ok(Some(watermark));
+        }
+        w.watermark = Some(watermark.timestamp);
+        if w.late_rows > 0 {
+            tracing::info!(
+                state_table = self.state_table,
+                late_rows = w.late_rows,
+                "rows later than the watermark dropped"
+            );
+        }
+        // Every window ending at or before the watermark is complete.
+        let still_open = w.open.split_off(&watermark.timestamp.saturating_add(1));
+        let closed = std::mem::replace(&mut w.open, still_open);
+        let mut rows = Vec::new();
+        for (_, keys) in closed {
+            let mut keys: Vec<(Vec<u8>, u16)> = keys.into_iter().collect();
+            keys.sort();
+            for (key, key_group) in keys {
+                if let Some(g) = self.groups.remove(&key) {
+                    if g.rows > 0 {
+                        rows.push((key.clone(), self.outputs(&g)?));
+                    }
+                    self.dirty.insert(key, key_group);
+                }
+            }
+        }
+        self.emit(
+            rows.iter()
+                .map(|(k, v)| (Op::Insert, k.as_slice(), v.clone()))
+                .collect(),
+            out,
+        )?;
+        Ok(Some(watermark))
     }
 
     fn handle_checkpoint(

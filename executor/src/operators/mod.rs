@@ -42,12 +42,17 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             input_schema,
             state_table,
             empty_set,
+            emit_on_window_close,
         } => {
-            let agg = HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?;
-            Box::new(match empty_set {
-                Some(id) => agg.with_empty_set(*id)?,
-                None => agg,
-            })
+            let mut agg =
+                HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?;
+            if let Some(id) = empty_set {
+                agg = agg.with_empty_set(*id)?;
+            }
+            if let Some(key) = emit_on_window_close {
+                agg = agg.emit_on_window_close(*key);
+            }
+            Box::new(agg)
         }
         OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
         OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),

@@ -1,0 +1,292 @@
+//! Window table functions, with Flink's and RisingWave's syntax:
+//!
+//! ```sql
+//! TUMBLE(t, ts, size [, offset])
+//! HOP(t, ts, slide, size [, offset])
+//! CUMULATE(t, ts, step, size [, offset])
+//! ```
+//!
+//! each returning `t`'s columns plus `window_start` and `window_end`
+//! (`window_start <= ts < window_end`). They are not operators of their
+//! own: each expands into a plain query over the table — `date_bin` for the
+//! window a row falls in, a `UNION ALL` of one branch per overlapping window
+//! for HOP and CUMULATE — so batch `SELECT`, views and every operator
+//! downstream treat windows as ordinary columns. Windows are aligned to the
+//! Unix epoch plus `offset`, as Flink aligns them.
+//!
+//! SESSION windows depend on the gaps between rows, not on each row alone,
+//! and need an operator of their own; they are not supported yet.
+
+use std::sync::Arc;
+
+use datafusion::catalog::TableFunctionImpl;
+use datafusion::catalog::{TableFunctionArgs, TableProvider};
+use datafusion::common::ScalarValue;
+use datafusion::datasource::{ViewTable, provider_as_source};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::SessionContext;
+use datafusion::functions::datetime::expr_fn::date_bin;
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, col, lit};
+
+use crate::catalog::Entry;
+use crate::context::{Mode, table_provider};
+use crate::engine::Database;
+use crate::error::ServerError;
+
+/// Windows longer than this many branches (HOP's size / slide, CUMULATE's
+/// size / step) are refused: each branch reads the table once.
+const MAX_WINDOWS_PER_ROW: i64 = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tumble,
+    Hop,
+    Cumulate,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Tumble => "TUMBLE",
+            Kind::Hop => "HOP",
+            Kind::Cumulate => "CUMULATE",
+        }
+    }
+
+    fn usage(self) -> &'static str {
+        match self {
+            Kind::Tumble => "TUMBLE(table, time_column, size [, offset])",
+            Kind::Hop => "HOP(table, time_column, slide, size [, offset])",
+            Kind::Cumulate => "CUMULATE(table, time_column, step, size [, offset])",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct WindowFunction {
+    kind: Kind,
+    db: Arc<Database>,
+    mode: Mode,
+}
+
+/// Registers the window functions in a statement's context.
+pub fn register(ctx: &SessionContext, db: &Arc<Database>, mode: Mode) {
+    // DataFusion looks table functions up by their name as written.
+    for kind in [Kind::Tumble, Kind::Hop, Kind::Cumulate] {
+        let f = Arc::new(WindowFunction {
+            kind,
+            db: db.clone(),
+            mode,
+        });
+        ctx.register_udtf(&kind.name().to_lowercase(), f.clone());
+        ctx.register_udtf(kind.name(), f);
+    }
+    ctx.register_udtf("session", Arc::new(SessionWindow));
+    ctx.register_udtf("SESSION", Arc::new(SessionWindow));
+}
+
+fn error(e: ServerError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// An interval argument as microseconds; windows are fixed lengths of time.
+fn micros(kind: Kind, what: &str, e: &Expr) -> DfResult<i64> {
+    let bad = || {
+        error(ServerError::InvalidParameter(format!(
+            "{} {what} must be a positive interval such as INTERVAL '5' MINUTE, not {e}",
+            kind.name()
+        )))
+    };
+    let Expr::Literal(v, _) = e else {
+        return Err(bad());
+    };
+    let us = match v {
+        ScalarValue::IntervalMonthDayNano(Some(i)) => {
+            if i.months != 0 {
+                return Err(error(ServerError::Unsupported(format!(
+                    "{} windows measured in months",
+                    kind.name()
+                ))));
+            }
+            i64::from(i.days) * 86_400_000_000 + i.nanoseconds / 1_000
+        }
+        ScalarValue::IntervalDayTime(Some(i)) => {
+            i64::from(i.days) * 86_400_000_000 + i64::from(i.milliseconds) * 1_000
+        }
+        ScalarValue::IntervalYearMonth(Some(_)) => {
+            return Err(error(ServerError::Unsupported(format!(
+                "{} windows measured in months",
+                kind.name()
+            ))));
+        }
+        _ => return Err(bad()),
+    };
+    if us <= 0 && what != "offset" {
+        return Err(bad());
+    }
+    Ok(us)
+}
+
+fn interval(us: i64) -> Expr {
+    lit(ScalarValue::new_interval_mdn(0, 0, us * 1_000))
+}
+
+fn name(kind: Kind, e: &Expr) -> DfResult<String> {
+    match e {
+        Expr::Column(c) => Ok(c.name.clone()),
+        _ => Err(error(ServerError::Syntax(format!(
+            "{}: expected a name, not {e}; usage: {}",
+            kind.name(),
+            kind.usage()
+        )))),
+    }
+}
+
+impl WindowFunction {
+    fn plan(&self, args: &[Expr]) -> DfResult<LogicalPlan> {
+        let kind = self.kind;
+        let n_intervals = if kind == Kind::Tumble { 1 } else { 2 };
+        if args.len() != 2 + n_intervals && args.len() != 3 + n_intervals {
+            return Err(error(ServerError::Syntax(format!(
+                "{} takes {} or {} arguments: {}",
+                kind.name(),
+                2 + n_intervals,
+                3 + n_intervals,
+                kind.usage()
+            ))));
+        }
+        let table = name(kind, &args[0])?;
+        let time = name(kind, &args[1])?;
+        let (step, size) = match kind {
+            Kind::Tumble => {
+                let size = micros(kind, "size", &args[2])?;
+                (size, size)
+            }
+            Kind::Hop => (
+                micros(kind, "slide", &args[2])?,
+                micros(kind, "size", &args[3])?,
+            ),
+            Kind::Cumulate => (
+                micros(kind, "step", &args[2])?,
+                micros(kind, "size", &args[3])?,
+            ),
+        };
+        let offset = match args.get(2 + n_intervals) {
+            Some(e) => micros(kind, "offset", e)?,
+            None => 0,
+        };
+        if size % step != 0 {
+            return Err(error(ServerError::InvalidParameter(format!(
+                "{} size must be a whole multiple of its {}",
+                kind.name(),
+                if kind == Kind::Hop { "slide" } else { "step" }
+            ))));
+        }
+        let windows = size / step;
+        if windows > MAX_WINDOWS_PER_ROW {
+            return Err(error(ServerError::Unsupported(format!(
+                "{} with more than {MAX_WINDOWS_PER_ROW} windows per row",
+                kind.name()
+            ))));
+        }
+        let entry = match self.db.catalog.by_name(&table) {
+            Some(e @ Entry::Table { .. }) => e,
+            Some(other) => {
+                return Err(error(ServerError::Unsupported(format!(
+                    "{} over the {} \"{table}\" (name a table or stream)",
+                    kind.name(),
+                    other.kind()
+                ))));
+            }
+            None => {
+                return Err(error(ServerError::UndefinedTable(format!(
+                    "relation \"{table}\" does not exist"
+                ))));
+            }
+        };
+        let provider = table_provider(&self.db, &entry, self.mode).map_err(error)?;
+        let schema = provider.schema();
+        let Some(field) = schema.fields().iter().find(|f| f.name() == &time) else {
+            return Err(error(ServerError::UndefinedColumn(format!(
+                "column \"{time}\" does not exist in \"{table}\""
+            ))));
+        };
+        if !matches!(
+            field.data_type(),
+            datafusion::arrow::datatypes::DataType::Timestamp(..)
+        ) {
+            return Err(error(ServerError::DatatypeMismatch(format!(
+                "{} time column \"{time}\" must be a timestamp, not {}",
+                kind.name(),
+                field.data_type()
+            ))));
+        }
+        let ts_type = field.data_type().clone();
+        let origin = lit(ScalarValue::TimestampMicrosecond(Some(offset), None));
+        let ts = col(&time);
+        let columns: Vec<Expr> = schema.fields().iter().map(|f| col(f.name())).collect();
+        let scan = || LogicalPlanBuilder::scan(&table, provider_as_source(provider.clone()), None);
+        // One branch per window a row falls in.
+        let mut branches = Vec::new();
+        for i in 0..windows {
+            // In the time column's own type (date_bin works in nanoseconds).
+            let bin = |stride: i64| {
+                cast(
+                    date_bin(interval(stride), ts.clone(), origin.clone()),
+                    ts_type.clone(),
+                )
+            };
+            let (start, end) = match kind {
+                Kind::Tumble | Kind::Hop => {
+                    let start = match i {
+                        0 => bin(step),
+                        _ => bin(step) - interval(i * step),
+                    };
+                    let end = start.clone() + interval(size);
+                    (start, end)
+                }
+                Kind::Cumulate => {
+                    let start = bin(size);
+                    let end = start.clone() + interval((i + 1) * step);
+                    (start, end)
+                }
+            };
+            let mut b = scan()?;
+            if kind == Kind::Cumulate {
+                // The row is in the windows of its period that end after it.
+                b = b.filter(ts.clone().lt(end.clone()))?;
+            }
+            let mut exprs = columns.clone();
+            exprs.push(start.alias("window_start"));
+            exprs.push(end.alias("window_end"));
+            branches.push(b.project(exprs)?.build()?);
+        }
+        let mut branches = branches.into_iter();
+        let mut plan = LogicalPlanBuilder::from(branches.next().ok_or_else(|| {
+            DataFusionError::Internal("a window function without windows".into())
+        })?);
+        for b in branches {
+            plan = plan.union(b)?;
+        }
+        plan.build()
+    }
+}
+
+impl TableFunctionImpl for WindowFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        let plan = self.plan(args.exprs())?;
+        Ok(Arc::new(ViewTable::new(plan, None)))
+    }
+}
+
+/// `SESSION(…)`: refused with a clear error until it has its operator.
+#[derive(Debug)]
+struct SessionWindow;
+
+impl TableFunctionImpl for SessionWindow {
+    fn call_with_args(&self, _args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        Err(error(ServerError::Unsupported(
+            "SESSION windows".to_string(),
+        )))
+    }
+}
