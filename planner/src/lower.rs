@@ -114,6 +114,54 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
     Ok(l.graph)
 }
 
+/// `WHERE rn <= n` (or `< n`, `= k`) over a window computing only
+/// `ROW_NUMBER()` as `rn`: the window, and the offset and limit of the rows
+/// it keeps per partition.
+fn row_number_limit(
+    filter: &datafusion::logical_expr::Filter,
+) -> Option<(&datafusion::logical_expr::Window, usize, usize)> {
+    use datafusion::logical_expr::{BinaryExpr, Operator};
+    let LogicalPlan::Window(window) = filter.input.as_ref() else {
+        return None;
+    };
+    let [e] = window.window_expr.as_slice() else {
+        return None;
+    };
+    let Expr::WindowFunction(f) = e.clone().unalias() else {
+        return None;
+    };
+    if f.fun.name() != "row_number" || f.params.filter.is_some() {
+        return None;
+    }
+    let rn = window
+        .schema
+        .field(window.input.schema().fields().len())
+        .name()
+        .clone();
+    let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &filter.predicate else {
+        return None;
+    };
+    let (Expr::Column(c), Expr::Literal(v, _)) = (left.as_ref(), right.as_ref()) else {
+        return None;
+    };
+    if c.name != rn {
+        return None;
+    }
+    let n = v
+        .cast_to(&datafusion::arrow::datatypes::DataType::Int64)
+        .ok()?;
+    let datafusion::common::ScalarValue::Int64(Some(n)) = n else {
+        return None;
+    };
+    let n = usize::try_from(n).ok()?;
+    match op {
+        Operator::LtEq => Some((window, 0, n)),
+        Operator::Lt => Some((window, 0, n.saturating_sub(1))),
+        Operator::Eq if n >= 1 => Some((window, n - 1, 1)),
+        _ => None,
+    }
+}
+
 /// The position among `agg`'s group keys of `window_end`, for EMIT ON
 /// WINDOW CLOSE.
 fn window_end_key(agg: &datafusion::logical_expr::Aggregate) -> Result<usize> {
@@ -300,6 +348,11 @@ impl Lowering<'_> {
                     scan.projected_schema.clone(),
                 ))
             }
+            LogicalPlan::Filter(filter) if row_number_limit(filter).is_some() => {
+                let (window, offset, limit) = row_number_limit(filter)
+                    .ok_or_else(|| PlanError::Internal("row_number filter vanished".into()))?;
+                self.top_n(window, offset, limit)
+            }
             LogicalPlan::Filter(filter) => {
                 check_expr(&filter.predicate)?;
                 let input = self.node(&filter.input)?;
@@ -328,7 +381,6 @@ impl Lowering<'_> {
             }
             // An alias renames, a sort without a limit orders nothing in a view.
             LogicalPlan::SubqueryAlias(a) => self.node(&a.input),
-            LogicalPlan::Sort(s) if s.fetch.is_none() => self.node(&s.input),
             LogicalPlan::Aggregate(agg) => {
                 for e in &agg.group_expr {
                     check_expr(e)?;
@@ -479,8 +531,24 @@ impl Lowering<'_> {
                 );
                 Ok(node)
             }
-            LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => {
-                unsupported("ORDER BY … LIMIT (top-N) in materialized views")
+            LogicalPlan::Sort(sort) => {
+                let limit = sort.fetch.unwrap_or(usize::MAX);
+                self.sorted_top_n(sort, 0, limit, plan)
+            }
+            LogicalPlan::Limit(l) => {
+                use datafusion::logical_expr::{FetchType, SkipType};
+                let (SkipType::Literal(offset), FetchType::Literal(fetch)) =
+                    (l.get_skip_type()?, l.get_fetch_type()?)
+                else {
+                    return unsupported("LIMIT and OFFSET that are not constants");
+                };
+                let LogicalPlan::Sort(sort) = l.input.as_ref() else {
+                    return unsupported(
+                        "LIMIT without ORDER BY in materialized views (which rows it keeps is not defined)",
+                    );
+                };
+                let limit = fetch.unwrap_or(usize::MAX);
+                self.sorted_top_n(sort, offset, limit, plan)
             }
             LogicalPlan::Union(u) => {
                 let inputs = u
@@ -600,6 +668,103 @@ impl Lowering<'_> {
         );
         self.graph.connect(input, node, 0, Partitioner::Forward);
         Ok((node, group_cols, schema, empty_set))
+    }
+
+    /// `ORDER BY … [LIMIT n] [OFFSET k]` over the whole input.
+    fn sorted_top_n(
+        &mut self,
+        sort: &datafusion::logical_expr::Sort,
+        offset: usize,
+        limit: usize,
+        plan: &LogicalPlan,
+    ) -> Result<usize> {
+        let order: Vec<datafusion::logical_expr::SortExpr> = sort.expr.clone();
+        self.add_top_n(&sort.input, vec![], &order, offset, limit, false, plan)
+    }
+
+    /// `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)` kept to a range.
+    fn top_n(
+        &mut self,
+        window: &datafusion::logical_expr::Window,
+        offset: usize,
+        limit: usize,
+    ) -> Result<usize> {
+        let Some(Expr::WindowFunction(f)) = window.window_expr.first().map(|e| e.clone().unalias())
+        else {
+            return Err(PlanError::Internal("not a window function".into()));
+        };
+        let window_plan = LogicalPlan::Window(window.clone());
+        self.add_top_n(
+            &window.input,
+            f.params.partition_by.clone(),
+            &f.params.order_by,
+            offset,
+            limit,
+            true,
+            &window_plan,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_top_n(
+        &mut self,
+        input_plan: &LogicalPlan,
+        partition_by: Vec<Expr>,
+        order: &[datafusion::logical_expr::SortExpr],
+        offset: usize,
+        limit: usize,
+        row_number: bool,
+        plan: &LogicalPlan,
+    ) -> Result<usize> {
+        if limit == usize::MAX && !row_number {
+            // ORDER BY alone orders nothing in a view.
+            return self.node(input_plan);
+        }
+        for e in partition_by.iter().chain(order.iter().map(|s| &s.expr)) {
+            check_expr(e)?;
+        }
+        if limit > 100_000 {
+            return unsupported("top-N of more than 100000 rows per partition");
+        }
+        let input = self.node(input_plan)?;
+        let append_only_input = self.append_only(input);
+        let input_p = self.graph.nodes[input].parallelism;
+        let (p, partitioner) = if partition_by.is_empty() {
+            (
+                1,
+                if input_p == 1 {
+                    Partitioner::Forward
+                } else {
+                    Partitioner::Global
+                },
+            )
+        } else {
+            (
+                self.opts.parallelism,
+                Partitioner::Hash {
+                    exprs: partition_by.clone(),
+                    schema: input_plan.schema().clone(),
+                },
+            )
+        };
+        let id = self.graph.nodes.len();
+        let node = self.graph.add_node(
+            OperatorSpec::TopN {
+                partition_by,
+                order_by: order.iter().map(|s| s.expr.clone()).collect(),
+                directions: order.iter().map(|s| (!s.asc, s.nulls_first)).collect(),
+                limit,
+                offset,
+                row_number,
+                append_only_input,
+                input_schema: input_plan.schema().clone(),
+                state_table: self.state_table(id),
+            },
+            p,
+            plan.schema().clone(),
+        );
+        self.graph.connect(input, node, 0, partitioner);
+        Ok(node)
     }
 
     /// Every source under `node` has a watermark: windows can only close

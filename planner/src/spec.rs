@@ -97,6 +97,27 @@ pub enum OperatorSpec {
         #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
     },
+    /// Top-N per partition (`ORDER BY … LIMIT n [OFFSET k]`, or
+    /// `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …) <= n`): keeps the rows
+    /// ranked `offset + 1 ..= offset + limit` in each partition, retracting
+    /// and adding as rows enter and leave that range.
+    TopN {
+        #[serde(with = "crate::wire::exprs")]
+        partition_by: Vec<Expr>,
+        #[serde(with = "crate::wire::exprs")]
+        order_by: Vec<Expr>,
+        /// Per `order_by` expression: (descending, nulls first).
+        directions: Vec<(bool, bool)>,
+        limit: usize,
+        offset: usize,
+        /// Emit each row's `ROW_NUMBER()` as a last column.
+        row_number: bool,
+        /// The input only inserts: rows past the top can be forgotten.
+        append_only_input: bool,
+        #[serde(with = "crate::wire::schema")]
+        input_schema: DFSchemaRef,
+        state_table: u64,
+    },
     /// `UNION ALL` of `inputs` inputs of the same column types.
     Union { inputs: usize },
     /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
@@ -114,6 +135,7 @@ impl OperatorSpec {
             OperatorSpec::HashJoin { .. } => "HashJoin",
             OperatorSpec::Union { .. } => "Union",
             OperatorSpec::Expand { .. } => "Expand",
+            OperatorSpec::TopN { .. } => "TopN",
             OperatorSpec::Materialize { .. } => "Materialize",
         }
     }
@@ -134,6 +156,7 @@ impl OperatorSpec {
             OperatorSpec::TableSource { state_table, .. }
             | OperatorSpec::HashAgg { state_table, .. }
             | OperatorSpec::HashJoin { state_table, .. }
+            | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
@@ -213,6 +236,37 @@ impl fmt::Display for OperatorSpec {
                 Ok(())
             }
             OperatorSpec::Union { inputs } => write!(f, "Union: {inputs} inputs"),
+            OperatorSpec::TopN {
+                partition_by,
+                order_by,
+                directions,
+                limit,
+                offset,
+                row_number,
+                ..
+            } => {
+                let order: Vec<String> = order_by
+                    .iter()
+                    .zip(directions)
+                    .map(|(e, (desc, nulls_first))| {
+                        format!(
+                            "{e} {}{}",
+                            if *desc { "DESC" } else { "ASC" },
+                            if *nulls_first { " NULLS FIRST" } else { "" }
+                        )
+                    })
+                    .collect();
+                write!(
+                    f,
+                    "TopN: partition=[{}] order=[{}] limit={limit} offset={offset}",
+                    list(partition_by),
+                    order.join(", ")
+                )?;
+                if *row_number {
+                    write!(f, " row_number")?;
+                }
+                Ok(())
+            }
             OperatorSpec::Expand {
                 group_exprs, sets, ..
             } => {

@@ -24,6 +24,29 @@ impl RowCodec {
         Ok(Self { types, converter })
     }
 
+    /// A codec whose bytes sort as `ORDER BY` with these directions:
+    /// `(type, descending, nulls_first)` per column.
+    pub fn sorted(fields: Vec<(DataType, bool, bool)>) -> Result<Self> {
+        let converter = RowConverter::new(
+            fields
+                .iter()
+                .map(|(t, descending, nulls_first)| {
+                    SortField::new_with_options(
+                        t.clone(),
+                        datafusion::arrow::compute::SortOptions {
+                            descending: *descending,
+                            nulls_first: *nulls_first,
+                        },
+                    )
+                })
+                .collect(),
+        )?;
+        Ok(Self {
+            types: fields.into_iter().map(|(t, _, _)| t).collect(),
+            converter,
+        })
+    }
+
     pub fn types(&self) -> &[DataType] {
         &self.types
     }

@@ -9,6 +9,7 @@ mod hash_join;
 pub mod materialize;
 mod project;
 pub mod table_source;
+mod top_n;
 mod union;
 
 use planner::spec::OperatorSpec;
@@ -20,6 +21,7 @@ pub use hash_agg::HashAgg;
 pub use hash_join::HashJoin;
 pub use materialize::Materialize;
 pub use project::Project;
+pub use top_n::TopN;
 pub use union::Union;
 
 use crate::operator::Operator;
@@ -56,6 +58,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
         }
         OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
         OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),
+        OperatorSpec::TopN { .. } => Box::new(TopN::new(&node.spec, &node.schema)?),
         OperatorSpec::Expand {
             group_exprs,
             sets,
