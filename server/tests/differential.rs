@@ -1,0 +1,268 @@
+//! Weir's views against a real PostgreSQL: every `.slt` file's statements
+//! are replayed on a Weir server and, translated where Weir's syntax is its
+//! own, on Debian's PostgreSQL (started by the test). Whenever a view is
+//! about to be dropped, and at the end, each materialized view must hold
+//! what its query, run as a batch query by PostgreSQL over the same rows,
+//! returns.
+//!
+//! Translations: `CREATE STREAM` and the clauses PostgreSQL lacks
+//! (`WATERMARK FOR`, `APPEND ONLY`) become a plain `CREATE TABLE` (Weir's own
+//! parser takes them out); `TUMBLE(t, ts, size)` becomes a subquery that
+//! computes `window_start` and `window_end` with `date_bin`. Views over HOP
+//! or CUMULATE, and EMIT ON WINDOW CLOSE views (whose contents depend on the
+//! watermark, not only on the rows), have no batch equivalent written here
+//! and are checked by `smoke.rs` instead. Numbers are compared to six
+//! decimals: PostgreSQL's `avg` and `stddev` are numeric, Weir's double.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use common::postgres::Postgres;
+use common::{Server, rows};
+use sqllogictest::{DefaultColumnType, Record, StatementExpect};
+
+/// `CREATE MATERIALIZED VIEW name AS query` → (name, query).
+fn view_definition(sql: &str) -> Option<(String, String)> {
+    let sql = sql.trim();
+    let lower = sql.to_lowercase();
+    let rest = lower.strip_prefix("create materialized view")?.trim_start();
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    let rest = rest[name.len()..].trim_start();
+    let query = rest.strip_prefix("as")?;
+    let at = sql.len() - query.len();
+    Some((name, sql[at..].trim().trim_end_matches(';').to_string()))
+}
+
+/// The statement as PostgreSQL should run it, or None when it is Weir's
+/// alone (views are checked, not created, on PostgreSQL).
+fn for_postgres(sql: &str) -> Option<String> {
+    let lower = sql.trim().to_lowercase();
+    let weir_only = [
+        "create materialized view",
+        "drop materialized view",
+        "alter materialized view",
+        "flush",
+        "checkpoint",
+        "set streaming_",
+        "set checkpoint_mode",
+        "create savepoint",
+        "drop savepoint",
+        "restore ",
+        "show ",
+        "explain ",
+        "select ",
+    ];
+    if weir_only.iter().any(|p| lower.starts_with(p)) {
+        return None;
+    }
+    if lower.starts_with("create stream") || lower.starts_with("create table") {
+        let mut stmts = server::stmt::parse(sql).expect("parse CREATE TABLE");
+        if let Some(server::stmt::Stmt::CreateTable { table, .. }) = stmts.pop() {
+            return Some(table.to_string());
+        }
+    }
+    if lower.starts_with("drop stream") {
+        return Some(format!("DROP TABLE{}", &sql.trim()["drop stream".len()..]));
+    }
+    Some(sql.to_string())
+}
+
+/// `TUMBLE(t, ts, size)` as a subquery PostgreSQL runs; None for queries
+/// with windows this test does not translate.
+fn translate_query(query: &str) -> Option<String> {
+    let lower = query.to_lowercase();
+    if lower.contains("hop(")
+        || lower.contains("cumulate(")
+        || lower.contains("emit on window close")
+    {
+        return None;
+    }
+    let Some(at) = lower.find("tumble(") else {
+        return Some(query.to_string());
+    };
+    let open = at + "tumble(".len();
+    let close = open + query[open..].find(')')?;
+    let args: Vec<&str> = query[open..close].split(',').map(str::trim).collect();
+    let [table, ts, size] = args.as_slice() else {
+        return None;
+    };
+    let bin = format!("date_bin({size}, {ts}, TIMESTAMP '1970-01-01')");
+    let sub = format!(
+        "(SELECT *, {bin} AS window_start, {bin} + {size} AS window_end FROM {table}) AS {table}"
+    );
+    Some(format!("{}{sub}{}", &query[..at], &query[close + 1..]))
+}
+
+fn pg_error(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| format!("{}: {}", d.code().code(), d.message()))
+        .unwrap_or_else(|| e.to_string())
+}
+
+/// A value as both servers should agree on it: numbers to six decimals.
+fn normalize(v: &str) -> String {
+    match v.parse::<f64>() {
+        Ok(f) if v.chars().any(|c| c.is_ascii_digit()) => {
+            let s = format!("{f:.6}");
+            if s == "-0.000000" {
+                "0.000000".into()
+            } else {
+                s
+            }
+        }
+        _ => v.to_string(),
+    }
+}
+
+fn normalized(mut rs: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    for r in &mut rs {
+        for v in r.iter_mut() {
+            *v = normalize(v);
+        }
+    }
+    rs.sort();
+    rs
+}
+
+async fn compare(
+    weir: &tokio_postgres::Client,
+    pg: &tokio_postgres::Client,
+    file: &str,
+    views: &BTreeMap<String, String>,
+) -> usize {
+    weir.simple_query("FLUSH").await.expect("flush");
+    for (name, query) in views {
+        let view = normalized(rows(weir, &format!("SELECT * FROM {name}")).await);
+        let expected = match pg.simple_query(query).await {
+            Ok(_) => normalized(rows(pg, query).await),
+            Err(e) => panic!(
+                "{file}: PostgreSQL cannot run view {name}'s query: {}\n{query}",
+                pg_error(&e)
+            ),
+        };
+        assert!(
+            view == expected,
+            "{file}: view {name} differs from PostgreSQL\nquery:      {query}\nweir:       {view:?}\npostgresql: {expected:?}"
+        );
+    }
+    views.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_equal_postgresql_running_their_queries() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("sql-tests/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    files.sort();
+    let postgres = Postgres::start();
+    let admin = postgres.client().await;
+    let mut checked = 0;
+    let mut skipped = Vec::new();
+    for (n, path) in files.iter().enumerate() {
+        let file = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if file == "errors.slt" {
+            // Its one view is built to fail.
+            continue;
+        }
+        let statements: Vec<String> = sqllogictest::parse_file::<DefaultColumnType>(path)
+            .expect("parse")
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Statement {
+                    sql,
+                    expected: StatementExpect::Ok | StatementExpect::Count(_),
+                    ..
+                } => Some(sql),
+                _ => None,
+            })
+            .collect();
+        if !statements.iter().any(|s| view_definition(s).is_some()) {
+            continue;
+        }
+        // A fresh database per file, as each file gets a fresh Weir.
+        let db = format!("f{n}");
+        admin
+            .simple_query(&format!("CREATE DATABASE {db}"))
+            .await
+            .expect("create database");
+        let pg = {
+            let url = format!(
+                "host=127.0.0.1 port={} user=postgres dbname={db}",
+                postgres.port
+            );
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            c
+        };
+        let server = Server::start();
+        let weir = server.client().await;
+        let mut views: BTreeMap<String, String> = BTreeMap::new();
+        for sql in &statements {
+            let lower = sql.trim().to_lowercase();
+            if lower.starts_with("drop materialized view")
+                || lower.starts_with("drop table")
+                || lower.starts_with("drop stream")
+            {
+                checked += compare(&weir, &pg, &file, &views).await;
+            }
+            if let Err(e) = weir.simple_query(sql).await {
+                panic!("{file}: {sql}: {e}");
+            }
+            if let Some(pg_sql) = for_postgres(sql)
+                && let Err(e) = pg.simple_query(&pg_sql).await
+            {
+                panic!("{file}: PostgreSQL: {pg_sql}: {}", pg_error(&e));
+            }
+            if let Some((name, query)) = view_definition(sql) {
+                match translate_query(&query) {
+                    Some(q) => {
+                        // A plain view on PostgreSQL, so that views over it
+                        // run there too.
+                        let create = format!("CREATE VIEW {name} AS {q}");
+                        if let Err(e) = pg.simple_query(&create).await {
+                            panic!("{file}: PostgreSQL: {create}: {}", pg_error(&e));
+                        }
+                        views.insert(name, q);
+                    }
+                    None => skipped.push(format!("{file}: {name}")),
+                }
+            }
+            if lower.starts_with("drop materialized view") {
+                views.retain(|name, _| !lower.contains(name.as_str()));
+                let rest = sql.trim()["drop materialized view".len()..].trim_start();
+                let rest = if rest.to_lowercase().starts_with("if exists") {
+                    &rest["if exists".len()..]
+                } else {
+                    rest
+                };
+                let pg_sql = format!("DROP VIEW IF EXISTS {}", rest.trim());
+                if let Err(e) = pg.simple_query(&pg_sql).await {
+                    panic!("{file}: PostgreSQL: {pg_sql}: {}", pg_error(&e));
+                }
+            }
+        }
+        checked += compare(&weir, &pg, &file, &views).await;
+        println!("ok   {file}");
+    }
+    println!(
+        "{checked} view comparisons; not translated (checked by smoke.rs): {}",
+        skipped.join(", ")
+    );
+    assert!(checked > 0, "no views were compared");
+}
