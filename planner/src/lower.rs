@@ -23,7 +23,7 @@ use datafusion::logical_expr::Volatility;
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, lit};
 
 use crate::source::as_stream_source;
-use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner, StreamJoinType};
+use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner, RankKind, StreamJoinType};
 use crate::stream_graph::StreamGraph;
 use crate::{PlanError, Result};
 
@@ -115,8 +115,8 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
 }
 
 /// `WHERE rn <= n` (or `< n`, `= k`) over a window computing only
-/// `ROW_NUMBER()` as `rn`: the window, and the offset and limit of the rows
-/// it keeps per partition.
+/// `ROW_NUMBER()`, `RANK()` or `DENSE_RANK()` as `rn`: the window, and the
+/// range of numbers it keeps per partition (as offset and limit).
 fn row_number_limit(
     filter: &datafusion::logical_expr::Filter,
 ) -> Option<(&datafusion::logical_expr::Window, usize, usize)> {
@@ -130,7 +130,7 @@ fn row_number_limit(
     let Expr::WindowFunction(f) = e.clone().unalias() else {
         return None;
     };
-    if f.fun.name() != "row_number" || f.params.filter.is_some() {
+    if RankKind::from_name(f.fun.name()).is_none() || f.params.filter.is_some() {
         return None;
     }
     let rn = window
@@ -679,7 +679,7 @@ impl Lowering<'_> {
         plan: &LogicalPlan,
     ) -> Result<usize> {
         let order: Vec<datafusion::logical_expr::SortExpr> = sort.expr.clone();
-        self.add_top_n(&sort.input, vec![], &order, offset, limit, false, plan)
+        self.add_top_n(&sort.input, vec![], &order, offset, limit, None, plan)
     }
 
     /// `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)` kept to a range.
@@ -694,13 +694,15 @@ impl Lowering<'_> {
             return Err(PlanError::Internal("not a window function".into()));
         };
         let window_plan = LogicalPlan::Window(window.clone());
+        let rank = RankKind::from_name(f.fun.name())
+            .ok_or_else(|| PlanError::Internal("not a ranking function".into()))?;
         self.add_top_n(
             &window.input,
             f.params.partition_by.clone(),
             &f.params.order_by,
             offset,
             limit,
-            true,
+            Some(rank),
             &window_plan,
         )
     }
@@ -713,10 +715,10 @@ impl Lowering<'_> {
         order: &[datafusion::logical_expr::SortExpr],
         offset: usize,
         limit: usize,
-        row_number: bool,
+        numbered: Option<RankKind>,
         plan: &LogicalPlan,
     ) -> Result<usize> {
-        if limit == usize::MAX && !row_number {
+        if limit == usize::MAX && numbered.is_none() {
             // ORDER BY alone orders nothing in a view.
             return self.node(input_plan);
         }
@@ -755,7 +757,8 @@ impl Lowering<'_> {
                 directions: order.iter().map(|s| (!s.asc, s.nulls_first)).collect(),
                 limit,
                 offset,
-                row_number,
+                row_number: numbered.is_some(),
+                rank: numbered.unwrap_or_default(),
                 append_only_input,
                 input_schema: input_plan.schema().clone(),
                 state_table: self.state_table(id),

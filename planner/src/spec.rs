@@ -110,8 +110,14 @@ pub enum OperatorSpec {
         directions: Vec<(bool, bool)>,
         limit: usize,
         offset: usize,
-        /// Emit each row's `ROW_NUMBER()` as a last column.
+        /// Emit each row's number (`ROW_NUMBER()`, or `rank` as below) as a
+        /// last column.
         row_number: bool,
+        /// How rows are numbered: positions (`ROW_NUMBER()`, and `LIMIT`),
+        /// or `RANK()` / `DENSE_RANK()`, where rows that tie share a number.
+        /// The rows kept are those numbered `offset + 1 ..= offset + limit`.
+        #[serde(default)]
+        rank: RankKind,
         /// The input only inserts: rows past the top can be forgotten.
         append_only_input: bool,
         #[serde(with = "crate::wire::schema")]
@@ -243,6 +249,7 @@ impl fmt::Display for OperatorSpec {
                 limit,
                 offset,
                 row_number,
+                rank,
                 ..
             } => {
                 let order: Vec<String> = order_by
@@ -263,7 +270,7 @@ impl fmt::Display for OperatorSpec {
                     order.join(", ")
                 )?;
                 if *row_number {
-                    write!(f, " row_number")?;
+                    write!(f, " {}", rank.name())?;
                 }
                 Ok(())
             }
@@ -285,6 +292,37 @@ impl fmt::Display for OperatorSpec {
                 write!(f, "Expand: sets=[{}]", sets.join(", "))
             }
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
+        }
+    }
+}
+
+/// How a TopN numbers the rows of a partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RankKind {
+    /// 1, 2, 3, … in order, ties broken by the row's values.
+    #[default]
+    RowNumber,
+    /// Ties share a number; the next row's number counts them (1, 1, 3).
+    Rank,
+    /// Ties share a number; the next is one more (1, 1, 2).
+    DenseRank,
+}
+
+impl RankKind {
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "row_number" => RankKind::RowNumber,
+            "rank" => RankKind::Rank,
+            "dense_rank" => RankKind::DenseRank,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RankKind::RowNumber => "row_number",
+            RankKind::Rank => "rank",
+            RankKind::DenseRank => "dense_rank",
         }
     }
 }

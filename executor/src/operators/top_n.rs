@@ -24,7 +24,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
-use planner::spec::OperatorSpec;
+use planner::spec::{OperatorSpec, RankKind};
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
@@ -52,6 +52,7 @@ pub struct TopN {
     limit: usize,
     offset: usize,
     row_number: bool,
+    rank: RankKind,
     append_only_input: bool,
     schema: SchemaRef,
     state_table: u64,
@@ -99,6 +100,7 @@ impl TopN {
             limit,
             offset,
             row_number,
+            rank,
             append_only_input,
             input_schema,
             state_table,
@@ -127,7 +129,10 @@ impl TopN {
             limit: *limit,
             offset: *offset,
             row_number: *row_number,
-            append_only_input: *append_only_input,
+            rank: *rank,
+            // Rows below the range can come back into it through ties under
+            // RANK and DENSE_RANK; only positions are safe to cut.
+            append_only_input: *append_only_input && *rank == RankKind::RowNumber,
             schema: expr::output_schema(output),
             state_table: *state_table,
             partitions: HashMap::new(),
@@ -135,19 +140,40 @@ impl TopN {
         })
     }
 
-    /// The partition's rows in the top range, with their row numbers.
+    /// The partition's rows numbered within the range, with their numbers.
     fn top(&self, partition: &[u8]) -> Top {
         let Some(ranked) = self.partitions.get(partition) else {
             return Vec::new();
         };
-        ranked
-            .iter()
-            .flat_map(|((_, row), copies)| std::iter::repeat_n(row, (*copies).max(0) as usize))
-            .enumerate()
-            .skip(self.offset)
-            .take(self.limit)
-            .map(|(i, row)| (row.clone(), i as i64 + 1))
-            .collect()
+        let (lo, hi) = (self.offset as i64 + 1, (self.offset + self.limit) as i64);
+        let mut out = Vec::new();
+        let mut position = 0i64;
+        let mut distinct = 0i64;
+        let mut number = 0i64;
+        let mut previous: Option<&Vec<u8>> = None;
+        for ((sort, row), copies) in ranked {
+            let new_key = previous != Some(sort);
+            if new_key {
+                distinct += 1;
+            }
+            for _ in 0..(*copies).max(0) {
+                position += 1;
+                number = match self.rank {
+                    RankKind::RowNumber => position,
+                    RankKind::Rank if new_key && previous != Some(sort) => position,
+                    RankKind::Rank => number,
+                    RankKind::DenseRank => distinct,
+                };
+                previous = Some(sort);
+                if number > hi {
+                    return out;
+                }
+                if number >= lo {
+                    out.push((row.clone(), number));
+                }
+            }
+        }
+        out
     }
 
     /// Append-only input: rows below the range can never come back up, so
@@ -353,6 +379,7 @@ mod tests {
             limit,
             offset,
             row_number,
+            rank: RankKind::RowNumber,
             append_only_input: append_only,
             input_schema: input,
             state_table: 9,
