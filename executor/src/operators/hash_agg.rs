@@ -576,4 +576,53 @@ mod tests {
             vec!["-U 1 3 3 3 3.0", "+U 0 NULL NULL NULL NULL"]
         );
     }
+
+    #[test]
+    fn emit_on_window_close_emits_closed_windows_once_and_survives_a_restore() {
+        // Group key `a` plays window_end (µs).
+        let mut w = op(false).emit_on_window_close(0);
+        let none: Vec<String> = vec![];
+        assert_eq!(
+            feed(
+                &mut w,
+                &[Op::Insert, Op::Insert, Op::Insert],
+                &[10, 10, 20],
+                &[Some(1), Some(2), Some(5)]
+            ),
+            none
+        );
+        let mut out = vec![];
+        let wm = Watermark {
+            column: 0,
+            timestamp: 15,
+        };
+        assert_eq!(w.handle_watermark(wm, &mut out).unwrap(), Some(wm));
+        assert_eq!(pretty(&out), vec!["+I 10 2 3 1 2 1.5"]);
+        // A row for the closed window is late.
+        assert_eq!(feed(&mut w, &[Op::Insert], &[10], &[Some(9)]), none);
+        assert_eq!(w.eowc.as_ref().map(|e| e.late_rows), Some(1));
+        let mut writes = vec![];
+        w.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        // The closed window's state is deleted, the open one's kept.
+        assert_eq!(writes.iter().filter(|w| w.value.is_none()).count(), 1);
+        let mut again = op(false).emit_on_window_close(0);
+        again
+            .on_start(
+                &ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))),
+                &mut vec![],
+            )
+            .unwrap();
+        let mut out = vec![];
+        again
+            .handle_watermark(
+                Watermark {
+                    column: 0,
+                    timestamp: 20,
+                },
+                &mut out,
+            )
+            .unwrap();
+        assert_eq!(pretty(&out), vec!["+I 20 1 5 5 5 5.0"]);
+    }
 }
