@@ -256,6 +256,7 @@ mod tests {
                 right_schema: schema(),
                 null_equals_null: false,
                 state_table: 9,
+                interval: None,
             },
             1,
             schema(),

@@ -162,6 +162,97 @@ fn row_number_limit(
     }
 }
 
+/// `r >= l - a AND r <= l + b` (BETWEEN, as the optimizer leaves it) in a
+/// join condition, `l` and `r` timestamp columns of the left and right
+/// inputs, `a` and `b` constant intervals: the bounds of an interval join.
+fn interval_bounds(
+    filter: &Expr,
+    left: &LogicalPlan,
+    right: &LogicalPlan,
+) -> Option<crate::spec::IntervalBounds> {
+    use datafusion::logical_expr::utils::split_conjunction;
+    use datafusion::logical_expr::{BinaryExpr, Operator};
+    let column_of = |e: &Expr, plan: &LogicalPlan| -> Option<usize> {
+        let Expr::Column(c) = e else { return None };
+        let i = plan.schema().index_of_column(c).ok()?;
+        matches!(
+            plan.schema().field(i).data_type(),
+            datafusion::arrow::datatypes::DataType::Timestamp(..)
+        )
+        .then_some(i)
+    };
+    // `l ± interval` → (l's position, signed µs).
+    let shifted = |e: &Expr| -> Option<(usize, i64)> {
+        if let Some(i) = column_of(e, left) {
+            return Some((i, 0));
+        }
+        let Expr::BinaryExpr(BinaryExpr {
+            left: l,
+            op,
+            right: r,
+        }) = e
+        else {
+            return None;
+        };
+        let i = column_of(l, left)?;
+        let Expr::Literal(datafusion::common::ScalarValue::IntervalMonthDayNano(Some(v)), _) =
+            r.as_ref()
+        else {
+            return None;
+        };
+        if v.months != 0 {
+            return None;
+        }
+        let us = i64::from(v.days) * 86_400_000_000 + v.nanoseconds / 1_000;
+        match op {
+            Operator::Plus => Some((i, us)),
+            Operator::Minus => Some((i, -us)),
+            _ => None,
+        }
+    };
+    let (mut low, mut high) = (None, None);
+    for c in split_conjunction(filter) {
+        let Expr::BinaryExpr(BinaryExpr {
+            left: a,
+            op,
+            right: b,
+        }) = c
+        else {
+            continue;
+        };
+        // Normalise to `r OP l ± x`.
+        let (r, op, l) = if column_of(a, right).is_some() {
+            (a, *op, b)
+        } else if column_of(b, right).is_some() {
+            let flipped = match op {
+                Operator::Lt => Operator::Gt,
+                Operator::LtEq => Operator::GtEq,
+                Operator::Gt => Operator::Lt,
+                Operator::GtEq => Operator::LtEq,
+                other => *other,
+            };
+            (b, flipped, a)
+        } else {
+            continue;
+        };
+        let (Some(rt), Some((lt, shift))) = (column_of(r, right), shifted(l)) else {
+            continue;
+        };
+        match op {
+            Operator::Gt | Operator::GtEq => low = Some((lt, rt, shift)),
+            Operator::Lt | Operator::LtEq => high = Some((lt, rt, shift)),
+            _ => {}
+        }
+    }
+    let ((l1, r1, lo), (l2, r2, hi)) = (low?, high?);
+    (l1 == l2 && r1 == r2 && lo <= hi).then_some(crate::spec::IntervalBounds {
+        left_time: l1,
+        right_time: r1,
+        before_us: -lo,
+        after_us: hi,
+    })
+}
+
 /// The position among `agg`'s group keys of `window_end`, for EMIT ON
 /// WINDOW CLOSE.
 fn window_end_key(agg: &datafusion::logical_expr::Aggregate) -> Result<usize> {
@@ -507,6 +598,16 @@ impl Lowering<'_> {
                         right_schema: join.right.schema().clone(),
                         null_equals_null: join.null_equality == NullEquality::NullEqualsNull,
                         state_table: self.state_table(id),
+                        interval: if join_type == StreamJoinType::Inner
+                            && self.append_only(left)
+                            && self.append_only(right)
+                        {
+                            join.filter
+                                .as_ref()
+                                .and_then(|f| interval_bounds(f, &join.left, &join.right))
+                        } else {
+                            None
+                        },
                     },
                     p,
                     plan.schema().clone(),

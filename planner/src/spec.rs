@@ -84,6 +84,11 @@ pub enum OperatorSpec {
         /// Whether a NULL key matches a NULL key.
         null_equals_null: bool,
         state_table: u64,
+        /// An interval join (`r.ts BETWEEN l.ts - before AND l.ts + after`
+        /// in ON) of append-only inputs: rows the watermark has left too
+        /// far behind to match any future row are dropped from state.
+        #[serde(default)]
+        interval: Option<IntervalBounds>,
     },
     /// Grouping sets (`GROUPING SETS`, `ROLLUP`, `CUBE`): every row goes
     /// out once per set, as its input columns, then the group expressions
@@ -223,6 +228,7 @@ impl fmt::Display for OperatorSpec {
                 right_keys,
                 filter,
                 join_type,
+                interval,
                 ..
             } => {
                 let on: Vec<String> = left_keys
@@ -238,6 +244,13 @@ impl fmt::Display for OperatorSpec {
                 )?;
                 if let Some(filter) = filter {
                     write!(f, " filter={filter}")?;
+                }
+                if let Some(i) = interval {
+                    write!(
+                        f,
+                        " interval=[-{}us, +{}us] (state cleaned by watermark)",
+                        i.before_us, i.after_us
+                    )?;
                 }
                 Ok(())
             }
@@ -294,6 +307,16 @@ impl fmt::Display for OperatorSpec {
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
         }
     }
+}
+
+/// `right.ts ∈ [left.ts - before, left.ts + after]`, as column positions
+/// in each side's rows and microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IntervalBounds {
+    pub left_time: usize,
+    pub right_time: usize,
+    pub before_us: i64,
+    pub after_us: i64,
 }
 
 /// How a TopN numbers the rows of a partition.

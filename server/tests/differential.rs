@@ -72,8 +72,8 @@ fn for_postgres(sql: &str) -> Option<String> {
     Some(sql.to_string())
 }
 
-/// `TUMBLE(t, ts, size)` as a subquery PostgreSQL runs; None for queries
-/// with windows this test does not translate.
+/// Every `TUMBLE(t, ts, size)` as a subquery PostgreSQL runs; None for
+/// queries with windows this test does not translate.
 fn translate_query(query: &str) -> Option<String> {
     let lower = query.to_lowercase();
     if lower.contains("hop(")
@@ -82,20 +82,21 @@ fn translate_query(query: &str) -> Option<String> {
     {
         return None;
     }
-    let Some(at) = lower.find("tumble(") else {
-        return Some(query.to_string());
-    };
-    let open = at + "tumble(".len();
-    let close = open + query[open..].find(')')?;
-    let args: Vec<&str> = query[open..close].split(',').map(str::trim).collect();
-    let [table, ts, size] = args.as_slice() else {
-        return None;
-    };
-    let bin = format!("date_bin({size}, {ts}, TIMESTAMP '1970-01-01')");
-    let sub = format!(
-        "(SELECT *, {bin} AS window_start, {bin} + {size} AS window_end FROM {table}) AS {table}"
-    );
-    Some(format!("{}{sub}{}", &query[..at], &query[close + 1..]))
+    let mut query = query.to_string();
+    while let Some(at) = query.to_lowercase().find("tumble(") {
+        let open = at + "tumble(".len();
+        let close = open + query[open..].find(')')?;
+        let args: Vec<&str> = query[open..close].split(',').map(str::trim).collect();
+        let [table, ts, size] = args.as_slice() else {
+            return None;
+        };
+        let bin = format!("date_bin({size}, {ts}, TIMESTAMP '1970-01-01')");
+        let sub = format!(
+            "(SELECT *, {bin} AS window_start, {bin} + {size} AS window_end FROM {table}) AS {table}"
+        );
+        query = format!("{}{sub}{}", &query[..at], &query[close + 1..]);
+    }
+    Some(query)
 }
 
 fn pg_error(e: &tokio_postgres::Error) -> String {

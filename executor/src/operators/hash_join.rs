@@ -19,21 +19,21 @@
 //! equality): they are not stored, and pass straight through as unmatched
 //! where the join keeps unmatched rows.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
 use datafusion::arrow::compute::{cast, take};
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
-use planner::spec::{OperatorSpec, StreamJoinType};
+use planner::spec::{IntervalBounds, OperatorSpec, StreamJoinType};
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
-use crate::message::Barrier;
+use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
 
@@ -91,6 +91,27 @@ pub struct HashJoin {
     sides: [Side; 2],
     /// (side, key, row) changed since the last barrier → key group.
     dirty: HashMap<(u8, Vec<u8>, Vec<u8>), u16>,
+    /// Interval join: see [`IntervalState`].
+    interval: Option<IntervalState>,
+}
+
+/// A stored row: its key, its values, its key group.
+type Stored = (Vec<u8>, Vec<u8>, u16);
+
+/// An interval join's rows by event time, so that the watermark can drop
+/// those no future row can match: a left row once `l.ts + after` is behind
+/// the watermark, a right row once `r.ts + before` is.
+struct IntervalState {
+    bounds: IntervalBounds,
+    /// Per side: time (µs) → (key, row, key group) stored at that time.
+    by_time: [BTreeMap<i64, Vec<Stored>>; 2],
+}
+
+/// A timestamp column's values as microseconds since the epoch.
+fn micros(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
+    let us = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+    let us = cast(&us, &DataType::Int64)?;
+    Ok(us.as_primitive::<Int64Type>().iter().collect())
 }
 
 fn types(schema: &DFSchema) -> Vec<DataType> {
@@ -118,6 +139,11 @@ fn split_state_key(k: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((side, key, &k[5 + len..]))
 }
 
+/// Which side a state key belongs to (its first byte).
+fn side_index(k: &[u8]) -> usize {
+    usize::from(k.first().copied().unwrap_or(0).min(1))
+}
+
 fn op(sign: i64) -> Op {
     if sign > 0 { Op::Insert } else { Op::Delete }
 }
@@ -133,6 +159,7 @@ impl HashJoin {
             right_schema,
             null_equals_null,
             state_table,
+            interval,
         } = spec
         else {
             return Err(ExecError::Protocol(
@@ -166,7 +193,38 @@ impl HashJoin {
             state_table: *state_table,
             sides: [HashMap::new(), HashMap::new()],
             dirty: HashMap::new(),
+            interval: interval.map(|bounds| IntervalState {
+                bounds,
+                by_time: [BTreeMap::new(), BTreeMap::new()],
+            }),
         })
+    }
+
+    /// Interval join: notes when stored rows of `side` happened.
+    fn index_times(
+        &mut self,
+        side: usize,
+        columns: &[ArrayRef],
+        stored: &[(usize, Vec<u8>, Vec<u8>, u16)],
+    ) -> Result<()> {
+        let Some(state) = &mut self.interval else {
+            return Ok(());
+        };
+        let col = if side == 0 {
+            state.bounds.left_time
+        } else {
+            state.bounds.right_time
+        };
+        let times = micros(&columns[col])?;
+        for (r, key, row, kg) in stored {
+            if let Some(t) = times[*r] {
+                state.by_time[side]
+                    .entry(t)
+                    .or_default()
+                    .push((key.clone(), row.clone(), *kg));
+            }
+        }
+        Ok(())
     }
 
     /// Rows of side `other` under `key` that match `row` of the other side
@@ -377,6 +435,7 @@ impl Operator for HashJoin {
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        let mut restored: [Vec<Stored>; 2] = [Vec::new(), Vec::new()];
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let (side, key, row) = split_state_key(&e.key)
                 .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
@@ -389,8 +448,55 @@ impl Operator for HashJoin {
             side.entry(key.to_vec())
                 .or_default()
                 .insert(row.to_vec(), entry);
+            if self.interval.is_some() {
+                restored[side_index(&e.key)].push((key.to_vec(), row.to_vec(), e.key_group));
+            }
+        }
+        for (s, entries) in restored.into_iter().enumerate() {
+            if entries.is_empty() {
+                continue;
+            }
+            let columns =
+                self.row_codecs[s].decode(entries.iter().map(|(_, r, _)| r.as_slice()))?;
+            let stored: Vec<(usize, Vec<u8>, Vec<u8>, u16)> = entries
+                .into_iter()
+                .enumerate()
+                .map(|(i, (k, r, kg))| (i, k, r, kg))
+                .collect();
+            self.index_times(s, &columns, &stored)?;
         }
         Ok(())
+    }
+
+    fn handle_watermark(
+        &mut self,
+        watermark: Watermark,
+        _out: &mut Collector,
+    ) -> Result<Option<Watermark>> {
+        let Some(state) = &mut self.interval else {
+            return Ok(Some(watermark));
+        };
+        // A left row at l.ts matches right rows up to l.ts + after; right
+        // rows still to come are at or after the watermark (later ones are
+        // late). Likewise a right row and l.ts <= r.ts + before.
+        let horizon = [
+            watermark.timestamp.saturating_sub(state.bounds.after_us),
+            watermark.timestamp.saturating_sub(state.bounds.before_us),
+        ];
+        for (side, horizon) in horizon.into_iter().enumerate() {
+            let keep = state.by_time[side].split_off(&horizon);
+            let gone = std::mem::replace(&mut state.by_time[side], keep);
+            for (key, row, kg) in gone.into_values().flatten() {
+                if let Some(rows) = self.sides[side].get_mut(&key) {
+                    rows.remove(&row);
+                    if rows.is_empty() {
+                        self.sides[side].remove(&key);
+                    }
+                }
+                self.dirty.insert((side as u8, key, row), kg);
+            }
+        }
+        Ok(Some(watermark))
     }
 
     fn process_batch(&mut self, input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
@@ -408,6 +514,7 @@ impl Operator for HashJoin {
         let rows = self.row_codecs[side].encode(data.columns())?;
 
         let mut emitted: Vec<Out> = Vec::new();
+        let mut stored = Vec::new();
         for r in 0..n {
             let sign = chunk.op(r).sign();
             let null_key = !self.null_equals_null && keys.iter().any(|k| k.is_null(r));
@@ -417,6 +524,12 @@ impl Operator for HashJoin {
             }
             let key = (key_bytes[r].as_slice(), key_groups[r]);
             self.apply(side, Some(key), &rows[r], sign, &mut emitted)?;
+            if sign > 0 && self.interval.is_some() {
+                stored.push((r, key_bytes[r].clone(), rows[r].clone(), key_groups[r]));
+            }
+        }
+        if !stored.is_empty() {
+            self.index_times(side, data.columns(), &stored)?;
         }
         if !emitted.is_empty() {
             out.push(self.emit(emitted)?);
@@ -474,6 +587,7 @@ mod tests {
             right_schema: right,
             null_equals_null: false,
             state_table: 5,
+            interval: None,
         };
         HashJoin::new(&spec, &out).unwrap()
     }
@@ -665,5 +779,60 @@ mod tests {
             feed(&mut semi, 0, &[D], &[Some(1)], &[Some(10)]),
             vec!["-D 1 10"]
         );
+    }
+
+    #[test]
+    fn an_interval_join_forgets_rows_the_watermark_has_passed() {
+        // d (right time) within [b - 5, b + 10] of b (left time).
+        let mut j = join_of(StreamJoinType::Inner, None);
+        j.interval = Some(IntervalState {
+            bounds: IntervalBounds {
+                left_time: 1,
+                right_time: 1,
+                before_us: 5,
+                after_us: 10,
+            },
+            by_time: [BTreeMap::new(), BTreeMap::new()],
+        });
+        feed(
+            &mut j,
+            0,
+            &[I, I],
+            &[Some(1), Some(2)],
+            &[Some(100), Some(200)],
+        );
+        feed(&mut j, 1, &[I], &[Some(1)], &[Some(105)]);
+        let mut writes = vec![];
+        j.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        // Watermark 111: left row at 100 can only meet right rows up to 110.
+        let wm = Watermark {
+            column: 0,
+            timestamp: 111,
+        };
+        assert_eq!(j.handle_watermark(wm, &mut vec![]).unwrap(), Some(wm));
+        let left_rows: usize = j.sides[0].values().map(|m| m.len()).sum();
+        assert_eq!(left_rows, 1, "the row at 100 is gone, the one at 200 stays");
+        // The right row at 105 meets left rows up to 105 + 5 = 110 only.
+        assert!(j.sides[1].is_empty());
+        let mut deletes = vec![];
+        j.handle_checkpoint(&Barrier::checkpoint(2), &mut deletes)
+            .unwrap();
+        assert_eq!(deletes.iter().filter(|w| w.value.is_none()).count(), 2);
+        // A restore rebuilds the time index from the stored rows.
+        writes.extend(deletes);
+        let mut k = join_of(StreamJoinType::Inner, None);
+        k.interval = j.interval.as_ref().map(|s| IntervalState {
+            bounds: s.bounds,
+            by_time: [BTreeMap::new(), BTreeMap::new()],
+        });
+        let state = MemState(std::sync::Mutex::new(writes));
+        k.on_start(&ctx(Arc::new(state)), &mut vec![]).unwrap();
+        let wm = Watermark {
+            column: 0,
+            timestamp: 1_000,
+        };
+        k.handle_watermark(wm, &mut vec![]).unwrap();
+        assert!(k.sides[0].is_empty() && k.sides[1].is_empty());
     }
 }
