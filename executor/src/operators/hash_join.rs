@@ -275,12 +275,15 @@ impl HashJoin {
             None => Vec::new(),
         };
         let degree: i64 = matched.iter().map(|(_, c)| *c).sum();
-        // The other side's matched rows gain or lose one match each.
+        // The other side's matched rows gain or lose one match each (an
+        // inner join never reads degrees: it skips the bookkeeping and the
+        // state writes it would cost).
         let mut crossed = Vec::new();
+        let degrees = self.join_type != StreamJoinType::Inner;
         if let Some((k, key_group)) = key {
             self.dirty
                 .insert((side as u8, k.to_vec(), row.to_vec()), key_group);
-            let theirs = self.sides[other].get_mut(k);
+            let theirs = self.sides[other].get_mut(k).filter(|_| degrees);
             if let Some(theirs) = theirs {
                 for (r, _) in &matched {
                     if let Some(e) = theirs.get_mut(r) {
@@ -292,9 +295,11 @@ impl HashJoin {
                     }
                 }
             }
-            for (r, _) in &matched {
-                self.dirty
-                    .insert((other as u8, k.to_vec(), r.clone()), key_group);
+            if degrees {
+                for (r, _) in &matched {
+                    self.dirty
+                        .insert((other as u8, k.to_vec(), r.clone()), key_group);
+                }
             }
         }
         let pair = |mine: &[u8], theirs: &[u8]| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
