@@ -516,25 +516,7 @@ impl Lowering<'_> {
                     (input, group_exprs, input_schema, empty_set) =
                         self.expand(input, sets, agg)?;
                 }
-                let input_p = self.graph.nodes[input].parallelism;
-                let (p, partitioner) = if agg.group_expr.is_empty() {
-                    (
-                        1,
-                        if input_p == 1 {
-                            Partitioner::Forward
-                        } else {
-                            Partitioner::Global
-                        },
-                    )
-                } else {
-                    (
-                        self.opts.parallelism,
-                        Partitioner::Hash {
-                            exprs: group_exprs.clone(),
-                            schema: input_schema.clone(),
-                        },
-                    )
-                };
+                let (p, partitioner) = self.keyed(input, group_exprs.clone(), &input_schema);
                 let id = self.graph.nodes.len();
                 let node = self.graph.add_node(
                     OperatorSpec::HashAgg {
@@ -771,6 +753,29 @@ impl Lowering<'_> {
         Ok((node, group_cols, schema, empty_set))
     }
 
+    /// Parallelism and input edge of a stateful operator keyed by `keys`
+    /// (over `schema`, `input`'s output): `streaming_parallelism` behind a
+    /// hash exchange, or with no keys a single subtask that everything
+    /// reaches.
+    fn keyed(&self, input: usize, keys: Vec<Expr>, schema: &DFSchemaRef) -> (usize, Partitioner) {
+        if keys.is_empty() {
+            let partitioner = if self.graph.nodes[input].parallelism == 1 {
+                Partitioner::Forward
+            } else {
+                Partitioner::Global
+            };
+            (1, partitioner)
+        } else {
+            (
+                self.opts.parallelism,
+                Partitioner::Hash {
+                    exprs: keys,
+                    schema: schema.clone(),
+                },
+            )
+        }
+    }
+
     /// `ORDER BY … [LIMIT n] [OFFSET k]` over the whole input.
     fn sorted_top_n(
         &mut self,
@@ -831,25 +836,7 @@ impl Lowering<'_> {
         }
         let input = self.node(input_plan)?;
         let append_only_input = self.append_only(input);
-        let input_p = self.graph.nodes[input].parallelism;
-        let (p, partitioner) = if partition_by.is_empty() {
-            (
-                1,
-                if input_p == 1 {
-                    Partitioner::Forward
-                } else {
-                    Partitioner::Global
-                },
-            )
-        } else {
-            (
-                self.opts.parallelism,
-                Partitioner::Hash {
-                    exprs: partition_by.clone(),
-                    schema: input_plan.schema().clone(),
-                },
-            )
-        };
+        let (p, partitioner) = self.keyed(input, partition_by.clone(), input_plan.schema());
         let id = self.graph.nodes.len();
         let node = self.graph.add_node(
             OperatorSpec::TopN {

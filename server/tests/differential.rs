@@ -20,23 +20,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use common::postgres::Postgres;
-use common::{Server, rows};
-use sqllogictest::{DefaultColumnType, Record, StatementExpect};
-
-/// `CREATE MATERIALIZED VIEW name AS query` → (name, query).
-fn view_definition(sql: &str) -> Option<(String, String)> {
-    let sql = sql.trim();
-    let lower = sql.to_lowercase();
-    let rest = lower.strip_prefix("create materialized view")?.trim_start();
-    let name: String = rest
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
-    let rest = rest[name.len()..].trim_start();
-    let query = rest.strip_prefix("as")?;
-    let at = sql.len() - query.len();
-    Some((name, sql[at..].trim().trim_end_matches(';').to_string()))
-}
+use common::{Server, rows, view_definition};
 
 /// The statement as PostgreSQL should run it, or None when it is Weir's
 /// alone (views are checked, not created, on PostgreSQL).
@@ -177,18 +161,7 @@ async fn views_equal_postgresql_running_their_queries() {
             // Its one view is built to fail.
             continue;
         }
-        let statements: Vec<String> = sqllogictest::parse_file::<DefaultColumnType>(path)
-            .expect("parse")
-            .into_iter()
-            .filter_map(|r| match r {
-                Record::Statement {
-                    sql,
-                    expected: StatementExpect::Ok | StatementExpect::Count(_),
-                    ..
-                } => Some(sql),
-                _ => None,
-            })
-            .collect();
+        let statements = common::slt_statements(path);
         if !statements.iter().any(|s| view_definition(s).is_some()) {
             continue;
         }

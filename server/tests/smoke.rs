@@ -14,31 +14,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use common::{Server, rows};
-use sqllogictest::{DefaultColumnType, Record, StatementExpect};
-
-/// `CREATE MATERIALIZED VIEW name [(columns)] AS query` → (name, query).
-fn view_definition(sql: &str) -> Option<(String, String)> {
-    let sql = sql.trim();
-    let lower = sql.to_lowercase();
-    let mut rest = lower.strip_prefix("create materialized view")?.trim_start();
-    rest = rest
-        .strip_prefix("if not exists")
-        .unwrap_or(rest)
-        .trim_start();
-    let name: String = rest
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
-    rest = rest[name.len()..].trim_start();
-    if rest.starts_with('(') {
-        // A column list renames; it does not change values.
-        rest = rest[rest.find(')')? + 1..].trim_start();
-    }
-    let query = rest.strip_prefix("as")?;
-    let at = sql.len() - query.len();
-    Some((name, sql[at..].trim().trim_end_matches(';').to_string()))
-}
+use common::{Server, rows, view_definition};
 
 /// Whether a view definition ends in EMIT ON WINDOW CLOSE.
 fn emits_on_window_close(query: &str) -> bool {
@@ -110,18 +86,7 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
             // Its one view is built to fail.
             continue;
         }
-        let statements: Vec<String> = sqllogictest::parse_file::<DefaultColumnType>(&path)
-            .expect("parse")
-            .into_iter()
-            .filter_map(|r| match r {
-                Record::Statement {
-                    sql,
-                    expected: StatementExpect::Ok | StatementExpect::Count(_),
-                    ..
-                } => Some(sql),
-                _ => None,
-            })
-            .collect();
+        let statements = common::slt_statements(&path);
         if !statements.iter().any(|s| view_definition(s).is_some()) {
             continue;
         }

@@ -268,3 +268,43 @@ pub async fn transfers_never_show_half_done(port: u16) {
         .unwrap();
     assert_eq!(view, 4000);
 }
+
+/// The statements of an `.slt` file expected to succeed, in order.
+pub fn slt_statements(path: &Path) -> Vec<String> {
+    use sqllogictest::{DefaultColumnType, Record, StatementExpect};
+    sqllogictest::parse_file::<DefaultColumnType>(path)
+        .expect("parse")
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Statement {
+                sql,
+                expected: StatementExpect::Ok | StatementExpect::Count(_),
+                ..
+            } => Some(sql),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `CREATE MATERIALIZED VIEW name [(columns)] AS query` → (name, query).
+pub fn view_definition(sql: &str) -> Option<(String, String)> {
+    let sql = sql.trim();
+    let lower = sql.to_lowercase();
+    let mut rest = lower.strip_prefix("create materialized view")?.trim_start();
+    rest = rest
+        .strip_prefix("if not exists")
+        .unwrap_or(rest)
+        .trim_start();
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    rest = rest[name.len()..].trim_start();
+    if rest.starts_with('(') {
+        // A column list renames; it does not change values.
+        rest = rest[rest.find(')')? + 1..].trim_start();
+    }
+    let query = rest.strip_prefix("as")?;
+    let at = sql.len() - query.len();
+    Some((name, sql[at..].trim().trim_end_matches(';').to_string()))
+}
