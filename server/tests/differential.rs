@@ -17,7 +17,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use common::postgres::Postgres;
 use common::{Server, rows, view_definition};
@@ -140,13 +139,7 @@ async fn compare(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_equal_postgresql_running_their_queries() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("sql-tests/")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
-        .collect();
-    files.sort();
+    let files = common::slt_files();
     let postgres = Postgres::start();
     let admin = postgres.client().await;
     let mut checked = 0;

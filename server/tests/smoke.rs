@@ -12,7 +12,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use common::{Server, rows, view_definition};
 
@@ -68,13 +67,7 @@ async fn connect(server: &Server, settings: &[String]) -> tokio_postgres::Client
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("sql-tests/")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
-        .collect();
-    files.sort();
+    let files = common::slt_files();
     let mut checked = 0;
     for path in files {
         let file = path

@@ -269,6 +269,18 @@ pub async fn transfers_never_show_half_done(port: u16) {
     assert_eq!(view, 4000);
 }
 
+/// Every `.slt` file in `sql-tests/`, by name.
+pub fn slt_files() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("sql-tests/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// The statements of an `.slt` file expected to succeed, in order.
 pub fn slt_statements(path: &Path) -> Vec<String> {
     use sqllogictest::{DefaultColumnType, Record, StatementExpect};
