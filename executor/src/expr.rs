@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use datafusion::arrow::compute::prep_null_mask_filter;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch};
+use datafusion::arrow::compute::{cast, prep_null_mask_filter};
+use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
@@ -90,4 +91,22 @@ pub fn predicate_mask(
     } else {
         mask.clone()
     })
+}
+
+/// The column types of a logical schema, in order.
+pub fn types(schema: &DFSchema) -> Vec<DataType> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect()
+}
+
+/// A timestamp column as microseconds since the epoch: the unit of
+/// watermarks.
+pub fn timestamp_micros(column: &ArrayRef) -> Result<Int64Array> {
+    let us = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+    Ok(cast(&us, &DataType::Int64)?
+        .as_primitive::<Int64Type>()
+        .clone())
 }

@@ -10,9 +10,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray};
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
@@ -40,13 +39,6 @@ struct WindowClose {
     watermark: Option<i64>,
     /// Rows dropped for arriving after their window closed.
     late_rows: u64,
-}
-
-/// A timestamp column as microseconds since the epoch.
-fn micros(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
-    let us = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
-    let us = cast(&us, &DataType::Int64)?;
-    Ok(us.as_primitive::<Int64Type>().iter().collect())
 }
 
 struct Group {
@@ -154,7 +146,7 @@ impl HashAgg {
     /// batch).
     fn window_ends(&self, keys: &[ArrayRef]) -> Result<Option<Vec<Option<i64>>>> {
         match &self.eowc {
-            Some(w) => Ok(Some(micros(&keys[w.key])?)),
+            Some(w) => Ok(Some(expr::timestamp_micros(&keys[w.key])?.iter().collect())),
             None => Ok(None),
         }
     }

@@ -22,9 +22,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, UInt32Array};
 use datafusion::arrow::compute::{cast, take};
-use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
@@ -107,21 +107,6 @@ struct IntervalState {
     by_time: [BTreeMap<i64, Vec<Stored>>; 2],
 }
 
-/// A timestamp column's values as microseconds since the epoch.
-fn micros(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
-    let us = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
-    let us = cast(&us, &DataType::Int64)?;
-    Ok(us.as_primitive::<Int64Type>().iter().collect())
-}
-
-fn types(schema: &DFSchema) -> Vec<DataType> {
-    schema
-        .fields()
-        .iter()
-        .map(|f| f.data_type().clone())
-        .collect()
-}
-
 /// State key: side, key length, key, row.
 fn state_key(side: u8, key: &[u8], row: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(5 + key.len() + row.len());
@@ -183,8 +168,8 @@ impl HashJoin {
             key_codec: RowCodec::new(key_types.clone())?,
             key_types,
             row_codecs: [
-                RowCodec::new(types(left_schema))?,
-                RowCodec::new(types(right_schema))?,
+                RowCodec::new(expr::types(left_schema))?,
+                RowCodec::new(expr::types(right_schema))?,
             ],
             filter,
             pair_schema: expr::output_schema(&pair),
@@ -215,7 +200,7 @@ impl HashJoin {
         } else {
             state.bounds.right_time
         };
-        let times = micros(&columns[col])?;
+        let times: Vec<Option<i64>> = expr::timestamp_micros(&columns[col])?.iter().collect();
         for (r, key, row, kg) in stored {
             if let Some(t) = times[*r] {
                 state.by_time[side]

@@ -17,9 +17,7 @@ use storage::chunk::Chunk;
 use storage::state::StateWrite;
 use tokio::sync::watch;
 
-use datafusion::arrow::array::AsArray;
-use datafusion::arrow::compute::{cast, max};
-use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
+use datafusion::arrow::compute::max;
 use datafusion::physical_expr::PhysicalExpr;
 use planner::spec::SourceWatermark;
 
@@ -98,9 +96,7 @@ impl TableSource {
         let n = e_columns(chunk);
         let data = chunk.data().project(&(0..n).collect::<Vec<_>>())?;
         let values = e.evaluate(&data)?.into_array(data.num_rows())?;
-        let micros = cast(&values, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
-        let micros = cast(&micros, &DataType::Int64)?;
-        if let Some(max) = max(micros.as_primitive::<Int64Type>()) {
+        if let Some(max) = max(&expr::timestamp_micros(&values)?) {
             self.watermark = Some(self.watermark.map_or(max, |w| w.max(max)));
         }
         Ok(())

@@ -15,7 +15,7 @@
 //! row is kept — unless the input is append-only, when nothing is ever
 //! retracted and rows below the range are forgotten (bounded state).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
@@ -59,14 +59,6 @@ pub struct TopN {
     partitions: HashMap<Vec<u8>, Ranked>,
     /// (partition, sort key, row) changed since the last barrier → key group.
     dirty: HashMap<EntryKey, u16>,
-}
-
-fn types(schema: &DFSchema) -> Vec<DataType> {
-    schema
-        .fields()
-        .iter()
-        .map(|f| f.data_type().clone())
-        .collect()
 }
 
 /// State key: partition length, partition, sort key length, sort key, row.
@@ -125,7 +117,7 @@ impl TopN {
             partition_types,
             order_by: expr::compile(order_by, input_schema)?,
             sort_codec: RowCodec::sorted(sort_fields)?,
-            row_codec: RowCodec::new(types(input_schema))?,
+            row_codec: RowCodec::new(expr::types(input_schema))?,
             limit: *limit,
             offset: *offset,
             row_number: *row_number,
@@ -303,9 +295,10 @@ impl Operator for TopN {
         // Each touched partition's top range before the chunk, and its key
         // group.
         let mut before: Vec<(Vec<u8>, u16, Top)> = Vec::new();
+        let mut touched: HashSet<&[u8]> = HashSet::new();
         for r in 0..n {
             let p = &partitions[r];
-            if !before.iter().any(|(q, _, _)| q == p) {
+            if touched.insert(p.as_slice()) {
                 before.push((p.clone(), key_groups[r], self.top(p)));
             }
             let ranked = self.partitions.entry(p.clone()).or_default();
