@@ -1234,6 +1234,15 @@ impl JobMasterGateway for JobMaster {
         }) {
             ev.state = state;
         }
+        if state == ExecutionState::Failed && inner.state == JobState::Created {
+            // The first deployment is still submitting tasks: it fails when
+            // it ends, and its caller decides (a new view's CREATE fails,
+            // a recovered job goes to the restart strategy).
+            inner
+                .deploy_failure
+                .get_or_insert_with(|| error.unwrap_or_else(|| format!("{task} failed")));
+            return;
+        }
         drop(inner);
         if state == ExecutionState::Failed
             && let Some(me) = self.me.upgrade()
