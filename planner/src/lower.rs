@@ -659,7 +659,7 @@ impl Lowering<'_> {
                 }
                 Ok(node)
             }
-            LogicalPlan::Window(_) => unsupported("window functions (OVER) in materialized views"),
+            LogicalPlan::Window(window) => self.over_window(window, plan),
             LogicalPlan::Distinct(_) => unsupported("DISTINCT ON in materialized views"),
             LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
                 unsupported("materialized views without a table in FROM")
@@ -786,6 +786,65 @@ impl Lowering<'_> {
     ) -> Result<usize> {
         let order: Vec<datafusion::logical_expr::SortExpr> = sort.expr.clone();
         self.add_top_n(&sort.input, vec![], &order, offset, limit, None, plan)
+    }
+
+    /// Window functions sharing one `PARTITION BY` and `ORDER BY`.
+    fn over_window(
+        &mut self,
+        window: &datafusion::logical_expr::Window,
+        plan: &LogicalPlan,
+    ) -> Result<usize> {
+        let mut functions = Vec::new();
+        for e in &window.window_expr {
+            let Expr::WindowFunction(f) = e.clone().unalias() else {
+                return Err(PlanError::Internal("not a window function".into()));
+            };
+            functions.push(*f);
+        }
+        let Some(first) = functions.first() else {
+            return Err(PlanError::Internal("window without functions".into()));
+        };
+        let (partition_by, order) = (
+            first.params.partition_by.clone(),
+            first.params.order_by.clone(),
+        );
+        for f in &functions {
+            if f.params.partition_by != partition_by || f.params.order_by != order {
+                return unsupported(
+                    "window functions with different PARTITION BY or ORDER BY over the same rows in materialized views (compute them in separate subqueries)",
+                );
+            }
+            if f.params.distinct {
+                return unsupported("DISTINCT in window functions");
+            }
+            for e in f
+                .params
+                .args
+                .iter()
+                .chain(&f.params.partition_by)
+                .chain(f.params.order_by.iter().map(|s| &s.expr))
+                .chain(f.params.filter.as_deref())
+            {
+                check_expr(e)?;
+            }
+        }
+        let input = self.node(&window.input)?;
+        let (p, partitioner) = self.keyed(input, partition_by.clone(), window.input.schema());
+        let id = self.graph.nodes.len();
+        let node = self.graph.add_node(
+            OperatorSpec::OverWindow {
+                partition_by,
+                order_by: order.iter().map(|s| s.expr.clone()).collect(),
+                directions: order.iter().map(|s| (!s.asc, s.nulls_first)).collect(),
+                functions: window.window_expr.clone(),
+                input_schema: window.input.schema().clone(),
+                state_table: self.state_table(id),
+            },
+            p,
+            plan.schema().clone(),
+        );
+        self.graph.connect(input, node, 0, partitioner);
+        Ok(node)
     }
 
     /// `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)` kept to a range.

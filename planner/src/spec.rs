@@ -129,6 +129,25 @@ pub enum OperatorSpec {
         input_schema: DFSchemaRef,
         state_table: u64,
     },
+    /// Window functions over partitions (`lag(x) OVER (PARTITION BY …
+    /// ORDER BY …)`, `sum(x) OVER (…)`, `row_number() OVER (…)` without a
+    /// filter on it): every input row goes out with the functions' values,
+    /// kept current as rows come and go. Input hash-partitioned on
+    /// `partition_by`; every function shares it and `order_by`.
+    OverWindow {
+        #[serde(with = "crate::wire::exprs")]
+        partition_by: Vec<Expr>,
+        #[serde(with = "crate::wire::exprs")]
+        order_by: Vec<Expr>,
+        /// Per `order_by` expression: (descending, nulls first).
+        directions: Vec<(bool, bool)>,
+        /// The window function expressions, as DataFusion planned them.
+        #[serde(with = "crate::wire::exprs")]
+        functions: Vec<Expr>,
+        #[serde(with = "crate::wire::schema")]
+        input_schema: DFSchemaRef,
+        state_table: u64,
+    },
     /// `UNION ALL` of `inputs` inputs of the same column types.
     Union { inputs: usize },
     /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
@@ -147,6 +166,7 @@ impl OperatorSpec {
             OperatorSpec::Union { .. } => "Union",
             OperatorSpec::Expand { .. } => "Expand",
             OperatorSpec::TopN { .. } => "TopN",
+            OperatorSpec::OverWindow { .. } => "OverWindow",
             OperatorSpec::Materialize { .. } => "Materialize",
         }
     }
@@ -168,6 +188,7 @@ impl OperatorSpec {
             | OperatorSpec::HashAgg { state_table, .. }
             | OperatorSpec::HashJoin { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
+            | OperatorSpec::OverWindow { state_table, .. }
             | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
@@ -181,6 +202,22 @@ fn list(exprs: &[Expr]) -> String {
     exprs
         .iter()
         .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `ORDER BY` keys as in EXPLAIN: `b DESC NULLS FIRST, c ASC`.
+fn sort_list(order_by: &[Expr], directions: &[(bool, bool)]) -> String {
+    order_by
+        .iter()
+        .zip(directions)
+        .map(|(e, (desc, nulls_first))| {
+            format!(
+                "{e} {}{}",
+                if *desc { "DESC" } else { "ASC" },
+                if *nulls_first { " NULLS FIRST" } else { "" }
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -265,28 +302,37 @@ impl fmt::Display for OperatorSpec {
                 rank,
                 ..
             } => {
-                let order: Vec<String> = order_by
-                    .iter()
-                    .zip(directions)
-                    .map(|(e, (desc, nulls_first))| {
-                        format!(
-                            "{e} {}{}",
-                            if *desc { "DESC" } else { "ASC" },
-                            if *nulls_first { " NULLS FIRST" } else { "" }
-                        )
-                    })
-                    .collect();
                 write!(
                     f,
                     "TopN: partition=[{}] order=[{}] limit={limit} offset={offset}",
                     list(partition_by),
-                    order.join(", ")
+                    sort_list(order_by, directions)
                 )?;
                 if *row_number {
                     write!(f, " {}", rank.name())?;
                 }
                 Ok(())
             }
+            OperatorSpec::OverWindow {
+                partition_by,
+                order_by,
+                directions,
+                functions,
+                ..
+            } => write!(
+                f,
+                "OverWindow: partition=[{}] order=[{}] functions=[{}]",
+                list(partition_by),
+                sort_list(order_by, directions),
+                functions
+                    .iter()
+                    .map(|e| match e.clone().unalias() {
+                        Expr::WindowFunction(w) => format!("{}({})", w.fun, list(&w.params.args)),
+                        other => other.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             OperatorSpec::Expand {
                 group_exprs, sets, ..
             } => {

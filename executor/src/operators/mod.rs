@@ -7,7 +7,9 @@ mod filter;
 mod hash_agg;
 mod hash_join;
 pub mod materialize;
+mod over_window;
 mod project;
+mod sorted_partitions;
 pub mod table_source;
 mod top_n;
 mod union;
@@ -20,6 +22,7 @@ pub use filter::Filter;
 pub use hash_agg::HashAgg;
 pub use hash_join::HashJoin;
 pub use materialize::Materialize;
+pub use over_window::OverWindow;
 pub use project::Project;
 pub use top_n::TopN;
 pub use union::Union;
@@ -59,6 +62,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
         OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
         OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),
         OperatorSpec::TopN { .. } => Box::new(TopN::new(&node.spec, &node.schema)?),
+        OperatorSpec::OverWindow { .. } => Box::new(OverWindow::new(&node.spec, &node.schema)?),
         OperatorSpec::Expand {
             group_exprs,
             sets,

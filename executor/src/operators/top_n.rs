@@ -15,72 +15,33 @@
 //! row is kept — unless the input is append-only, when nothing is ever
 //! retracted and rows below the range are forgotten (bounded state).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
-use datafusion::logical_expr::ExprSchemable;
-use datafusion::physical_expr::PhysicalExpr;
 use planner::spec::{OperatorSpec, RankKind};
 use storage::chunk::{Chunk, Op};
-use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
+use super::sorted_partitions::{SortedPartitions, diff};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
-
-/// (sort key, row) → copies.
-type Ranked = BTreeMap<(Vec<u8>, Vec<u8>), i64>;
-
-/// (partition, sort key, row): one stored entry.
-type EntryKey = (Vec<u8>, Vec<u8>, Vec<u8>);
 
 /// A partition's rows in the top range, with their row numbers.
 type Top = Vec<(Vec<u8>, i64)>;
 
 pub struct TopN {
-    partition_by: Vec<Arc<dyn PhysicalExpr>>,
-    partition_types: Vec<DataType>,
-    partition_codec: RowCodec,
-    order_by: Vec<Arc<dyn PhysicalExpr>>,
-    sort_codec: RowCodec,
-    row_codec: RowCodec,
+    rows: SortedPartitions,
     limit: usize,
     offset: usize,
     row_number: bool,
     rank: RankKind,
     append_only_input: bool,
     schema: SchemaRef,
-    state_table: u64,
-    partitions: HashMap<Vec<u8>, Ranked>,
-    /// (partition, sort key, row) changed since the last barrier → key group.
-    dirty: HashMap<EntryKey, u16>,
-}
-
-/// State key: partition length, partition, sort key length, sort key, row.
-fn state_key(partition: &[u8], sort: &[u8], row: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + partition.len() + sort.len() + row.len());
-    k.extend_from_slice(&(partition.len() as u32).to_be_bytes());
-    k.extend_from_slice(partition);
-    k.extend_from_slice(&(sort.len() as u32).to_be_bytes());
-    k.extend_from_slice(sort);
-    k.extend_from_slice(row);
-    k
-}
-
-fn split_state_key(k: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
-    let len = |at: usize| -> Option<usize> {
-        Some(u32::from_be_bytes(k.get(at..at + 4)?.try_into().ok()?) as usize)
-    };
-    let p = len(0)?;
-    let partition = k.get(4..4 + p)?;
-    let s = len(4 + p)?;
-    let sort = k.get(8 + p..8 + p + s)?;
-    Some((partition, sort, k.get(8 + p + s..)?))
 }
 
 impl TopN {
@@ -100,24 +61,14 @@ impl TopN {
         else {
             return Err(ExecError::Protocol("TopN built from another spec".into()));
         };
-        let partition_types: Vec<DataType> = partition_by
-            .iter()
-            .map(|e| Ok(e.get_type(input_schema.as_ref())?))
-            .collect::<Result<_>>()?;
-        let sort_fields = order_by
-            .iter()
-            .zip(directions)
-            .map(|(e, (desc, nulls_first))| {
-                Ok((e.get_type(input_schema.as_ref())?, *desc, *nulls_first))
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            partition_by: expr::compile(partition_by, input_schema)?,
-            partition_codec: RowCodec::new(partition_types.clone())?,
-            partition_types,
-            order_by: expr::compile(order_by, input_schema)?,
-            sort_codec: RowCodec::sorted(sort_fields)?,
-            row_codec: RowCodec::new(expr::types(input_schema))?,
+            rows: SortedPartitions::new(
+                partition_by,
+                order_by,
+                directions,
+                input_schema,
+                *state_table,
+            )?,
             limit: *limit,
             offset: *offset,
             row_number: *row_number,
@@ -126,15 +77,12 @@ impl TopN {
             // RANK and DENSE_RANK; only positions are safe to cut.
             append_only_input: *append_only_input && *rank == RankKind::RowNumber,
             schema: expr::output_schema(output),
-            state_table: *state_table,
-            partitions: HashMap::new(),
-            dirty: HashMap::new(),
         })
     }
 
     /// The partition's rows numbered within the range, with their numbers.
     fn top(&self, partition: &[u8]) -> Top {
-        let Some(ranked) = self.partitions.get(partition) else {
+        let Some(ranked) = self.rows.get(partition) else {
             return Vec::new();
         };
         let (lo, hi) = (self.offset as i64 + 1, (self.offset + self.limit) as i64);
@@ -168,41 +116,18 @@ impl TopN {
         out
     }
 
-    /// Append-only input: rows below the range can never come back up, so
-    /// they are forgotten. `key_group` is the partition's.
-    fn forget_below_top(&mut self, partition: &[u8], key_group: u16) {
-        let keep = (self.offset + self.limit) as i64;
-        let Some(ranked) = self.partitions.get_mut(partition) else {
-            return;
-        };
-        let mut seen = 0i64;
-        let mut forgotten = Vec::new();
-        for (key, copies) in ranked.iter_mut() {
-            let room = (keep - seen).max(0);
-            if *copies > room {
-                *copies = room;
-                forgotten.push(key.clone());
-            }
-            seen += *copies;
-        }
-        ranked.retain(|_, copies| *copies > 0);
-        for (sort, row) in forgotten {
-            self.dirty
-                .insert((partition.to_vec(), sort, row), key_group);
-        }
-    }
-
-    fn emit(&self, rows: Vec<(Op, Vec<u8>, i64)>, out: &mut Collector) -> Result<()> {
+    fn emit(&self, rows: Vec<(Op, (Vec<u8>, i64))>, out: &mut Collector) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let n = rows.len();
         let mut columns: Vec<ArrayRef> = self
+            .rows
             .row_codec
-            .decode(rows.iter().map(|(_, r, _)| r.as_slice()))?;
+            .decode(rows.iter().map(|(_, (r, _))| r.as_slice()))?;
         if self.row_number {
             let numbers: ArrayRef = Arc::new(Int64Array::from_iter_values(
-                rows.iter().map(|(_, _, n)| *n),
+                rows.iter().map(|(_, (_, n))| *n),
             ));
             let t = self.schema.field(columns.len()).data_type();
             columns.push(if t == &DataType::Int64 {
@@ -211,38 +136,21 @@ impl TopN {
                 cast(&numbers, t)?
             });
         }
-        let ops: Vec<Op> = rows.iter().map(|(op, _, _)| *op).collect();
+        let ops: Vec<Op> = rows.iter().map(|(op, _)| *op).collect();
         out.push(Chunk::with_ops(
             &ops,
             expr::batch(&self.schema, columns, n)?,
         ));
         Ok(())
     }
-}
 
-/// What changed between two top ranges: rows (with their numbers, when
-/// shown) that left, then rows that entered.
-fn diff(before: Top, after: Top, numbered: bool) -> Vec<(Op, Vec<u8>, i64)> {
-    let key = |(row, n): &(Vec<u8>, i64)| (row.clone(), if numbered { *n } else { 0 });
-    let mut counts: BTreeMap<(Vec<u8>, i64), i64> = BTreeMap::new();
-    for r in &before {
-        *counts.entry(key(r)).or_default() -= 1;
+    /// The top range as diffable keys: a row's number counts only when it
+    /// is shown.
+    fn shown(&self, top: Top) -> impl Iterator<Item = (Vec<u8>, i64)> + use<> {
+        let numbered = self.row_number;
+        top.into_iter()
+            .map(move |(row, n)| (row, if numbered { n } else { 0 }))
     }
-    for r in &after {
-        *counts.entry(key(r)).or_default() += 1;
-    }
-    let mut out = Vec::new();
-    for ((row, n), c) in &counts {
-        for _ in 0..(-c).max(0) {
-            out.push((Op::Delete, row.clone(), *n));
-        }
-    }
-    for ((row, n), c) in counts {
-        for _ in 0..c.max(0) {
-            out.push((Op::Insert, row.clone(), n));
-        }
-    }
-    out
 }
 
 impl Operator for TopN {
@@ -251,81 +159,36 @@ impl Operator for TopN {
     }
 
     fn tables(&self) -> Vec<u64> {
-        vec![self.state_table]
+        vec![self.rows.state_table()]
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
-        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let (partition, sort, row) = split_state_key(&e.key)
-                .ok_or_else(|| storage::StorageError::Corrupt("top-n state key".into()))?;
-            let copies = i64::from_be_bytes(
-                e.value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| storage::StorageError::Corrupt("top-n count".into()))?,
-            );
-            self.partitions
-                .entry(partition.to_vec())
-                .or_default()
-                .insert((sort.to_vec(), row.to_vec()), copies);
-        }
-        Ok(())
+        self.rows.restore(ctx)
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
-        let n = chunk.num_rows();
-        let data = chunk.data();
-        let mut partition_keys = expr::evaluate(&self.partition_by, data)?;
-        for (k, t) in partition_keys.iter_mut().zip(&self.partition_types) {
-            if k.data_type() != t {
-                *k = cast(k, t)?;
-            }
-        }
-        let key_groups = expr::key_groups(&partition_keys, n)?;
-        let partitions = if self.partition_by.is_empty() {
-            vec![Vec::new(); n]
-        } else {
-            self.partition_codec.encode(&partition_keys)?
-        };
-        let sort_keys = self
-            .sort_codec
-            .encode(&expr::evaluate(&self.order_by, data)?)?;
-        let rows = self.row_codec.encode(data.columns())?;
-
+        let keys = self.rows.keys(chunk.data())?;
         // Each touched partition's top range before the chunk, and its key
         // group.
         let mut before: Vec<(Vec<u8>, u16, Top)> = Vec::new();
         let mut touched: HashSet<&[u8]> = HashSet::new();
-        for r in 0..n {
-            let p = &partitions[r];
+        for r in 0..chunk.num_rows() {
+            let p = &keys.partitions[r];
             if touched.insert(p.as_slice()) {
-                before.push((p.clone(), key_groups[r], self.top(p)));
+                before.push((p.clone(), keys.key_groups[r], self.top(p)));
             }
-            let ranked = self.partitions.entry(p.clone()).or_default();
-            let key = (sort_keys[r].clone(), rows[r].clone());
-            let copies = ranked.entry(key.clone()).or_insert(0);
-            *copies += chunk.op(r).sign();
-            if *copies <= 0 {
-                if *copies < 0 {
-                    tracing::error!(
-                        state_table = self.state_table,
-                        "top-n row retracted below zero"
-                    );
-                }
-                ranked.remove(&key);
-            }
-            self.dirty.insert((p.clone(), key.0, key.1), key_groups[r]);
+            self.rows.apply(&keys, r, chunk.op(r).sign());
         }
         let mut changes = Vec::new();
         for (p, key_group, old) in before {
             if self.append_only_input {
-                self.forget_below_top(&p, key_group);
+                // Rows below the range can never come back up.
+                self.rows
+                    .truncate(&p, key_group, (self.offset + self.limit) as i64);
             }
             let new = self.top(&p);
-            changes.extend(diff(old, new, self.row_number));
-            if self.partitions.get(&p).is_some_and(|r| r.is_empty()) {
-                self.partitions.remove(&p);
-            }
+            changes.extend(diff(self.shown(old), self.shown(new)));
+            self.rows.drop_if_empty(&p);
         }
         self.emit(changes, out)
     }
@@ -335,19 +198,7 @@ impl Operator for TopN {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
-        for ((partition, sort, row), key_group) in self.dirty.drain() {
-            let copies = self
-                .partitions
-                .get(&partition)
-                .and_then(|r| r.get(&(sort.clone(), row.clone())))
-                .copied();
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group,
-                key: state_key(&partition, &sort, &row),
-                value: copies.map(|c| c.to_be_bytes().to_vec()),
-            });
-        }
+        self.rows.checkpoint(writes);
         Ok(())
     }
 }
@@ -434,9 +285,8 @@ mod tests {
             feed(&mut t, &[I, I, I], &[1, 1, 1], &[5, 9, 7]),
             vec!["+I 1 7"]
         );
-        assert_eq!(
-            t.partitions[&t.partition_codec.encode(&[ints(&[Some(1)])]).unwrap()[0]].len(),
-            2
-        );
+        let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
+        let p = t.rows.keys(c.data()).unwrap().partitions.remove(0);
+        assert_eq!(t.rows.get(&p).unwrap().len(), 2);
     }
 }
