@@ -41,6 +41,14 @@ impl std::fmt::Debug for OperatorContext {
     }
 }
 
+/// Processing time: microseconds since the Unix epoch on this machine's clock.
+pub fn processing_time_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
 /// Output of one call: the chunks an operator emits.
 pub type Collector = Vec<Chunk>;
 
@@ -72,6 +80,17 @@ pub trait Operator: Send {
         _out: &mut Collector,
     ) -> Result<Option<Watermark>> {
         Ok(Some(watermark))
+    }
+
+    /// The processing time (microseconds since the Unix epoch) at which the
+    /// operator wants [`Operator::on_timer`] called, if any.
+    fn next_timer(&self) -> Option<i64> {
+        None
+    }
+
+    /// Processing time has reached `now_us` (at or after `next_timer`).
+    fn on_timer(&mut self, _now_us: i64, _out: &mut Collector) -> Result<()> {
+        Ok(())
     }
 
     /// The barrier has arrived on every input: write every state key changed

@@ -377,6 +377,8 @@ impl StreamTask {
 
     async fn run_gate(&mut self, gate: &mut InputGate) -> Result<Exit> {
         loop {
+            let timer = self.chain.iter().filter_map(|op| op.next_timer()).min();
+            let sleep = timer_sleep(timer);
             tokio::select! {
                 biased;
                 cmd = self.commands.recv() => match cmd {
@@ -388,6 +390,7 @@ impl StreamTask {
                     }
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
                 },
+                _ = sleep, if timer.is_some() => self.timers().await?,
                 event = gate.next() => match event? {
                     GateEvent::Chunk(input, chunk) => self.push(0, input, chunk).await?,
                     GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment).await?,
@@ -423,6 +426,22 @@ impl StreamTask {
         }
         for o in &mut self.outputs {
             o.broadcast(Message::Watermark(wm)).await?;
+        }
+        Ok(())
+    }
+
+    /// Processing time passed an operator's timer: each operator whose
+    /// timer is due runs it, its output going on down the chain.
+    async fn timers(&mut self) -> Result<()> {
+        let now = crate::operator::processing_time_us();
+        for i in 0..self.chain.len() {
+            if self.chain[i].next_timer().is_some_and(|t| t <= now) {
+                let mut out = Vec::new();
+                self.chain[i].on_timer(now, &mut out)?;
+                for chunk in out {
+                    self.push(i + 1, 0, chunk).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -491,5 +510,16 @@ impl StreamTask {
             op.handle_commit(checkpoint_id)?;
         }
         Ok(())
+    }
+}
+
+/// Sleeps until processing time `at_us` (never, without one).
+async fn timer_sleep(at_us: Option<i64>) {
+    match at_us {
+        Some(at) => {
+            let wait = (at - crate::operator::processing_time_us()).max(0) as u64;
+            tokio::time::sleep(std::time::Duration::from_micros(wait)).await
+        }
+        None => std::future::pending().await,
     }
 }

@@ -17,6 +17,7 @@ mod lower;
 pub mod source;
 pub mod spec;
 pub mod stream_graph;
+pub mod temporal;
 pub mod wire;
 
 pub use error::{PlanError, Result};

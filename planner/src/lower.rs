@@ -20,11 +20,13 @@ use datafusion::arrow::datatypes::Field;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, DFSchemaRef, NullEquality};
 use datafusion::logical_expr::Volatility;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, lit};
 
 use crate::source::as_stream_source;
 use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner, RankKind, StreamJoinType};
 use crate::stream_graph::StreamGraph;
+use crate::temporal::{NOW_MARKER, is_now_marker, temporal_bound};
 use crate::{PlanError, Result};
 
 /// What the session decides about a new job.
@@ -59,6 +61,7 @@ pub fn check_deterministic(plan: &LogicalPlan) -> Result<()> {
             e.apply(|e| {
                 if let Expr::ScalarFunction(f) = e
                     && f.func.signature().volatility != Volatility::Immutable
+                    && f.func.name() != NOW_MARKER
                 {
                     bad = Some(f.func.name().to_string());
                     return Ok(TreeNodeRecursion::Stop);
@@ -372,6 +375,9 @@ fn check_expr(e: &Expr) -> Result<()> {
             Expr::Placeholder(_) => Some("parameters in materialized views"),
             Expr::OuterReferenceColumn(..) => Some("correlated subqueries in materialized views"),
             Expr::WindowFunction(_) => Some("window functions in materialized views"),
+            e if is_now_marker(e) => Some(
+                "now() in a materialized view outside a comparison in WHERE (`ts > now() - INTERVAL …`)",
+            ),
             _ => None,
         };
         if let Some(what) = what {
@@ -445,16 +451,46 @@ impl Lowering<'_> {
                 self.top_n(window, offset, limit)
             }
             LogicalPlan::Filter(filter) => {
-                check_expr(&filter.predicate)?;
-                let input = self.node(&filter.input)?;
-                Ok(self.stateless(
-                    input,
-                    OperatorSpec::Filter {
-                        predicate: filter.predicate.clone(),
-                        input_schema: filter.input.schema().clone(),
-                    },
-                    plan,
-                ))
+                let mut bounds = Vec::new();
+                let mut rest = Vec::new();
+                for conjunct in split_conjunction(&filter.predicate) {
+                    match temporal_bound(conjunct)? {
+                        Some(bound) => bounds.push(bound),
+                        None => rest.push(conjunct.clone()),
+                    }
+                }
+                let mut node = self.node(&filter.input)?;
+                if let Some(predicate) = conjunction(rest) {
+                    check_expr(&predicate)?;
+                    node = self.stateless(
+                        node,
+                        OperatorSpec::Filter {
+                            predicate,
+                            input_schema: filter.input.schema().clone(),
+                        },
+                        plan,
+                    );
+                }
+                if !bounds.is_empty() {
+                    for b in &bounds {
+                        check_expr(&b.row)?;
+                    }
+                    let id = self.graph.nodes.len();
+                    let temporal = self.graph.add_node(
+                        OperatorSpec::TemporalFilter {
+                            bounds,
+                            input_schema: filter.input.schema().clone(),
+                            state_table: self.state_table(id),
+                        },
+                        self.opts.parallelism,
+                        plan.schema().clone(),
+                    );
+                    // The row's hash is its key group, where its state lives.
+                    self.graph
+                        .connect(node, temporal, 0, whole_row(&filter.input));
+                    node = temporal;
+                }
+                Ok(node)
             }
             LogicalPlan::Projection(p) => {
                 for e in &p.expr {

@@ -148,6 +148,17 @@ pub enum OperatorSpec {
         input_schema: DFSchemaRef,
         state_table: u64,
     },
+    /// Temporal filter (`WHERE ts > now() - INTERVAL '1' HOUR`): each row is
+    /// in the output while processing time is inside its visibility
+    /// interval, which `bounds` (all of them) give; rows are inserted when it
+    /// starts and deleted when it ends. Input hash-partitioned on the whole
+    /// row.
+    TemporalFilter {
+        bounds: Vec<TemporalBound>,
+        #[serde(with = "crate::wire::schema")]
+        input_schema: DFSchemaRef,
+        state_table: u64,
+    },
     /// `UNION ALL` of `inputs` inputs of the same column types.
     Union { inputs: usize },
     /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
@@ -167,6 +178,7 @@ impl OperatorSpec {
             OperatorSpec::Expand { .. } => "Expand",
             OperatorSpec::TopN { .. } => "TopN",
             OperatorSpec::OverWindow { .. } => "OverWindow",
+            OperatorSpec::TemporalFilter { .. } => "TemporalFilter",
             OperatorSpec::Materialize { .. } => "Materialize",
         }
     }
@@ -189,6 +201,7 @@ impl OperatorSpec {
             | OperatorSpec::HashJoin { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }
+            | OperatorSpec::TemporalFilter { state_table, .. }
             | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
@@ -333,6 +346,10 @@ impl fmt::Display for OperatorSpec {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            OperatorSpec::TemporalFilter { bounds, .. } => {
+                let bounds: Vec<String> = bounds.iter().map(|b| b.to_string()).collect();
+                write!(f, "TemporalFilter: {}", bounds.join(" AND "))
+            }
             OperatorSpec::Expand {
                 group_exprs, sets, ..
             } => {
@@ -363,6 +380,78 @@ pub struct IntervalBounds {
     pub right_time: usize,
     pub before_us: i64,
     pub after_us: i64,
+}
+
+/// `row cmp now() + delta`: one bound of a row's visibility in a
+/// [`OperatorSpec::TemporalFilter`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TemporalBound {
+    /// A timestamp expression over the input row.
+    #[serde(with = "crate::wire::expr")]
+    pub row: Expr,
+    pub cmp: TemporalCmp,
+    pub delta_us: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TemporalCmp {
+    Lt,
+    LtEq,
+    Gt,
+    GtEq,
+}
+
+impl TemporalBound {
+    /// The moment (microseconds) this bound opens or closes the row's
+    /// visibility, given the row expression's value `row_us`: `(from,
+    /// until)`, one of them unbounded. Visible while `from <= now < until`.
+    pub fn interval(&self, row_us: i64) -> (i64, i64) {
+        let b = row_us.saturating_sub(self.delta_us);
+        match self.cmp {
+            TemporalCmp::Gt => (i64::MIN, b),
+            TemporalCmp::GtEq => (i64::MIN, b.saturating_add(1)),
+            TemporalCmp::Lt => (b.saturating_add(1), i64::MAX),
+            TemporalCmp::LtEq => (b, i64::MAX),
+        }
+    }
+}
+
+impl fmt::Display for TemporalBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.cmp {
+            TemporalCmp::Lt => "<",
+            TemporalCmp::LtEq => "<=",
+            TemporalCmp::Gt => ">",
+            TemporalCmp::GtEq => ">=",
+        };
+        write!(f, "{} {op} now()", self.row)?;
+        match self.delta_us {
+            0 => Ok(()),
+            d if d < 0 => write!(f, " - {}", micros_text(-d)),
+            d => write!(f, " + {}", micros_text(d)),
+        }
+    }
+}
+
+/// `90000000` → `1m 30s`.
+fn micros_text(us: i64) -> String {
+    let mut parts = Vec::new();
+    let mut rest = us;
+    for (unit, len) in [
+        ("d", 86_400_000_000),
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+        ("s", 1_000_000),
+    ] {
+        if rest >= len {
+            parts.push(format!("{}{unit}", rest / len));
+            rest %= len;
+        }
+    }
+    if rest > 0 || parts.is_empty() {
+        parts.push(format!("{rest}us"));
+    }
+    parts.join(" ")
 }
 
 /// How a TopN numbers the rows of a partition.

@@ -279,7 +279,7 @@ impl JobOptions {
 /// every operator can be built.
 async fn job_graph(db: &Arc<Database>, sql: &str, id: u64, o: JobOptions) -> Result<JobGraph> {
     let ctx = context(db, Mode::Stream);
-    let plan = plan_query(&ctx, sql).await?;
+    let plan = planner::temporal::mark_now(plan_query(&ctx, sql).await?)?;
     planner::check_deterministic(&plan)?;
     let mut state = ctx.state();
     // A dataflow cannot run a subquery once up front: every scalar subquery,

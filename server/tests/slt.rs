@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use async_trait::async_trait;
 use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType, Runner};
 
@@ -89,19 +87,7 @@ impl AsyncDB for Weir {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_logic_tests() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
-    let only = std::env::var("SLT").ok();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("sql-tests/")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
-        .filter(|p| {
-            only.as_ref()
-                .is_none_or(|o| p.to_string_lossy().contains(o.as_str()))
-        })
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no .slt files in {}", dir.display());
+    let files = common::slt_files();
     let mut failures = Vec::new();
     for file in &files {
         let server = common::Server::start();

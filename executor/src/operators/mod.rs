@@ -11,6 +11,7 @@ mod over_window;
 mod project;
 mod sorted_partitions;
 pub mod table_source;
+mod temporal_filter;
 mod top_n;
 mod union;
 
@@ -24,6 +25,7 @@ pub use hash_join::HashJoin;
 pub use materialize::Materialize;
 pub use over_window::OverWindow;
 pub use project::Project;
+pub use temporal_filter::TemporalFilter;
 pub use top_n::TopN;
 pub use union::Union;
 
@@ -63,6 +65,9 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
         OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),
         OperatorSpec::TopN { .. } => Box::new(TopN::new(&node.spec, &node.schema)?),
         OperatorSpec::OverWindow { .. } => Box::new(OverWindow::new(&node.spec, &node.schema)?),
+        OperatorSpec::TemporalFilter { .. } => {
+            Box::new(TemporalFilter::new(&node.spec, &node.schema)?)
+        }
         OperatorSpec::Expand {
             group_exprs,
             sets,

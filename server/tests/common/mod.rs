@@ -269,19 +269,27 @@ pub async fn transfers_never_show_half_done(port: u16) {
     assert_eq!(view, 4000);
 }
 
-/// Every `.slt` file in `sql-tests/`, by name.
+/// Every `.slt` file in `sql-tests/`, by name; only those whose name
+/// contains `$SLT` when it is set.
 pub fn slt_files() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sql-tests");
+    let only = std::env::var("SLT").ok();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("sql-tests/")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .filter(|p| {
+            only.as_ref()
+                .is_none_or(|o| p.to_string_lossy().contains(o.as_str()))
+        })
         .collect();
     files.sort();
+    assert!(!files.is_empty(), "no .slt files in {}", dir.display());
     files
 }
 
-/// The statements of an `.slt` file expected to succeed, in order.
+/// The statements of an `.slt` file expected to succeed, in order, and its
+/// `sleep`s (see [`sleep_of`]).
 pub fn slt_statements(path: &Path) -> Vec<String> {
     use sqllogictest::{DefaultColumnType, Record, StatementExpect};
     sqllogictest::parse_file::<DefaultColumnType>(path)
@@ -293,9 +301,20 @@ pub fn slt_statements(path: &Path) -> Vec<String> {
                 expected: StatementExpect::Ok | StatementExpect::Count(_),
                 ..
             } => Some(sql),
+            Record::Sleep { duration, .. } => Some(format!("{SLEEP}{}", duration.as_millis())),
             _ => None,
         })
         .collect()
+}
+
+/// How [`slt_statements`] writes an `.slt` `sleep` record.
+const SLEEP: &str = "-- sleep ms ";
+
+/// The pause a [`slt_statements`] entry asks for, if it is a `sleep`.
+pub fn sleep_of(statement: &str) -> Option<Duration> {
+    Some(Duration::from_millis(
+        statement.strip_prefix(SLEEP)?.parse().ok()?,
+    ))
 }
 
 /// `CREATE MATERIALIZED VIEW name [(columns)] AS query` → (name, query).

@@ -84,7 +84,7 @@ impl Postgres {
         let port = free_port();
         let log = dir.path().join("postgres.log");
         let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c TimeZone=UTC",
             dir.path().display()
         );
         let status = as_postgres(
