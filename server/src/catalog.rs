@@ -20,6 +20,10 @@ pub struct Column {
     /// The type as declared, re-parsed on load.
     pub sql_type: String,
     pub not_null: bool,
+    /// `DEFAULT expr`, as SQL text: what an `INSERT` that leaves the column
+    /// out writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
 }
 
 /// `WATERMARK FOR column AS expr`, the expression kept as SQL text.

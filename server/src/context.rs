@@ -9,6 +9,7 @@
 //!   job computes from the tables' changelogs;
 //! * **dml**: like batch, but the target table shows its hidden row id.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -46,6 +47,8 @@ struct TableRows {
     db: Arc<Database>,
     table: u64,
     schema: SchemaRef,
+    /// Column defaults, for `INSERT`s that leave columns out.
+    defaults: HashMap<String, Expr>,
 }
 
 #[async_trait]
@@ -56,6 +59,10 @@ impl TableProvider for TableRows {
 
     fn table_type(&self) -> TableType {
         TableType::Base
+    }
+
+    fn get_column_default(&self, column: &str) -> Option<&Expr> {
+        self.defaults.get(column)
     }
 
     async fn scan(
@@ -129,7 +136,9 @@ pub fn new_context() -> SessionContext {
         .with_target_partitions(2)
         .with_information_schema(false);
     config.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
-    SessionContext::new_with_config(config)
+    let ctx = SessionContext::new_with_config(config);
+    ctx.register_udf(crate::proctime::udf());
+    ctx
 }
 
 /// Plans a query's SQL text in `ctx`, with Postgres column names.
@@ -171,6 +180,7 @@ pub fn table_provider(
         id,
         append_only,
         watermark,
+        columns,
         ..
     } = entry
     else {
@@ -205,14 +215,31 @@ pub fn table_provider(
         Mode::Dml(t) if t == *id => Arc::new(TableRows {
             db: db.clone(),
             table: *id,
+            defaults: column_defaults(columns, &desc.schema)?,
             schema: desc.schema,
         }),
         _ => Arc::new(TableRows {
             db: db.clone(),
             table: *id,
+            defaults: column_defaults(columns, &desc.schema)?,
             schema: user_schema(&desc),
         }),
     })
+}
+
+/// The `DEFAULT`s of a table's columns, by name.
+fn column_defaults(
+    columns: &[crate::catalog::Column],
+    schema: &SchemaRef,
+) -> Result<HashMap<String, Expr>> {
+    columns
+        .iter()
+        .zip(schema.fields())
+        .filter_map(|(c, f)| {
+            let sql = c.default.as_ref()?;
+            Some(crate::ddl::column_default(sql, f.data_type()).map(|e| (c.name.clone(), e)))
+        })
+        .collect()
 }
 
 impl CatalogSchema {

@@ -19,7 +19,7 @@ use planner::{StreamPlanOptions, lower};
 use storage::table::ROW_ID_COLUMN;
 
 use crate::catalog::{Column, Entry, WatermarkDef, table_desc};
-use crate::context::{Mode, context, plan_query};
+use crate::context::{Mode, context, new_context, plan_query};
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::session::Session;
@@ -74,8 +74,14 @@ pub async fn create_table(
         }
         types::arrow_type(&c.data_type)?;
         let mut not_null = false;
+        let mut default = None;
         for opt in &c.options {
             match &opt.option {
+                ColumnOption::Default(e) => {
+                    let sql = e.to_string();
+                    column_default(&sql, &types::arrow_type(&c.data_type)?)?;
+                    default = Some(sql);
+                }
                 ColumnOption::NotNull => not_null = true,
                 ColumnOption::Null => not_null = false,
                 ColumnOption::PrimaryKey(_) => {
@@ -94,6 +100,7 @@ pub async fn create_table(
             name: col_name,
             sql_type: c.data_type.to_string(),
             not_null,
+            default,
         });
     }
     for constraint in &ct.constraints {
@@ -153,6 +160,30 @@ pub async fn create_table(
     db.catalog.add(entry)?;
     db.cluster.tables.open_table(desc)?;
     Ok(QueryResult::command(tag))
+}
+
+/// A column's `DEFAULT` as an expression of the column's type: a constant
+/// or a function of no column (`now()`, `proctime()`).
+pub fn column_default(sql: &str, data_type: &DataType) -> Result<datafusion::logical_expr::Expr> {
+    let empty = datafusion::common::DFSchema::empty();
+    let e = new_context().parse_sql_expr(sql, &empty)?;
+    let e = e.cast_to(data_type, &empty)?;
+    // Evaluating it once finds defaults the column cannot take ('x' for an
+    // integer), as Postgres does at CREATE.
+    let physical = datafusion::physical_expr::create_physical_expr(
+        &e,
+        &empty,
+        &datafusion::execution::context::ExecutionProps::new(),
+        &Default::default(),
+    )?;
+    let one_row = datafusion::arrow::array::RecordBatch::try_new_with_options(
+        Arc::new(Schema::empty()),
+        vec![],
+        &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+    )
+    .map_err(|e| ServerError::Internal(e.to_string()))?;
+    physical.evaluate(&one_row)?;
+    Ok(e)
 }
 
 /// Checks `WATERMARK FOR column AS expr`: the column is a timestamp and the

@@ -104,6 +104,7 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
     let desc = target(db, &object_name(name)?, "insert into")?;
     let mut insert = insert;
     if let Some(source) = insert.source.as_mut() {
+        replace_default_keywords(db, &desc, &insert.columns, source)?;
         name_source_columns(source);
         // As in Postgres, `VALUES` shorter than the table fills the
         // leading columns; the rest get NULL.
@@ -144,6 +145,53 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
         tag: "INSERT".into(),
         rows: Some(n),
     })
+}
+
+/// `VALUES (1, DEFAULT)`: each `DEFAULT` becomes its column's default
+/// expression, or NULL.
+fn replace_default_keywords(
+    db: &Database,
+    desc: &TableDesc,
+    columns: &[datafusion::sql::sqlparser::ast::ObjectName],
+    source: &mut datafusion::sql::sqlparser::ast::Query,
+) -> Result<()> {
+    use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, SetExpr};
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    let SetExpr::Values(values) = source.body.as_mut() else {
+        return Ok(());
+    };
+    let Some(Entry::Table {
+        columns: declared, ..
+    }) = db.catalog.by_name(&desc.name)
+    else {
+        return Ok(());
+    };
+    let names: Vec<String> = if columns.is_empty() {
+        declared.iter().map(|c| c.name.clone()).collect()
+    } else {
+        columns.iter().map(object_name).collect::<Result<_>>()?
+    };
+    for row in &mut values.rows {
+        for (i, e) in row.iter_mut().enumerate() {
+            let SqlExpr::Identifier(id) = e else {
+                continue;
+            };
+            if id.quote_style.is_some() || !id.value.eq_ignore_ascii_case("default") {
+                continue;
+            }
+            let default = names
+                .get(i)
+                .and_then(|n| declared.iter().find(|c| &c.name == n))
+                .and_then(|c| c.default.clone())
+                .unwrap_or_else(|| "NULL".into());
+            *e = Parser::new(&PostgreSqlDialect {})
+                .try_with_sql(&default)
+                .and_then(|mut p| p.parse_expr())
+                .map_err(|e| ServerError::Internal(format!("stored default {default}: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// Gives every item of an `INSERT … SELECT` a distinct name: only positions

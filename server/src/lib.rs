@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod params;
 pub mod pg;
+pub mod proctime;
 pub mod query;
 pub mod savepoint;
 pub mod session;
