@@ -1110,7 +1110,8 @@ impl JobMaster {
     }
 
     /// The TaskManager and key groups of every subtask of the vertex that
-    /// materializes `state_table`, if they hold the latest checkpoint.
+    /// keeps `state_table` (a view's rows, or a view's late-row counts), if
+    /// they hold the latest checkpoint.
     #[allow(clippy::type_complexity)]
     fn scan_targets(
         &self,
@@ -1123,8 +1124,10 @@ impl JobMaster {
         let exec = inner.exec.as_ref()?;
         let vertex = exec.job.vertices.iter().find(|v| {
             v.nodes.iter().any(|n| {
-                matches!(exec.job.stream.nodes[*n].spec,
-                    OperatorSpec::Materialize { state_table: t, .. } if t == state_table)
+                exec.job.stream.nodes[*n]
+                    .spec
+                    .state_tables()
+                    .contains(&state_table)
             })
         })?;
         exec.subtasks[vertex.id]

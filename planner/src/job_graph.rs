@@ -180,6 +180,7 @@ mod tests {
             state_table: 2,
             empty_set: None,
             emit_on_window_close: None,
+            late_rows_table: None,
         }
     }
 

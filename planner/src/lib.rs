@@ -21,4 +21,6 @@ pub mod temporal;
 pub mod wire;
 
 pub use error::{PlanError, Result};
-pub use lower::{StreamPlanOptions, check_deterministic, lower, view_state_table};
+pub use lower::{
+    StreamPlanOptions, check_deterministic, late_rows_state_table, lower, view_state_table,
+};

@@ -51,6 +51,12 @@ pub fn view_state_table(view_id: u64) -> u64 {
     view_id << 16
 }
 
+/// Where the `EMIT ON WINDOW CLOSE` aggregate of view `view_id` counts the
+/// rows it dropped as late: the last table id of the view's range.
+pub fn late_rows_state_table(view_id: u64) -> u64 {
+    view_state_table(view_id) + 0xFFFF
+}
+
 /// Refuses functions whose value changes over time or between calls
 /// (`now()`, `random()`): a view must equal its query recomputed at any
 /// moment. Checked before optimisation, which would fold them into constants.
@@ -561,6 +567,8 @@ impl Lowering<'_> {
                         input_schema,
                         state_table: self.state_table(id),
                         empty_set,
+                        late_rows_table: emit_on_window_close
+                            .map(|_| late_rows_state_table(self.opts.view_id)),
                         emit_on_window_close,
                     },
                     p,

@@ -62,6 +62,11 @@ pub enum OperatorSpec {
         /// of windows already closed are dropped as late.
         #[serde(default)]
         emit_on_window_close: Option<usize>,
+        /// With `EMIT ON WINDOW CLOSE`: where the late rows are counted, per
+        /// window end, as a multiset of `(window_end)` rows in the format a
+        /// view's rows have (`weir_catalog.late_rows` reads it).
+        #[serde(default)]
+        late_rows_table: Option<u64>,
     },
     /// Equi-join of any kind in [`StreamJoinType`]; both inputs
     /// hash-partitioned on their keys.
@@ -196,8 +201,14 @@ impl OperatorSpec {
     /// State tables the operator owns, known before it runs.
     pub fn state_tables(&self) -> Vec<u64> {
         match self {
+            OperatorSpec::HashAgg {
+                state_table,
+                late_rows_table,
+                ..
+            } => std::iter::once(*state_table)
+                .chain(*late_rows_table)
+                .collect(),
             OperatorSpec::TableSource { state_table, .. }
-            | OperatorSpec::HashAgg { state_table, .. }
             | OperatorSpec::HashJoin { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }

@@ -33,7 +33,8 @@ use crate::types::UTC;
 /// The schema holding the system tables.
 pub const SCHEMA: &str = "weir_catalog";
 
-const TABLES: [&str; 6] = [
+const TABLES: [&str; 7] = [
+    "late_rows",
     "task_managers",
     "slots",
     "jobs",
@@ -361,6 +362,60 @@ impl SystemSchema {
         ])
     }
 
+    /// Rows each `EMIT ON WINDOW CLOSE` view dropped for arriving after
+    /// their window had closed, per window, as of the view's latest
+    /// checkpoint (so a restart neither loses nor doubles them).
+    async fn late_rows(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "window_end",
+            executor::operators::late_rows_type(),
+            true,
+        )]));
+        let (mut view, mut window_end, mut rows) = (vec![], vec![], vec![]);
+        for entry in self.db.catalog.all() {
+            let crate::catalog::Entry::MaterializedView {
+                id,
+                name,
+                emit_on_window_close: true,
+                ..
+            } = entry
+            else {
+                continue;
+            };
+            let table = planner::late_rows_state_table(id);
+            let batches = match self
+                .db
+                .cluster
+                .job_manager
+                .read_view(id, table, schema.clone())
+                .await
+            {
+                Ok(b) => b,
+                // Dropped meanwhile.
+                Err(cluster::ClusterError::UnknownJob(_)) => continue,
+                Err(e) => return Err(datafusion::error::DataFusionError::External(Box::new(e))),
+            };
+            let mut per_window: std::collections::BTreeMap<i64, i64> = Default::default();
+            for b in &batches {
+                let ends = executor::expr::timestamp_micros(b.column(0))
+                    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+                for end in ends.iter().flatten() {
+                    *per_window.entry(end).or_default() += 1;
+                }
+            }
+            for (end, n) in per_window {
+                view.push(Some(name.clone()));
+                window_end.push(Some(end));
+                rows.push(Some(n));
+            }
+        }
+        table(vec![
+            ("view", Col::Text(view)),
+            ("window_end", Col::Time(window_end)),
+            ("rows", Col::Int(rows)),
+        ])
+    }
+
     fn subtasks(&self) -> DfResult<Arc<dyn TableProvider>> {
         let jobs = self.db.cluster.job_manager.jobs();
         let (mut job, mut view, mut vertex, mut subtask, mut state, mut slot, mut tm) =
@@ -402,6 +457,7 @@ impl SchemaProvider for SystemSchema {
             "subtasks" => self.subtasks()?,
             "checkpoints" => self.checkpoints()?,
             "savepoints" => self.savepoints()?,
+            "late_rows" => self.late_rows().await?,
             _ => return Ok(None),
         }))
     }

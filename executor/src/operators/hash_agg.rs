@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::TimestampMicrosecondArray;
+use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
@@ -37,8 +38,22 @@ struct WindowClose {
     open: BTreeMap<i64, HashMap<Vec<u8>, u16>>,
     /// The last watermark (µs): windows ending at or before it are closed.
     watermark: Option<i64>,
-    /// Rows dropped for arriving after their window closed.
-    late_rows: u64,
+    /// Rows dropped for arriving after their window closed, by (key
+    /// group, window end); kept in `late_table` when there is one.
+    late: HashMap<(u16, i64), i64>,
+    late_table: Option<u64>,
+    /// Late counts changed since the last barrier.
+    late_dirty: HashSet<(u16, i64)>,
+}
+
+/// Encodes a window end as the `(window_end)` row of the late-rows table.
+fn late_codec() -> Result<RowCodec> {
+    Ok(RowCodec::new(vec![late_rows_type()])?)
+}
+
+/// The type of `window_end` in the late-rows table.
+pub fn late_rows_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, None)
 }
 
 struct Group {
@@ -134,9 +149,11 @@ impl HashAgg {
     /// window (group key `window_end_key`), then forgets it: an append-only
     /// result whose state stays bounded (RisingWave's EMIT ON WINDOW CLOSE,
     /// Flink's window aggregate).
-    pub fn emit_on_window_close(mut self, window_end_key: usize) -> Self {
+    /// Rows dropped as late are counted per window end in `late_table`.
+    pub fn emit_on_window_close(mut self, window_end_key: usize, late_table: Option<u64>) -> Self {
         self.eowc = Some(WindowClose {
             key: window_end_key,
+            late_table,
             ..Default::default()
         });
         self
@@ -229,7 +246,9 @@ impl HashAgg {
         for (row, key) in key_bytes.iter().enumerate() {
             let end = ends[row].unwrap_or(i64::MIN);
             if w.watermark.is_some_and(|wm| end <= wm) {
-                w.late_rows += 1;
+                let at = (key_groups[row], end);
+                *w.late.entry(at).or_default() += 1;
+                w.late_dirty.insert(at);
                 continue;
             }
             let sign = chunk.op(row).sign();
@@ -257,10 +276,27 @@ impl Operator for HashAgg {
     }
 
     fn tables(&self) -> Vec<u64> {
-        vec![self.state_table]
+        let late = self.eowc.as_ref().and_then(|w| w.late_table);
+        std::iter::once(self.state_table).chain(late).collect()
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, out: &mut Collector) -> Result<()> {
+        if let Some(w) = &mut self.eowc
+            && let Some(table) = w.late_table
+        {
+            let entries = ctx.state.scan(table, ctx.key_groups.clone())?;
+            let ends = late_codec()?.decode(entries.iter().map(|e| e.key.as_slice()))?;
+            let ends = expr::timestamp_micros(&ends[0])?;
+            for (e, end) in entries.iter().zip(ends.iter()) {
+                let count = i64::from_be_bytes(
+                    e.value
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| storage::StorageError::Corrupt("late row count".into()))?,
+                );
+                w.late.insert((e.key_group, end.unwrap_or(i64::MIN)), count);
+            }
+        }
         let mut key_groups = Vec::new();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let g = self.decode(&e.value)?;
@@ -396,10 +432,10 @@ impl Operator for HashAgg {
             return Ok(Some(watermark));
         }
         w.watermark = Some(watermark.timestamp);
-        if w.late_rows > 0 {
-            tracing::info!(
+        if !w.late_dirty.is_empty() {
+            tracing::debug!(
                 state_table = self.state_table,
-                late_rows = w.late_rows,
+                windows = w.late_dirty.len(),
                 "rows later than the watermark dropped"
             );
         }
@@ -441,6 +477,25 @@ impl Operator for HashAgg {
                 key,
                 value,
             });
+        }
+        if let Some(w) = &mut self.eowc
+            && let Some(table) = w.late_table
+            && !w.late_dirty.is_empty()
+        {
+            let dirty: Vec<(u16, i64)> = w.late_dirty.drain().collect();
+            let ends = TimestampMicrosecondArray::from_iter_values(dirty.iter().map(|(_, e)| *e));
+            let keys = late_codec()?.encode(&[Arc::new(ends) as ArrayRef])?;
+            for ((key_group, end), key) in dirty.into_iter().zip(keys) {
+                writes.push(StateWrite {
+                    table,
+                    key_group,
+                    key,
+                    value: w
+                        .late
+                        .get(&(key_group, end))
+                        .map(|c| c.to_be_bytes().to_vec()),
+                });
+            }
         }
         Ok(())
     }
@@ -572,7 +627,7 @@ mod tests {
     #[test]
     fn emit_on_window_close_emits_closed_windows_once_and_survives_a_restore() {
         // Group key `a` plays window_end (µs).
-        let mut w = op(false).emit_on_window_close(0);
+        let mut w = op(false).emit_on_window_close(0, Some(99));
         let none: Vec<String> = vec![];
         assert_eq!(
             feed(
@@ -592,13 +647,16 @@ mod tests {
         assert_eq!(pretty(&out), vec!["+I 10 2 3 1 2 1.5"]);
         // A row for the closed window is late.
         assert_eq!(feed(&mut w, &[Op::Insert], &[10], &[Some(9)]), none);
-        assert_eq!(w.eowc.as_ref().map(|e| e.late_rows), Some(1));
+        assert_eq!(
+            w.eowc.as_ref().map(|e| e.late.values().sum::<i64>()),
+            Some(1)
+        );
         let mut writes = vec![];
         w.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
             .unwrap();
         // The closed window's state is deleted, the open one's kept.
         assert_eq!(writes.iter().filter(|w| w.value.is_none()).count(), 1);
-        let mut again = op(false).emit_on_window_close(0);
+        let mut again = op(false).emit_on_window_close(0, Some(99));
         again
             .on_start(
                 &ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))),
@@ -616,5 +674,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!(pretty(&out), vec!["+I 20 1 5 5 5 5.0"]);
+        // The late count came back with the state.
+        assert_eq!(
+            again.eowc.as_ref().map(|e| e.late.values().sum::<i64>()),
+            Some(1)
+        );
     }
 }

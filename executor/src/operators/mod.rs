@@ -20,7 +20,7 @@ use planner::stream_graph::StreamNode;
 
 pub use expand::Expand;
 pub use filter::Filter;
-pub use hash_agg::HashAgg;
+pub use hash_agg::{HashAgg, late_rows_type};
 pub use hash_join::HashJoin;
 pub use materialize::Materialize;
 pub use over_window::OverWindow;
@@ -50,6 +50,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             state_table,
             empty_set,
             emit_on_window_close,
+            late_rows_table,
         } => {
             let mut agg =
                 HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?;
@@ -57,7 +58,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
                 agg = agg.with_empty_set(*id)?;
             }
             if let Some(key) = emit_on_window_close {
-                agg = agg.emit_on_window_close(*key);
+                agg = agg.emit_on_window_close(*key, *late_rows_table);
             }
             Box::new(agg)
         }
