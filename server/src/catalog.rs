@@ -50,6 +50,10 @@ pub enum Entry {
         append_only: bool,
         #[serde(default)]
         watermark: Option<WatermarkDef>,
+        /// `WITH (late_rows = 'name')`: the stream (id) that takes the rows
+        /// that arrive behind the watermark, instead of this one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        late_rows: Option<u64>,
     },
     View {
         id: u64,
@@ -101,7 +105,7 @@ impl Entry {
 
     pub fn depends_on(&self) -> &[u64] {
         match self {
-            Entry::Table { .. } => &[],
+            Entry::Table { late_rows, .. } => late_rows.as_slice(),
             Entry::View { depends_on, .. } | Entry::MaterializedView { depends_on, .. } => {
                 depends_on
             }

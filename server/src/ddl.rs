@@ -11,7 +11,8 @@ use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, CreateTable, CreateView, Expr as SqlExpr, ObjectName, ObjectType, TableConstraint,
+    ColumnOption, CreateTable, CreateTableOptions, CreateView, Expr as SqlExpr, ObjectName,
+    ObjectType, SqlOption, TableConstraint,
 };
 use planner::job_graph::JobGraph;
 use planner::spec::{CheckpointMode, OperatorSpec};
@@ -147,6 +148,35 @@ pub async fn create_table(
         Some(w) => Some(watermark_def(&columns, w)?),
         None => None,
     };
+    let late_rows = match late_rows_option(&ct.table_options)? {
+        Some(late) => {
+            if watermark.is_none() || !options.append_only {
+                return Err(ServerError::InvalidTableDefinition(format!(
+                    "late_rows needs a watermark on an append-only table or stream (\"{name}\")"
+                )));
+            }
+            if db.catalog.by_name(&late).is_some() {
+                return Err(already_exists(&late));
+            }
+            // The late rows' stream: the same columns, no watermark.
+            let entry = Entry::Table {
+                id: db.catalog.allocate_id()?,
+                name: late,
+                columns: columns.clone(),
+                primary_key: vec![],
+                stream: true,
+                append_only: true,
+                watermark: None,
+                late_rows: None,
+            };
+            let desc = table_desc(&entry)?;
+            let id = entry.id();
+            db.catalog.add(entry)?;
+            db.cluster.tables.open_table(desc)?;
+            Some(id)
+        }
+        None => None,
+    };
     let entry = Entry::Table {
         id: db.catalog.allocate_id()?,
         name,
@@ -155,11 +185,48 @@ pub async fn create_table(
         stream: options.stream,
         append_only: options.append_only,
         watermark,
+        late_rows,
     };
     let desc = table_desc(&entry)?;
     db.catalog.add(entry)?;
     db.cluster.tables.open_table(desc)?;
     Ok(QueryResult::command(tag))
+}
+
+/// `WITH (late_rows = 'name')`, the only table option there is.
+fn late_rows_option(options: &CreateTableOptions) -> Result<Option<String>> {
+    let list = match options {
+        CreateTableOptions::None => return Ok(None),
+        CreateTableOptions::With(list) => list,
+        other => return Err(ServerError::unsupported(format!("table options {other}"))),
+    };
+    let mut late = None;
+    for option in list {
+        let SqlOption::KeyValue { key, value } = option else {
+            return Err(ServerError::unsupported(format!("table option {option}")));
+        };
+        match ident(key).as_str() {
+            "late_rows" => {
+                let SqlExpr::Value(v) = value else {
+                    return Err(ServerError::InvalidParameter(format!(
+                        "late_rows takes a stream name in quotes, not {value}"
+                    )));
+                };
+                let Some(name) = v.value.clone().into_string() else {
+                    return Err(ServerError::InvalidParameter(format!(
+                        "late_rows takes a stream name in quotes, not {value}"
+                    )));
+                };
+                late = Some(name);
+            }
+            other => {
+                return Err(ServerError::InvalidParameter(format!(
+                    "unrecognized parameter \"{other}\" (tables take late_rows)"
+                )));
+            }
+        }
+    }
+    Ok(late)
 }
 
 /// A column's `DEFAULT` as an expression of the column's type: a constant

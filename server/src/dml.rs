@@ -140,11 +140,116 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
         )));
     }
     let batch = stored_batch(&desc, columns)?;
-    let n = apply(db, desc.id, Chunk::inserts(batch)).await?;
+    let n = match db.catalog.get(desc.id) {
+        Some(Entry::Table {
+            late_rows: Some(late),
+            watermark: Some(w),
+            ..
+        }) => insert_behind_watermark(db, &desc, late, &w, batch).await?,
+        _ => apply(db, desc.id, Chunk::inserts(batch)).await?,
+    };
     Ok(QueryResult::Command {
         tag: "INSERT".into(),
         rows: Some(n),
     })
+}
+
+/// An insert into a stream `WITH (late_rows = …)`: rows whose watermark
+/// column is behind the stream's watermark (the largest watermark
+/// expression of the rows before them) go to the late rows' stream, the
+/// rest to the stream, in one durable write. Statements take turns, so each
+/// sees the watermark its predecessors left.
+async fn insert_behind_watermark(
+    db: &Database,
+    desc: &TableDesc,
+    late: u64,
+    w: &crate::catalog::WatermarkDef,
+    batch: RecordBatch,
+) -> Result<usize> {
+    let user = crate::catalog::user_schema(desc);
+    let df = datafusion::common::DFSchema::try_from(user.as_ref().clone())?;
+    let ctx = crate::context::new_context();
+    let exprs = [
+        ctx.parse_sql_expr(&w.expr, &df)?,
+        ctx.parse_sql_expr(&format!("\"{}\"", w.column.replace('"', "\"\"")), &df)?,
+    ];
+    let compiled = executor::expr::compile(&exprs, &df)?;
+    let micros = |b: &RecordBatch| -> Result<(Int64Array, Int64Array)> {
+        let user_cols = b.columns()[..user.fields().len()].to_vec();
+        let b = RecordBatch::try_new(user.clone(), user_cols)
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
+        let values = executor::expr::evaluate(&compiled, &b)?;
+        Ok((
+            executor::expr::timestamp_micros(&values[0])?,
+            executor::expr::timestamp_micros(&values[1])?,
+        ))
+    };
+    let mut watermarks = db.stream_watermarks.lock().await;
+    let current = match watermarks.get(&desc.id) {
+        Some(wm) => Some(*wm),
+        None => {
+            // First write since the server started: the stream's rows say.
+            let tables = db.cluster.tables.clone();
+            let id = desc.id;
+            let (rows, _) = tokio::task::spawn_blocking(move || tables.snapshot(id))
+                .await
+                .map_err(|e| ServerError::Internal(e.to_string()))??;
+            let mut max = None;
+            for b in &rows {
+                max = max.max(micros(b)?.0.iter().flatten().max());
+            }
+            max
+        }
+    };
+    let (marks, times) = micros(&batch)?;
+    let is_late: Vec<bool> = times
+        .iter()
+        .map(|t| matches!((t, current), (Some(t), Some(wm)) if t < wm))
+        .collect();
+    let on_time = datafusion::arrow::compute::filter_record_batch(
+        &batch,
+        &is_late.iter().map(|l| Some(!l)).collect(),
+    )
+    .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let late_rows = datafusion::arrow::compute::filter_record_batch(
+        &batch,
+        &is_late.iter().map(|l| Some(*l)).collect(),
+    )
+    .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let advanced = marks
+        .iter()
+        .zip(&is_late)
+        .filter(|(_, late)| !**late)
+        .filter_map(|(m, _)| m)
+        .max()
+        .max(current);
+    let mut writes = Vec::new();
+    if on_time.num_rows() > 0 {
+        writes.push((desc.id, Chunk::inserts(on_time)));
+    }
+    if late_rows.num_rows() > 0 {
+        // The late stream numbers its rows itself.
+        let late_desc = db.cluster.tables.desc(late)?;
+        let n = late_rows.num_rows();
+        let first = db.cluster.tables.allocate_row_ids(late, n)?;
+        let mut columns = late_rows.columns()[..user.fields().len()].to_vec();
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            first..first + n as i64,
+        )));
+        writes.push((late, Chunk::inserts(stored_batch(&late_desc, columns)?)));
+    }
+    let n = batch.num_rows();
+    let tables = db.cluster.tables.clone();
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<(u64, &Chunk)> = writes.iter().map(|(id, c)| (*id, c)).collect();
+        tables.apply_many(&refs)
+    })
+    .await
+    .map_err(|e| ServerError::Internal(e.to_string()))??;
+    if let Some(wm) = advanced {
+        watermarks.insert(desc.id, wm);
+    }
+    Ok(n)
 }
 
 /// `VALUES (1, DEFAULT)`: each `DEFAULT` becomes its column's default

@@ -79,6 +79,9 @@ pub struct Database {
     pub cluster: Cluster,
     /// DDL statements run one at a time.
     pub(crate) ddl_lock: tokio::sync::Mutex<()>,
+    /// The watermark (µs) of each stream that sends its late rows elsewhere,
+    /// as of its last write; inserts into such a stream hold this lock.
+    pub(crate) stream_watermarks: tokio::sync::Mutex<std::collections::HashMap<u64, i64>>,
     pub default_parallelism: usize,
 }
 
@@ -112,6 +115,7 @@ impl Database {
             catalog,
             cluster,
             ddl_lock: tokio::sync::Mutex::new(()),
+            stream_watermarks: Default::default(),
             default_parallelism,
         });
         for entry in db.catalog.all() {

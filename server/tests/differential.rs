@@ -150,8 +150,10 @@ async fn views_equal_postgresql_running_their_queries() {
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
-        if file == "errors.slt" {
-            // Its one view is built to fail.
+        if file == "errors.slt" || file == "late_rows.slt" {
+            // errors.slt's one view is built to fail; late_rows.slt's
+            // streams route rows by their watermark, which PostgreSQL
+            // cannot (smoke.rs checks its views).
             continue;
         }
         let statements = common::slt_statements(path);

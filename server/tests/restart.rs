@@ -243,3 +243,35 @@ async fn views_survive_sigkill_mid_stream() {
         survivors.len()
     );
 }
+
+/// A stream that sends its late rows elsewhere finds its watermark again
+/// after a SIGKILL: from its rows, not from scratch (which would take every
+/// row for on time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_rows_routing_survives_sigkill() {
+    let mut server = Server::start();
+    let client = server.client().await;
+    client
+        .batch_execute(
+            "CREATE STREAM s (v int, ts timestamp, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) \
+             WITH (late_rows = 'late_s');
+             INSERT INTO s VALUES (1, '2026-01-01 10:00:30');",
+        )
+        .await
+        .expect("setup");
+    server.crash_and_restart();
+    let client = server.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO s VALUES (2, '2026-01-01 10:00:20'), (3, '2026-01-01 10:00:26')",
+        )
+        .await
+        .expect("insert after restart");
+    assert_eq!(
+        rows(&client, "SELECT v FROM late_s").await,
+        vec![vec!["2".to_string()]]
+    );
+    let mut on_time = rows(&client, "SELECT v FROM s").await;
+    on_time.sort();
+    assert_eq!(on_time, vec![vec!["1".to_string()], vec!["3".to_string()]]);
+}

@@ -174,7 +174,64 @@ impl TableStore {
     /// Applies one statement's changes durably; returns its log sequence
     /// number. Fails without writing anything if a key constraint is violated.
     pub fn apply(&self, id: u64, changes: &Chunk) -> Result<u64> {
-        let h = self.handle(id)?;
+        Ok(self.apply_many(&[(id, changes)])?[0])
+    }
+
+    /// Applies changes to several tables in one durable write: all or
+    /// none (a stream's late rows and its on-time rows). Returns each
+    /// table's new log sequence number.
+    pub fn apply_many(&self, changes: &[(u64, &Chunk)]) -> Result<Vec<u64>> {
+        let mut ids: Vec<u64> = changes.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != changes.len() {
+            return Err(StorageError::Internal(
+                "one write may change each table once".into(),
+            ));
+        }
+        let handles = changes
+            .iter()
+            .map(|(id, _)| self.handle(*id))
+            .collect::<Result<Vec<_>>>()?;
+        // Writers lock in table order, so that two writes never wait on
+        // each other.
+        let mut order: Vec<usize> = (0..changes.len()).collect();
+        order.sort_by_key(|i| changes[*i].0);
+        let mut guards = Vec::with_capacity(changes.len());
+        for i in &order {
+            guards.push((
+                *i,
+                handles[*i]
+                    .writer
+                    .lock()
+                    .map_err(|_| StorageError::Internal("poisoned".into()))?,
+            ));
+        }
+        guards.sort_by_key(|(i, _)| *i);
+        let mut writes: Vec<KvWrite> = Vec::new();
+        let mut seqs = Vec::with_capacity(changes.len());
+        for (((id, chunk), h), (_, counters)) in changes.iter().zip(&handles).zip(guards.iter_mut())
+        {
+            seqs.push(self.stage(*id, h, chunk, counters, &mut writes)?);
+        }
+        self.kv.write(writes, true)?;
+        for ((h, (_, counters)), seq) in handles.iter().zip(guards.iter_mut()).zip(&seqs) {
+            counters.last_seq = *seq;
+            h.seq.send_replace(*seq);
+        }
+        Ok(seqs)
+    }
+
+    /// Checks one table's changes and adds their writes (rows, log entry,
+    /// counters) to `writes`; returns the sequence number they get.
+    fn stage(
+        &self,
+        id: u64,
+        h: &TableHandle,
+        changes: &Chunk,
+        counters: &mut Counters,
+        writes: &mut Vec<KvWrite>,
+    ) -> Result<u64> {
         let data = changes.data();
         for (i, field) in h.desc.schema.fields().iter().enumerate() {
             if !field.is_nullable() && data.column(i).null_count() > 0 {
@@ -186,14 +243,9 @@ impl TableStore {
         }
         let row_keys = h.keys_of(data)?;
         let rows = h.row_codec.encode(data.columns())?;
-        let mut counters = h
-            .writer
-            .lock()
-            .map_err(|_| StorageError::Internal("poisoned".into()))?;
         // What this statement has done so far, over what is stored: the
         // row under each key it touched, if any.
         let mut overlay: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
-        let mut writes: Vec<KvWrite> = Vec::with_capacity(rows.len() + 2);
         for (r, (key, row)) in row_keys.iter().zip(&rows).enumerate() {
             let full_key = keys::with_id_and(TABLE_ROW, id, key);
             let current: Option<Vec<u8>> = match overlay.get(key.as_slice()) {
@@ -202,7 +254,7 @@ impl TableStore {
             };
             if changes.op(r).sign() > 0 {
                 if current.is_some() {
-                    return Err(self.duplicate(&h, data, r));
+                    return Err(self.duplicate(h, data, r));
                 }
                 overlay.insert(key, Some(row));
                 writes.push((full_key, Some(row.clone())));
@@ -235,9 +287,6 @@ impl TableStore {
         let mut c = seq.to_be_bytes().to_vec();
         c.extend_from_slice(&counters.next_row_id.to_be_bytes());
         writes.push((counters_key(id), Some(c)));
-        self.kv.write(writes, true)?;
-        counters.last_seq = seq;
-        h.seq.send_replace(seq);
         Ok(seq)
     }
 
