@@ -593,23 +593,34 @@ impl Lowering<'_> {
                         );
                     }
                 };
-                if join.null_aware {
-                    return unsupported(
-                        "NOT IN (subquery) in materialized views; NOT EXISTS has the same meaning when neither side is NULL",
-                    );
-                }
+                // `x NOT IN (SELECT y …)` (a null-aware anti join) keeps a
+                // row unless some y equals x, is NULL, or exists while x is
+                // NULL: an anti join on that condition, which has no equal
+                // keys to hash on.
+                let (on, filter) = if join.null_aware {
+                    let conditions = join.on.iter().map(|(l, r)| {
+                        l.clone()
+                            .eq(r.clone())
+                            .or(l.clone().is_null())
+                            .or(r.clone().is_null())
+                    });
+                    let filter = conjunction(conditions.chain(join.filter.clone()));
+                    (Vec::new(), filter)
+                } else {
+                    (join.on.clone(), join.filter.clone())
+                };
                 // A join without equal keys (a cross join, an uncorrelated
-                // scalar subquery) is one key: every row meets every row in
-                // a single subtask.
-                let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = if join.on.is_empty() {
+                // scalar subquery, NOT IN) is one key: every row meets every
+                // row in a single subtask.
+                let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = if on.is_empty() {
                     (vec![lit(true)], vec![lit(true)])
                 } else {
-                    join.on.iter().cloned().unzip()
+                    on.iter().cloned().unzip()
                 };
                 let left = self.node(&join.left)?;
                 let right = self.node(&join.right)?;
                 let id = self.graph.nodes.len();
-                let p = if join.on.is_empty() {
+                let p = if on.is_empty() {
                     1
                 } else {
                     self.opts.parallelism
@@ -619,7 +630,7 @@ impl Lowering<'_> {
                         join_type,
                         left_keys: left_keys.clone(),
                         right_keys: right_keys.clone(),
-                        filter: join.filter.clone(),
+                        filter: filter.clone(),
                         left_schema: join.left.schema().clone(),
                         right_schema: join.right.schema().clone(),
                         null_equals_null: join.null_equality == NullEquality::NullEqualsNull,
@@ -628,7 +639,7 @@ impl Lowering<'_> {
                             && self.append_only(left)
                             && self.append_only(right)
                         {
-                            join.filter
+                            filter
                                 .as_ref()
                                 .and_then(|f| interval_bounds(f, &join.left, &join.right))
                         } else {
