@@ -446,6 +446,7 @@ impl Lowering<'_> {
                         state_table: self.state_table(id),
                         append_only: source.append_only,
                         watermark,
+                        versioned: source.versioned,
                     },
                     1,
                     scan.projected_schema.clone(),
@@ -619,6 +620,27 @@ impl Lowering<'_> {
                 };
                 let left = self.node(&join.left)?;
                 let right = self.node(&join.right)?;
+                let temporal = self.versioned(right);
+                if temporal {
+                    if !matches!(join_type, StreamJoinType::Inner | StreamJoinType::Left) {
+                        return unsupported(
+                            "temporal joins (FOR SYSTEM_TIME AS OF) other than JOIN and LEFT JOIN with the versioned table on the right",
+                        );
+                    }
+                    if on.is_empty() {
+                        return unsupported("temporal joins without an equality condition");
+                    }
+                    if !self.append_only(left) {
+                        return unsupported(
+                            "temporal joins whose left input is not append-only (a stream or an APPEND ONLY table)",
+                        );
+                    }
+                }
+                if self.versioned(left) {
+                    return unsupported(
+                        "FOR SYSTEM_TIME AS OF on the left side of a join (it marks the versioned table, on the right)",
+                    );
+                }
                 let id = self.graph.nodes.len();
                 let p = if on.is_empty() {
                     1
@@ -645,6 +667,7 @@ impl Lowering<'_> {
                         } else {
                             None
                         },
+                        temporal,
                     },
                     p,
                     plan.schema().clone(),
@@ -991,8 +1014,21 @@ impl Lowering<'_> {
             .try_for_each(|i| self.check_watermarks(i))
     }
 
+    /// Whether `node` reads a table at its current version (`FOR
+    /// SYSTEM_TIME AS OF PROCTIME()`), through filters and projections.
+    fn versioned(&self, node: usize) -> bool {
+        match &self.graph.nodes[node].spec {
+            OperatorSpec::TableSource { versioned, .. } => *versioned,
+            OperatorSpec::Filter { .. } | OperatorSpec::Project { .. } => {
+                self.graph.in_edges(node).any(|e| self.versioned(e.from))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether `node` only ever emits inserts: sources of append-only
-    /// tables, and what filters, projects, unions or inner-joins only them.
+    /// tables, and what filters, projects, unions or inner-joins only them;
+    /// a temporal join of an append-only left input.
     fn append_only(&self, node: usize) -> bool {
         let inputs: Vec<usize> = self.graph.in_edges(node).map(|e| e.from).collect();
         match &self.graph.nodes[node].spec {
@@ -1003,8 +1039,15 @@ impl Lowering<'_> {
             | OperatorSpec::Union { .. }
             | OperatorSpec::HashJoin {
                 join_type: StreamJoinType::Inner,
+                temporal: false,
                 ..
             } => inputs.iter().all(|i| self.append_only(*i)),
+            // Right-side changes touch no earlier result.
+            OperatorSpec::HashJoin { temporal: true, .. } => self
+                .graph
+                .in_edges(node)
+                .filter(|e| e.input == 0)
+                .all(|e| self.append_only(e.from)),
             _ => false,
         }
     }
@@ -1041,6 +1084,7 @@ mod tests {
             schema,
             append_only: false,
             watermark: None,
+            versioned: false,
         });
         LogicalPlanBuilder::scan(name, provider_as_source(table), None).unwrap()
     }

@@ -24,6 +24,9 @@ pub struct StreamSourceTable {
     pub append_only: bool,
     /// `WATERMARK FOR … AS expr`.
     pub watermark: Option<crate::spec::SourceWatermark>,
+    /// Read at its current version (`FOR SYSTEM_TIME AS OF PROCTIME()`):
+    /// the versioned side of a temporal join.
+    pub versioned: bool,
 }
 
 #[async_trait]

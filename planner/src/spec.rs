@@ -28,6 +28,10 @@ pub enum OperatorSpec {
         /// The table's `WATERMARK FOR`, if any.
         #[serde(default)]
         watermark: Option<SourceWatermark>,
+        /// `FOR SYSTEM_TIME AS OF PROCTIME()`: the versioned side of a
+        /// temporal join (the source itself reads as any other).
+        #[serde(default)]
+        versioned: bool,
     },
     /// Keeps rows whose predicate is true.
     Filter {
@@ -94,6 +98,12 @@ pub enum OperatorSpec {
         /// far behind to match any future row are dropped from state.
         #[serde(default)]
         interval: Option<IntervalBounds>,
+        /// A temporal join (`JOIN t FOR SYSTEM_TIME AS OF PROCTIME()`):
+        /// each left row meets the right side as it is when the row
+        /// arrives; right-side changes touch no earlier result, and left
+        /// rows (append-only) are not kept.
+        #[serde(default)]
+        temporal: bool,
     },
     /// Grouping sets (`GROUPING SETS`, `ROLLUP`, `CUBE`): every row goes
     /// out once per set, as its input columns, then the group expressions
@@ -253,11 +263,15 @@ impl fmt::Display for OperatorSpec {
                 table_name,
                 append_only,
                 watermark,
+                versioned,
                 ..
             } => {
                 write!(f, "TableSource: {table_name}")?;
                 if *append_only {
                     write!(f, " append_only")?;
+                }
+                if *versioned {
+                    write!(f, " current_version")?;
                 }
                 if let Some(w) = watermark {
                     write!(f, " watermark=({})", w.sql)?;
@@ -290,6 +304,7 @@ impl fmt::Display for OperatorSpec {
                 filter,
                 join_type,
                 interval,
+                temporal,
                 ..
             } => {
                 let on: Vec<String> = left_keys
@@ -312,6 +327,9 @@ impl fmt::Display for OperatorSpec {
                         " interval=[-{}us, +{}us] (state cleaned by watermark)",
                         i.before_us, i.after_us
                     )?;
+                }
+                if *temporal {
+                    write!(f, " temporal (right side at its current version)")?;
                 }
                 Ok(())
             }

@@ -210,6 +210,7 @@ pub fn table_provider(
                 schema,
                 append_only: *append_only,
                 watermark,
+                versioned: false,
             })
         }
         Mode::Dml(t) if t == *id => Arc::new(TableRows {
@@ -284,6 +285,23 @@ impl SchemaProvider for CatalogSchema {
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        // `t FOR SYSTEM_TIME AS OF PROCTIME()`: the table, read at its
+        // current version by a temporal join.
+        if let Some(table) = name.strip_suffix(stmt::CURRENT_VERSION) {
+            let Some(entry @ Entry::Table { .. }) = self.db.catalog.by_name(table) else {
+                return Ok(None);
+            };
+            let provider = table_provider(&self.db, &entry, self.mode)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let any: &dyn std::any::Any = provider.as_ref();
+            return Ok(Some(match any.downcast_ref::<StreamSourceTable>() {
+                Some(source) => Arc::new(StreamSourceTable {
+                    versioned: true,
+                    ..source.clone()
+                }),
+                None => provider,
+            }));
+        }
         let Some(entry) = self.db.catalog.by_name(name) else {
             return Ok(None);
         };

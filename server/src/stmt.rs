@@ -162,6 +162,10 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             set_parallelism(&mut parser)?
         } else if is_word(&a, "create") || is_word(&a, "explain") {
             emit_on_window_close(&mut parser)?
+        } else if is_word(&a, "select") || is_word(&a, "with") || a == Token::LParen {
+            let mut tokens = statement_tokens(&mut parser);
+            for_system_time(&mut tokens)?;
+            Stmt::Sql(Box::new(parse_tokens(tokens)?))
         } else {
             Stmt::Sql(Box::new(parser.parse_statement()?))
         };
@@ -175,6 +179,19 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
     }
     Ok(out)
+}
+
+/// One statement from `tokens` (a statement's, rewritten), all of them.
+fn parse_tokens(tokens: Vec<Token>) -> Result<Statement> {
+    let mut parser = Parser::new(&PostgreSqlDialect {}).with_tokens(tokens);
+    let stmt = parser.parse_statement()?;
+    let next = parser.peek_token().token;
+    if next != Token::EOF {
+        return Err(ServerError::Syntax(format!(
+            "syntax error at or near \"{next}\""
+        )));
+    }
+    Ok(stmt)
 }
 
 /// This statement's tokens, up to its semicolon.
@@ -199,6 +216,7 @@ fn statement_tokens(parser: &mut Parser<'_>) -> Vec<Token> {
 /// CLOSE` (RisingWave's syntax), which sqlparser does not know.
 fn emit_on_window_close(parser: &mut Parser<'_>) -> Result<Stmt> {
     let mut tokens = statement_tokens(parser);
+    for_system_time(&mut tokens)?;
     let n = tokens.len();
     let eowc = n >= 4
         && ["emit", "on", "window", "close"]
@@ -208,16 +226,74 @@ fn emit_on_window_close(parser: &mut Parser<'_>) -> Result<Stmt> {
     if eowc {
         tokens.truncate(n - 4);
     }
-    let stmt = Box::new(
-        Parser::new(&PostgreSqlDialect {})
-            .with_tokens(tokens)
-            .parse_statement()?,
-    );
+    let stmt = Box::new(parse_tokens(tokens)?);
     Ok(if eowc {
         Stmt::EmitOnWindowClose(stmt)
     } else {
         Stmt::Sql(stmt)
     })
+}
+
+/// The suffix that names a table's current version in a temporal join.
+pub const CURRENT_VERSION: &str = "@current";
+
+/// `t FOR SYSTEM_TIME AS OF PROCTIME() [AS a]` (Flink's and RisingWave's
+/// temporal join, which sqlparser's PostgreSQL dialect does not know)
+/// becomes `"t@current" AS a`: the catalog resolves that name to the table
+/// marked as read at its current version.
+fn for_system_time(tokens: &mut Vec<Token>) -> Result<()> {
+    let mut i = 0;
+    while i + 4 < tokens.len() {
+        let clause = ["for", "system_time", "as", "of"]
+            .iter()
+            .zip(&tokens[i..])
+            .all(|(w, t)| is_word(t, w));
+        if !clause {
+            i += 1;
+            continue;
+        }
+        let proctime = is_word(&tokens[i + 4], "proctime")
+            && tokens.get(i + 5) == Some(&Token::LParen)
+            && tokens.get(i + 6) == Some(&Token::RParen);
+        if !proctime {
+            return Err(ServerError::unsupported(
+                "FOR SYSTEM_TIME AS OF other than PROCTIME() (event-time temporal joins)",
+            ));
+        }
+        let Some(Token::Word(table)) = i.checked_sub(1).and_then(|t| tokens.get(t)).cloned() else {
+            return Err(ServerError::Syntax(
+                "FOR SYSTEM_TIME AS OF must follow a table name".into(),
+            ));
+        };
+        tokens.drain(i..i + 7);
+        let alias_follows = match tokens.get(i) {
+            Some(Token::Word(w)) => w.keyword == Keyword::AS || w.keyword == Keyword::NoKeyword,
+            _ => false,
+        };
+        let name = if table.quote_style.is_some() {
+            table.value.clone()
+        } else {
+            table.value.to_lowercase()
+        };
+        tokens[i - 1] = Token::Word(datafusion::sql::sqlparser::tokenizer::Word {
+            value: format!("{name}{CURRENT_VERSION}"),
+            quote_style: Some('"'),
+            keyword: Keyword::NoKeyword,
+        });
+        if !alias_follows {
+            tokens.insert(i, Token::make_keyword("AS"));
+            tokens.insert(
+                i + 1,
+                Token::Word(datafusion::sql::sqlparser::tokenizer::Word {
+                    value: name,
+                    quote_style: Some('"'),
+                    keyword: Keyword::NoKeyword,
+                }),
+            );
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// `CREATE TABLE | STREAM …`: takes the statement's tokens, removes the
@@ -299,9 +375,7 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
         tokens.truncate(n - 2);
         options.append_only = true;
     }
-    let table = Parser::new(&PostgreSqlDialect {})
-        .with_tokens(tokens)
-        .parse_statement()?;
+    let table = parse_tokens(tokens)?;
     if !matches!(table, Statement::CreateTable(_)) {
         return Err(ServerError::Syntax("expected CREATE TABLE".into()));
     }

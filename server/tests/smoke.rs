@@ -5,8 +5,9 @@
 //! and the replay finishes. Before a view is dropped, and at the end, it
 //! must equal its query computed from the tables — what an uninterrupted
 //! run gives. A view with EMIT ON WINDOW CLOSE holds only the windows its
-//! watermark has closed, which its query alone does not say: it is compared
-//! with the same view on a second server that replays the file without
+//! watermark has closed, and a temporal join the table versions its rows
+//! met, which their queries alone do not say: they are compared with the
+//! same views on a second server that replays the file without
 //! interruptions.
 
 mod common;
@@ -15,19 +16,26 @@ use std::collections::BTreeMap;
 
 use common::{Server, rows, view_definition};
 
-/// Whether a view definition ends in EMIT ON WINDOW CLOSE.
-fn emits_on_window_close(query: &str) -> bool {
+/// Whether a view's rows depend on when its input arrived, not only on
+/// what it is: EMIT ON WINDOW CLOSE (which windows the watermark closed)
+/// and temporal joins (the table's version each row met). Such views are
+/// compared with an uninterrupted run; the files keep each write in its
+/// own checkpoint (FLUSH), so a replay after the crash sees the same order.
+fn arrival_dependent(query: &str) -> bool {
     let words: Vec<String> = query.split_whitespace().map(|w| w.to_lowercase()).collect();
     words.ends_with(&["emit", "on", "window", "close"].map(String::from))
+        || words
+            .windows(2)
+            .any(|w| w[0] == "for" && w[1] == "system_time")
 }
 
-/// EMIT ON WINDOW CLOSE views equal the same views of the uninterrupted run.
+/// Arrival-dependent views equal the same views of the uninterrupted run.
 async fn compare_final(
     client: &tokio_postgres::Client,
     reference: &tokio_postgres::Client,
     file: &str,
     views: &BTreeMap<String, String>,
-) {
+) -> usize {
     client.simple_query("FLUSH").await.expect("flush");
     reference.simple_query("FLUSH").await.expect("flush");
     for name in views.keys() {
@@ -41,6 +49,7 @@ async fn compare_final(
             "{file}: view {name} differs from the uninterrupted run's\nview:      {view:?}\nreference: {expected:?}"
         );
     }
+    views.len()
 }
 
 /// Compares every view with its query; returns how many it compared.
@@ -51,7 +60,7 @@ async fn compare(
 ) -> usize {
     client.simple_query("FLUSH").await.expect("flush");
     let mut compared = 0;
-    for (name, query) in views.iter().filter(|(_, q)| !emits_on_window_close(q)) {
+    for (name, query) in views.iter().filter(|(_, q)| !arrival_dependent(q)) {
         let mut view = rows(client, &format!("SELECT * FROM {name}")).await;
         let mut expected = rows(client, query).await;
         view.sort();
@@ -96,7 +105,7 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
         let mut client = connect(&server, &settings).await;
         // The uninterrupted run, for views whose result depends on when
         // their windows closed.
-        let reference = if statements.iter().any(|s| emits_on_window_close(s)) {
+        let reference = if statements.iter().any(|s| arrival_dependent(s)) {
             let r = Server::start();
             let c = r.client().await;
             Some((r, c))
@@ -106,7 +115,7 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
         let final_views = |views: &BTreeMap<String, String>| -> BTreeMap<String, String> {
             views
                 .iter()
-                .filter(|(_, q)| emits_on_window_close(q))
+                .filter(|(_, q)| arrival_dependent(q))
                 .map(|(n, q)| (n.clone(), q.clone()))
                 .collect()
         };
@@ -121,7 +130,7 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
             if lower.starts_with("drop materialized view") || lower.starts_with("drop table") {
                 checked += compare(&client, &file, &views).await;
                 if let Some((_, r)) = &reference {
-                    compare_final(&client, r, &file, &final_views(&views)).await;
+                    checked += compare_final(&client, r, &file, &final_views(&views)).await;
                 }
             }
             if let Err(e) = client.simple_query(sql).await {
@@ -167,13 +176,13 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
                 }
                 checked += compare(&client, &file, &views).await;
                 if let Some((_, r)) = &reference {
-                    compare_final(&client, r, &file, &final_views(&views)).await;
+                    checked += compare_final(&client, r, &file, &final_views(&views)).await;
                 }
             }
         }
         checked += compare(&client, &file, &views).await;
         if let Some((_, r)) = &reference {
-            compare_final(&client, r, &file, &final_views(&views)).await;
+            checked += compare_final(&client, r, &file, &final_views(&views)).await;
         }
         println!("ok   {file}");
     }

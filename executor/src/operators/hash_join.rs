@@ -93,6 +93,8 @@ pub struct HashJoin {
     dirty: HashMap<(u8, Vec<u8>, Vec<u8>), u16>,
     /// Interval join: see [`IntervalState`].
     interval: Option<IntervalState>,
+    /// Temporal join: see [`OperatorSpec::HashJoin`]'s `temporal`.
+    temporal: bool,
 }
 
 /// A stored row: its key, its values, its key group.
@@ -145,6 +147,7 @@ impl HashJoin {
             null_equals_null,
             state_table,
             interval,
+            temporal,
         } = spec
         else {
             return Err(ExecError::Protocol(
@@ -182,6 +185,7 @@ impl HashJoin {
                 bounds,
                 by_time: [BTreeMap::new(), BTreeMap::new()],
             }),
+            temporal: *temporal,
         })
     }
 
@@ -264,8 +268,12 @@ impl HashJoin {
         // inner join never reads degrees: it skips the bookkeeping and the
         // state writes it would cost).
         let mut crossed = Vec::new();
-        let degrees = self.join_type != StreamJoinType::Inner;
-        if let Some((k, key_group)) = key {
+        let degrees = self.join_type != StreamJoinType::Inner && !self.temporal;
+        // A temporal join keeps no left rows: they only look up.
+        let stored = !(self.temporal && side == 0);
+        if let Some((k, key_group)) = key
+            && stored
+        {
             self.dirty
                 .insert((side as u8, k.to_vec(), row.to_vec()), key_group);
             let theirs = self.sides[other].get_mut(k).filter(|_| degrees);
@@ -307,42 +315,56 @@ impl HashJoin {
                     out.push((op, rows.0.clone(), rows.1.clone()));
                 }
             };
-        match self.join_type.filtering() {
-            Some((kept, semi)) if kept == side => {
-                if (degree > 0) == semi {
-                    repeat(out, op(sign), alone(side, row), 1);
-                }
-            }
-            Some((_, semi)) => {
-                // A row of the output side starts or stops having matches.
-                for (r, count) in &crossed {
-                    let now_matched = sign > 0;
-                    let shown = now_matched == semi;
-                    repeat(
-                        out,
-                        if shown { Op::Insert } else { Op::Delete },
-                        alone(other, r),
-                        *count,
-                    );
-                }
-            }
-            None => {
-                let theirs_padded = self.join_type.preserves(other);
-                if theirs_padded && sign > 0 {
-                    for (r, count) in &crossed {
-                        repeat(out, Op::Delete, alone(other, r), *count);
-                    }
-                }
+        if self.temporal {
+            if side == 0 {
+                // The row meets the right side as it is now, once.
                 for (r, count) in &matched {
                     repeat(out, op(sign), pair(row, r), *count);
                 }
-                if theirs_padded && sign < 0 {
-                    for (r, count) in &crossed {
-                        repeat(out, Op::Insert, alone(other, r), *count);
+                if self.join_type.preserves(0) && degree == 0 {
+                    repeat(out, op(sign), alone(0, row), 1);
+                }
+                return Ok(());
+            }
+            // A right-side change only changes what later left rows meet.
+        } else {
+            match self.join_type.filtering() {
+                Some((kept, semi)) if kept == side => {
+                    if (degree > 0) == semi {
+                        repeat(out, op(sign), alone(side, row), 1);
                     }
                 }
-                if self.join_type.preserves(side) && degree == 0 {
-                    repeat(out, op(sign), alone(side, row), 1);
+                Some((_, semi)) => {
+                    // A row of the output side starts or stops having matches.
+                    for (r, count) in &crossed {
+                        let now_matched = sign > 0;
+                        let shown = now_matched == semi;
+                        repeat(
+                            out,
+                            if shown { Op::Insert } else { Op::Delete },
+                            alone(other, r),
+                            *count,
+                        );
+                    }
+                }
+                None => {
+                    let theirs_padded = self.join_type.preserves(other);
+                    if theirs_padded && sign > 0 {
+                        for (r, count) in &crossed {
+                            repeat(out, Op::Delete, alone(other, r), *count);
+                        }
+                    }
+                    for (r, count) in &matched {
+                        repeat(out, op(sign), pair(row, r), *count);
+                    }
+                    if theirs_padded && sign < 0 {
+                        for (r, count) in &crossed {
+                            repeat(out, Op::Insert, alone(other, r), *count);
+                        }
+                    }
+                    if self.join_type.preserves(side) && degree == 0 {
+                        repeat(out, op(sign), alone(side, row), 1);
+                    }
                 }
             }
         }
@@ -578,6 +600,7 @@ mod tests {
             null_equals_null: false,
             state_table: 5,
             interval: None,
+            temporal: false,
         };
         HashJoin::new(&spec, &out).unwrap()
     }
