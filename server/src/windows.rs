@@ -14,8 +14,9 @@
 //! downstream treat windows as ordinary columns. Windows are aligned to the
 //! Unix epoch plus `offset`, as Flink aligns them.
 //!
-//! SESSION windows depend on the gaps between rows, not on each row alone,
-//! and need an operator of their own; they are not supported yet.
+//! SESSION windows depend on the gaps between rows, not on each row alone:
+//! `SESSION(t, ts, gap [, key …])` expands into window functions instead
+//! (see [`SessionWindow`]).
 
 use std::sync::Arc;
 
@@ -81,8 +82,12 @@ pub fn register(ctx: &SessionContext, db: &Arc<Database>, mode: Mode) {
         ctx.register_udtf(&kind.name().to_lowercase(), f.clone());
         ctx.register_udtf(kind.name(), f);
     }
-    ctx.register_udtf("session", Arc::new(SessionWindow));
-    ctx.register_udtf("SESSION", Arc::new(SessionWindow));
+    let session = Arc::new(SessionWindow {
+        db: db.clone(),
+        mode,
+    });
+    ctx.register_udtf("session", session.clone());
+    ctx.register_udtf("SESSION", session);
 }
 
 fn error(e: ServerError) -> DataFusionError {
@@ -142,6 +147,55 @@ fn name(kind: Kind, e: &Expr) -> DfResult<String> {
     }
 }
 
+/// The table a window function reads, and the type of its time column
+/// (which must be a timestamp).
+fn window_source(
+    db: &Arc<Database>,
+    mode: Mode,
+    function: &str,
+    table: &str,
+    time: &str,
+) -> DfResult<(
+    Arc<dyn TableProvider>,
+    datafusion::arrow::datatypes::DataType,
+)> {
+    let entry = match db.catalog.by_name(table) {
+        Some(e @ Entry::Table { .. }) => e,
+        Some(other) => {
+            return Err(error(ServerError::Unsupported(format!(
+                "{} over the {} \"{table}\" (name a table or stream)",
+                function,
+                other.kind()
+            ))));
+        }
+        None => {
+            return Err(error(ServerError::UndefinedTable(format!(
+                "relation \"{table}\" does not exist"
+            ))));
+        }
+    };
+    let provider = table_provider(db, &entry, mode).map_err(error)?;
+    let schema = provider.schema();
+    let Some(field) = schema.fields().iter().find(|f| f.name() == time) else {
+        return Err(error(ServerError::UndefinedColumn(format!(
+            "column \"{time}\" does not exist in \"{table}\""
+        ))));
+    };
+    if !matches!(
+        field.data_type(),
+        datafusion::arrow::datatypes::DataType::Timestamp(..)
+    ) {
+        return Err(error(ServerError::DatatypeMismatch(format!(
+            "{} time column \"{time}\" must be a timestamp, not {}",
+            function,
+            field.data_type()
+        ))));
+    }
+    let ts_type = field.data_type().clone();
+
+    Ok((provider, ts_type))
+}
+
 impl WindowFunction {
     fn plan(&self, args: &[Expr]) -> DfResult<LogicalPlan> {
         let kind = self.kind;
@@ -189,39 +243,8 @@ impl WindowFunction {
                 kind.name()
             ))));
         }
-        let entry = match self.db.catalog.by_name(&table) {
-            Some(e @ Entry::Table { .. }) => e,
-            Some(other) => {
-                return Err(error(ServerError::Unsupported(format!(
-                    "{} over the {} \"{table}\" (name a table or stream)",
-                    kind.name(),
-                    other.kind()
-                ))));
-            }
-            None => {
-                return Err(error(ServerError::UndefinedTable(format!(
-                    "relation \"{table}\" does not exist"
-                ))));
-            }
-        };
-        let provider = table_provider(&self.db, &entry, self.mode).map_err(error)?;
+        let (provider, ts_type) = window_source(&self.db, self.mode, kind.name(), &table, &time)?;
         let schema = provider.schema();
-        let Some(field) = schema.fields().iter().find(|f| f.name() == &time) else {
-            return Err(error(ServerError::UndefinedColumn(format!(
-                "column \"{time}\" does not exist in \"{table}\""
-            ))));
-        };
-        if !matches!(
-            field.data_type(),
-            datafusion::arrow::datatypes::DataType::Timestamp(..)
-        ) {
-            return Err(error(ServerError::DatatypeMismatch(format!(
-                "{} time column \"{time}\" must be a timestamp, not {}",
-                kind.name(),
-                field.data_type()
-            ))));
-        }
-        let ts_type = field.data_type().clone();
         let origin = lit(ScalarValue::TimestampMicrosecond(Some(offset), None));
         let ts = col(&time);
         let columns: Vec<Expr> = schema.fields().iter().map(|f| col(f.name())).collect();
@@ -279,14 +302,133 @@ impl TableFunctionImpl for WindowFunction {
     }
 }
 
-/// `SESSION(…)`: refused with a clear error until it has its operator.
+/// `SESSION(t, ts, gap [, key …])`: rows of the same keys whose times lie
+/// less than `gap` apart form one session, from its first row's time to
+/// its last row's time plus `gap` (Flink's session windows). The
+/// assignment is the gaps-and-islands query over window functions — a row
+/// starts a session when the previous row of its keys is `gap` or more
+/// before it; a running count of starts numbers the sessions; each
+/// session's bounds are the min and max over its rows — so in a view it
+/// runs on OverWindow operators, and a late row that bridges two sessions
+/// merges them (their rows move to the merged window).
 #[derive(Debug)]
-struct SessionWindow;
+struct SessionWindow {
+    db: Arc<Database>,
+    mode: Mode,
+}
+
+const SESSION_USAGE: &str = "SESSION(table, time_column, gap [, key_column ...])";
+
+impl SessionWindow {
+    fn plan(&self, args: &[Expr]) -> DfResult<LogicalPlan> {
+        use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
+        use datafusion::functions_aggregate::sum::sum_udaf;
+        use datafusion::functions_window::expr_fn::lag;
+        use datafusion::logical_expr::expr::WindowFunction as WindowExpr;
+        use datafusion::logical_expr::{
+            ExprFunctionExt, WindowFrame, WindowFrameBound, WindowFrameUnits, when,
+        };
+        if args.len() < 3 {
+            return Err(error(ServerError::Syntax(format!(
+                "SESSION takes at least 3 arguments: {SESSION_USAGE}"
+            ))));
+        }
+        let session_name = |e: &Expr| -> DfResult<String> {
+            match e {
+                Expr::Column(c) => Ok(c.name.clone()),
+                _ => Err(error(ServerError::Syntax(format!(
+                    "SESSION: expected a name, not {e}; usage: {SESSION_USAGE}"
+                )))),
+            }
+        };
+        let table = session_name(&args[0])?;
+        let time = session_name(&args[1])?;
+        let gap = match &args[2] {
+            Expr::Literal(ScalarValue::IntervalMonthDayNano(Some(i)), _) if i.months != 0 => {
+                return Err(error(ServerError::Unsupported(
+                    "SESSION gaps measured in months".into(),
+                )));
+            }
+            e => micros(Kind::Tumble, "size", e).map_err(|_| {
+                error(ServerError::InvalidParameter(format!(
+                    "SESSION gap must be a positive interval such as INTERVAL '5' MINUTE, not {e}"
+                )))
+            })?,
+        };
+        let keys: Vec<Expr> = args[3..]
+            .iter()
+            .map(|e| session_name(e).map(|n| col(&n)))
+            .collect::<DfResult<_>>()?;
+        let (provider, ts_type) = window_source(&self.db, self.mode, "SESSION", &table, &time)?;
+        let schema = provider.schema();
+        let columns: Vec<Expr> = schema.fields().iter().map(|f| col(f.name())).collect();
+        for k in &keys {
+            if let Expr::Column(c) = k
+                && schema.field_with_name(&c.name).is_err()
+            {
+                return Err(error(ServerError::UndefinedColumn(format!(
+                    "column \"{}\" does not exist in \"{table}\"",
+                    c.name
+                ))));
+            }
+        }
+        let ts = col(&time);
+        let by_time = vec![ts.clone().sort(true, false)];
+        // 1. The previous row's time, per keys.
+        let prev = lag(ts.clone(), Some(1), None)
+            .partition_by(keys.clone())
+            .order_by(by_time.clone())
+            .build()?
+            .alias("__session_prev");
+        let plan = LogicalPlanBuilder::scan(&table, provider_as_source(provider.clone()), None)?
+            .window(vec![prev])?;
+        // 2. Whether the row starts a session.
+        let starts = when(
+            col("__session_prev")
+                .is_null()
+                .or((col("__session_prev") + interval(gap)).lt_eq(ts.clone())),
+            lit(1i64),
+        )
+        .otherwise(lit(0i64))?
+        .alias("__session_starts");
+        let mut exprs = columns.clone();
+        exprs.push(starts);
+        let plan = plan.project(exprs)?;
+        // 3. Sessions numbered by a running count of starts.
+        let number = Expr::from(WindowExpr::new(sum_udaf(), vec![col("__session_starts")]))
+            .partition_by(keys.clone())
+            .order_by(by_time)
+            .window_frame(WindowFrame::new_bounds(
+                WindowFrameUnits::Rows,
+                WindowFrameBound::Preceding(ScalarValue::UInt64(None)),
+                WindowFrameBound::CurrentRow,
+            ))
+            .build()?
+            .alias("__session");
+        let plan = plan.window(vec![number])?;
+        // 4. Each session's first and last time.
+        let mut session_keys = keys.clone();
+        session_keys.push(col("__session"));
+        let bound = |f: Arc<datafusion::logical_expr::AggregateUDF>, alias: &str| {
+            Expr::from(WindowExpr::new(f, vec![ts.clone()]))
+                .partition_by(session_keys.clone())
+                .build()
+                .map(|e| e.alias(alias))
+        };
+        let plan = plan.window(vec![
+            bound(min_udaf(), "__session_first")?,
+            bound(max_udaf(), "__session_last")?,
+        ])?;
+        let mut exprs = columns;
+        exprs.push(cast(col("__session_first"), ts_type.clone()).alias("window_start"));
+        exprs.push(cast(col("__session_last") + interval(gap), ts_type).alias("window_end"));
+        plan.project(exprs)?.build()
+    }
+}
 
 impl TableFunctionImpl for SessionWindow {
-    fn call_with_args(&self, _args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
-        Err(error(ServerError::Unsupported(
-            "SESSION windows".to_string(),
-        )))
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        let plan = self.plan(args.exprs())?;
+        Ok(Arc::new(ViewTable::new(plan, None)))
     }
 }

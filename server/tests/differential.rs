@@ -65,6 +65,7 @@ fn translate_query(query: &str) -> Option<String> {
         || lower.contains("cumulate(")
         || lower.contains("emit on window close")
         || lower.contains("for system_time")
+        || lower.contains("session(")
     {
         return None;
     }
