@@ -182,6 +182,7 @@ mod tests {
             empty_set: None,
             emit_on_window_close: None,
             late_rows_table: None,
+            state_ttl_us: None,
         }
     }
 
@@ -260,6 +261,7 @@ mod tests {
                 state_table: 9,
                 interval: None,
                 temporal: false,
+                state_ttl_us: None,
             },
             1,
             schema(),

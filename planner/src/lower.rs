@@ -43,6 +43,9 @@ pub struct StreamPlanOptions {
     pub emit_on_window_close: bool,
     /// The catalog id of the view; state table ids derive from it.
     pub view_id: u64,
+    /// `streaming_state_ttl`: aggregates and joins forget keyed state no
+    /// row has written for this long (microseconds).
+    pub state_ttl_us: Option<i64>,
 }
 
 /// The state table in which the Materialize operator of view `view_id` keeps
@@ -570,6 +573,7 @@ impl Lowering<'_> {
                         empty_set,
                         late_rows_table: emit_on_window_close
                             .map(|_| late_rows_state_table(self.opts.view_id)),
+                        state_ttl_us: self.opts.state_ttl_us,
                         emit_on_window_close,
                     },
                     p,
@@ -668,6 +672,7 @@ impl Lowering<'_> {
                             None
                         },
                         temporal,
+                        state_ttl_us: self.opts.state_ttl_us,
                     },
                     p,
                     plan.schema().clone(),
@@ -1095,6 +1100,7 @@ mod tests {
             chaining: true,
             checkpoint_mode: Default::default(),
             emit_on_window_close: false,
+            state_ttl_us: None,
             view_id: 5,
         }
     }

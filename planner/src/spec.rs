@@ -71,6 +71,10 @@ pub enum OperatorSpec {
         /// view's rows have (`weir_catalog.late_rows` reads it).
         #[serde(default)]
         late_rows_table: Option<u64>,
+        /// State TTL in microseconds of processing time: groups no row has
+        /// written for that long are forgotten and leave the output.
+        #[serde(default)]
+        state_ttl_us: Option<i64>,
     },
     /// Equi-join of any kind in [`StreamJoinType`]; both inputs
     /// hash-partitioned on their keys.
@@ -104,6 +108,10 @@ pub enum OperatorSpec {
         /// rows (append-only) are not kept.
         #[serde(default)]
         temporal: bool,
+        /// State TTL in microseconds of processing time: a join key's rows
+        /// on one side that no row has written for that long are forgotten.
+        #[serde(default)]
+        state_ttl_us: Option<i64>,
     },
     /// Grouping sets (`GROUPING SETS`, `ROLLUP`, `CUBE`): every row goes
     /// out once per set, as its input columns, then the group expressions

@@ -72,6 +72,9 @@ pub enum Entry {
         /// `EMIT ON WINDOW CLOSE`.
         #[serde(default)]
         emit_on_window_close: bool,
+        /// `streaming_state_ttl` when it was created (microseconds).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state_ttl_us: Option<i64>,
         depends_on: Vec<u64>,
     },
 }

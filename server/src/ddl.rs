@@ -331,6 +331,7 @@ struct JobOptions {
     chaining: bool,
     checkpoint_mode: CheckpointMode,
     emit_on_window_close: bool,
+    state_ttl_us: Option<i64>,
 }
 
 impl JobOptions {
@@ -340,6 +341,7 @@ impl JobOptions {
             chaining: session.streaming_chaining,
             checkpoint_mode: session.checkpoint_mode,
             emit_on_window_close,
+            state_ttl_us: session.state_ttl_us,
         }
     }
 
@@ -352,6 +354,7 @@ impl JobOptions {
             chaining,
             checkpoint_mode,
             emit_on_window_close,
+            state_ttl_us,
             ..
         } = entry
         else {
@@ -368,6 +371,7 @@ impl JobOptions {
                 chaining: *chaining,
                 checkpoint_mode: *checkpoint_mode,
                 emit_on_window_close: *emit_on_window_close,
+                state_ttl_us: *state_ttl_us,
             },
         ))
     }
@@ -396,6 +400,7 @@ async fn job_graph(db: &Arc<Database>, sql: &str, id: u64, o: JobOptions) -> Res
             checkpoint_mode: o.checkpoint_mode,
             emit_on_window_close: o.emit_on_window_close,
             view_id: id,
+            state_ttl_us: o.state_ttl_us,
         },
     )?;
     for node in &stream.nodes {
@@ -478,6 +483,7 @@ pub async fn create_view(
         chaining: options.chaining,
         checkpoint_mode: options.checkpoint_mode,
         emit_on_window_close,
+        state_ttl_us: options.state_ttl_us,
         depends_on,
     })?;
     if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {

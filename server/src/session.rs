@@ -13,6 +13,9 @@ pub struct Session {
     pub streaming_chaining: bool,
     /// `checkpoint_mode` of views created from now on.
     pub checkpoint_mode: planner::spec::CheckpointMode,
+    /// `streaming_state_ttl` of views created from now on (microseconds;
+    /// `None`: state is kept as long as the results need it).
+    pub state_ttl_us: Option<i64>,
     /// Other settings, kept so that `SHOW` answers what `SET` said.
     pub vars: BTreeMap<String, String>,
 }
@@ -39,6 +42,7 @@ impl Session {
             streaming_parallelism: default_parallelism,
             streaming_chaining: true,
             checkpoint_mode: Default::default(),
+            state_ttl_us: None,
             vars,
         }
     }
@@ -70,6 +74,13 @@ impl Session {
                         ))
                     })?;
             }
+            "streaming_state_ttl" => {
+                self.state_ttl_us = parse_duration_us(value).ok_or_else(|| {
+                    ServerError::InvalidParameter(format!(
+                        "invalid value for parameter \"streaming_state_ttl\": \"{value}\" (off, or a time such as '1 hour', '30 min', '90 s')"
+                    ))
+                })?;
+            }
             _ => {
                 self.vars.insert(name, value.to_string());
             }
@@ -84,6 +95,10 @@ impl Session {
             "streaming_parallelism" => Ok(self.streaming_parallelism.to_string()),
             "streaming_chaining" => Ok(if self.streaming_chaining { "on" } else { "off" }.into()),
             "checkpoint_mode" => Ok(self.checkpoint_mode.name().into()),
+            "streaming_state_ttl" => Ok(match self.state_ttl_us {
+                Some(us) => format!("{}s", us / 1_000_000),
+                None => "off".into(),
+            }),
             _ => self.vars.get(&name).cloned().ok_or_else(|| {
                 ServerError::InvalidParameter(format!(
                     "unrecognized configuration parameter \"{name}\""
@@ -91,6 +106,25 @@ impl Session {
             }),
         }
     }
+}
+
+/// `off` or `0` (no TTL), or a number and a unit (`90 s`, `30 min`, `1 hour`,
+/// `2 days`; seconds without one): `Some(None)` or `Some(Some(µs))`.
+fn parse_duration_us(v: &str) -> Option<Option<i64>> {
+    let v = v.trim().to_lowercase();
+    if v == "off" || v == "0" {
+        return Some(None);
+    }
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let n: i64 = v[..split].trim().parse().ok().filter(|n| *n > 0)?;
+    let unit_s = match v[split..].trim() {
+        "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
+        "min" | "mins" | "minute" | "minutes" => 60,
+        "h" | "hour" | "hours" => 3_600,
+        "d" | "day" | "days" => 86_400,
+        _ => return None,
+    };
+    n.checked_mul(unit_s)?.checked_mul(1_000_000).map(Some)
 }
 
 fn parse_bool(v: &str) -> Option<bool> {

@@ -92,8 +92,10 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
-        if file == "errors.slt" {
-            // Its one view is built to fail.
+        if file == "errors.slt" || file == "state_ttl.slt" {
+            // errors.slt's one view is built to fail; state_ttl.slt's views
+            // differ from their queries on purpose, and a restart gives
+            // restored state a whole new TTL.
             continue;
         }
         let statements = common::slt_statements(&path);

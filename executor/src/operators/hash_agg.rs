@@ -22,6 +22,7 @@ use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
 use super::accumulator::{AccState, Aggregate, encoding};
+use super::ttl::Ttl;
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{Result, expr};
@@ -78,6 +79,8 @@ pub struct HashAgg {
     groups: HashMap<Vec<u8>, Group>,
     /// Group keys changed since the last barrier, with their key group.
     dirty: HashMap<Vec<u8>, u16>,
+    /// State TTL: see [`HashAgg::with_state_ttl`].
+    ttl: Option<Ttl<Vec<u8>>>,
 }
 
 impl HashAgg {
@@ -109,6 +112,7 @@ impl HashAgg {
             eowc: None,
             groups: HashMap::new(),
             dirty: HashMap::new(),
+            ttl: None,
         })
     }
 
@@ -156,6 +160,16 @@ impl HashAgg {
             late_table,
             ..Default::default()
         });
+        self
+    }
+
+    /// State TTL (Flink's idle state retention): a group no row has
+    /// written for `ttl_us` of processing time is forgotten, and its row
+    /// leaves the output; a later row of its key starts it afresh, and a
+    /// retraction of a row it had is ignored. Global aggregates keep their
+    /// one row.
+    pub fn with_state_ttl(mut self, ttl_us: Option<i64>) -> Self {
+        self.ttl = ttl_us.filter(|_| !self.global).map(Ttl::new);
         self
     }
 
@@ -298,8 +312,13 @@ impl Operator for HashAgg {
             }
         }
         let mut key_groups = Vec::new();
+        let now = crate::operator::processing_time_us();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let g = self.decode(&e.value)?;
+            if let Some(ttl) = &mut self.ttl {
+                // Restored groups get a whole TTL from the restart.
+                ttl.touch(e.key.clone(), e.key_group, now);
+            }
             key_groups.push((e.key.clone(), e.key_group));
             self.groups.insert(e.key, g);
         }
@@ -362,8 +381,17 @@ impl Operator for HashAgg {
         // Each touched group's output before this chunk, in first-touch order.
         let mut touched: Vec<(Vec<u8>, Option<Vec<ScalarValue>>)> = Vec::new();
         let mut seen: HashSet<&[u8]> = HashSet::new();
+        let now = crate::operator::processing_time_us();
         for row in 0..n {
             let key = &key_bytes[row];
+            let sign = chunk.op(row).sign();
+            if let Some(ttl) = &mut self.ttl {
+                if sign < 0 && !self.groups.contains_key(key) {
+                    // A row of a group the TTL forgot.
+                    continue;
+                }
+                ttl.touch(key.clone(), key_groups[row], now);
+            }
             if seen.insert(key.as_slice()) {
                 let old = match self.groups.get(key) {
                     Some(g) if self.visible(key, g) => Some(self.outputs(g)?),
@@ -371,7 +399,6 @@ impl Operator for HashAgg {
                 };
                 touched.push((key.clone(), old));
             }
-            let sign = chunk.op(row).sign();
             if !self.groups.contains_key(key) {
                 let g = self.new_group();
                 self.groups.insert(key.clone(), g);
@@ -418,6 +445,31 @@ impl Operator for HashAgg {
             self.groups.remove(&key);
         }
         Ok(())
+    }
+
+    fn next_timer(&self) -> Option<i64> {
+        self.ttl.as_ref()?.next()
+    }
+
+    fn on_timer(&mut self, now_us: i64, out: &mut Collector) -> Result<()> {
+        let Some(ttl) = &mut self.ttl else {
+            return Ok(());
+        };
+        let mut rows = Vec::new();
+        for (key, key_group) in ttl.expired(now_us) {
+            if let Some(g) = self.groups.remove(&key) {
+                if self.visible(&key, &g) {
+                    rows.push((key.clone(), self.outputs(&g)?));
+                }
+                self.dirty.insert(key, key_group);
+            }
+        }
+        self.emit(
+            rows.iter()
+                .map(|(k, v)| (Op::Delete, k.as_slice(), v.clone()))
+                .collect(),
+            out,
+        )
     }
 
     fn handle_watermark(
@@ -605,6 +657,33 @@ mod tests {
             feed(&mut b, &[Op::Delete], &[1], &[Some(5)]),
             vec!["-U 1 2 14 5 9 7.0", "+U 1 1 9 9 9 9.0"]
         );
+    }
+
+    #[test]
+    fn state_ttl_forgets_idle_groups_and_their_rows() {
+        let mut a = op(false).with_state_ttl(Some(1_000_000));
+        let none: Vec<String> = vec![];
+        assert_eq!(
+            feed(&mut a, &[Op::Insert], &[1], &[Some(5)]),
+            vec!["+I 1 1 5 5 5 5.0"]
+        );
+        let due = a.next_timer().expect("a timer for the group");
+        let mut out = vec![];
+        a.on_timer(due - 1, &mut out).unwrap();
+        assert!(out.is_empty(), "not yet");
+        a.on_timer(due, &mut out).unwrap();
+        assert_eq!(pretty(&out), vec!["-D 1 1 5 5 5 5.0"]);
+        assert_eq!(a.next_timer(), None);
+        // A retraction of a forgotten row is ignored; the key starts afresh.
+        assert_eq!(feed(&mut a, &[Op::Delete], &[1], &[Some(5)]), none);
+        assert_eq!(
+            feed(&mut a, &[Op::Insert], &[1], &[Some(7)]),
+            vec!["+I 1 1 7 7 7 7.0"]
+        );
+        let mut writes = vec![];
+        a.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        assert_eq!(writes.len(), 1, "the group's state, written again");
     }
 
     #[test]

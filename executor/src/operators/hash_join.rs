@@ -33,6 +33,7 @@ use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
+use super::ttl::Ttl;
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
@@ -95,6 +96,11 @@ pub struct HashJoin {
     interval: Option<IntervalState>,
     /// Temporal join: see [`OperatorSpec::HashJoin`]'s `temporal`.
     temporal: bool,
+    /// State TTL (Flink's idle state retention): the rows of a join key on
+    /// one side that no row has written for the TTL are forgotten; results
+    /// already emitted stay, later rows no longer meet them, and a
+    /// retraction of a forgotten row is ignored.
+    ttl: Option<Ttl<(u8, Vec<u8>)>>,
 }
 
 /// A stored row: its key, its values, its key group.
@@ -148,6 +154,7 @@ impl HashJoin {
             state_table,
             interval,
             temporal,
+            state_ttl_us,
         } = spec
         else {
             return Err(ExecError::Protocol(
@@ -186,6 +193,7 @@ impl HashJoin {
                 by_time: [BTreeMap::new(), BTreeMap::new()],
             }),
             temporal: *temporal,
+            ttl: state_ttl_us.map(Ttl::new),
         })
     }
 
@@ -259,6 +267,22 @@ impl HashJoin {
         out: &mut Vec<Out>,
     ) -> Result<()> {
         let other = 1 - side;
+        if let (Some(ttl), Some((k, key_group))) = (&mut self.ttl, key) {
+            let stored = self.sides[side]
+                .get(k)
+                .is_some_and(|rows| rows.contains_key(row));
+            if sign < 0 && !stored && !(self.temporal && side == 0) {
+                // A row the TTL forgot: what it produced stays.
+                return Ok(());
+            }
+            if !(self.temporal && side == 0) {
+                ttl.touch(
+                    (side as u8, k.to_vec()),
+                    key_group,
+                    crate::operator::processing_time_us(),
+                );
+            }
+        }
         let matched = match key {
             Some((k, _)) => self.matches(side, k, row)?,
             None => Vec::new(),
@@ -448,6 +472,7 @@ impl Operator for HashJoin {
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
         let mut restored: [Vec<Stored>; 2] = [Vec::new(), Vec::new()];
+        let now = crate::operator::processing_time_us();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let (side, key, row) = split_state_key(&e.key)
                 .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
@@ -460,6 +485,10 @@ impl Operator for HashJoin {
             side.entry(key.to_vec())
                 .or_default()
                 .insert(row.to_vec(), entry);
+            if let (Some(ttl), Some(s)) = (&mut self.ttl, e.key.first()) {
+                // Restored rows get a whole TTL from the restart.
+                ttl.touch((*s, key.to_vec()), e.key_group, now);
+            }
             if self.interval.is_some() {
                 restored[side_index(&e.key)].push((key.to_vec(), row.to_vec(), e.key_group));
             }
@@ -476,6 +505,24 @@ impl Operator for HashJoin {
                 .map(|(i, (k, r, kg))| (i, k, r, kg))
                 .collect();
             self.index_times(s, &columns, &stored)?;
+        }
+        Ok(())
+    }
+
+    fn next_timer(&self) -> Option<i64> {
+        self.ttl.as_ref()?.next()
+    }
+
+    fn on_timer(&mut self, now_us: i64, _out: &mut Collector) -> Result<()> {
+        let Some(ttl) = &mut self.ttl else {
+            return Ok(());
+        };
+        for ((side, key), key_group) in ttl.expired(now_us) {
+            if let Some(rows) = self.sides[side as usize].remove(&key) {
+                for row in rows.into_keys() {
+                    self.dirty.insert((side, key.clone(), row), key_group);
+                }
+            }
         }
         Ok(())
     }
@@ -601,6 +648,7 @@ mod tests {
             state_table: 5,
             interval: None,
             temporal: false,
+            state_ttl_us: None,
         };
         HashJoin::new(&spec, &out).unwrap()
     }

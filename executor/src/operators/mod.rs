@@ -13,6 +13,7 @@ mod sorted_partitions;
 pub mod table_source;
 mod temporal_filter;
 mod top_n;
+mod ttl;
 mod union;
 
 use planner::spec::OperatorSpec;
@@ -51,9 +52,11 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             empty_set,
             emit_on_window_close,
             late_rows_table,
+            state_ttl_us,
         } => {
             let mut agg =
-                HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?;
+                HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?
+                    .with_state_ttl(*state_ttl_us);
             if let Some(id) = empty_set {
                 agg = agg.with_empty_set(*id)?;
             }
