@@ -16,7 +16,6 @@
 //! usual small partitions, linear for one huge one. State grows with the
 //! input, as it must: any retraction can change any row's value.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
@@ -125,17 +124,14 @@ impl Operator for OverWindow {
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let keys = self.rows.keys(chunk.data())?;
-        let mut before: Vec<(Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
-        let mut touched: HashSet<&[u8]> = HashSet::new();
-        for r in 0..chunk.num_rows() {
-            let p = &keys.partitions[r];
-            if touched.insert(p.as_slice()) {
-                before.push((p.clone(), self.evaluate(p)?));
-            }
-            self.rows.apply(&keys, r, chunk.op(r).sign());
-        }
+        let touched = keys.touched();
+        let before = touched
+            .iter()
+            .map(|(p, _)| self.evaluate(p))
+            .collect::<Result<Vec<_>>>()?;
+        self.rows.apply_chunk(&keys, &chunk);
         let mut changes = Vec::new();
-        for (p, old) in before {
+        for ((p, _), old) in touched.into_iter().zip(before) {
             changes.extend(diff(old, self.evaluate(&p)?));
             self.rows.drop_if_empty(&p);
         }

@@ -16,7 +16,7 @@ use datafusion::common::DFSchema;
 use datafusion::logical_expr::{Expr, ExprSchemable};
 use datafusion::physical_expr::PhysicalExpr;
 use std::sync::Arc;
-use storage::chunk::Op;
+use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
@@ -35,6 +35,20 @@ pub(super) struct Keyed {
     pub(super) key_groups: Vec<u16>,
     pub(super) sort_keys: Vec<Vec<u8>>,
     pub(super) rows: Vec<Vec<u8>>,
+}
+
+impl Keyed {
+    /// The partitions the rows fall in, each once, in first-touch order,
+    /// with their key groups.
+    pub(super) fn touched(&self) -> Vec<(Vec<u8>, u16)> {
+        let mut seen = std::collections::HashSet::new();
+        self.partitions
+            .iter()
+            .zip(&self.key_groups)
+            .filter(|(p, _)| seen.insert(p.as_slice()))
+            .map(|(p, kg)| (p.clone(), *kg))
+            .collect()
+    }
 }
 
 pub(super) struct SortedPartitions {
@@ -154,8 +168,15 @@ impl SortedPartitions {
         out
     }
 
+    /// Applies every row of `chunk` (encoded as `keys`).
+    pub(super) fn apply_chunk(&mut self, keys: &Keyed, chunk: &Chunk) {
+        for r in 0..chunk.num_rows() {
+            self.apply(keys, r, chunk.op(r).sign());
+        }
+    }
+
     /// Adds (`sign` 1) or retracts (-1) one copy of row `r` of `keys`.
-    pub(super) fn apply(&mut self, keys: &Keyed, r: usize, sign: i64) {
+    fn apply(&mut self, keys: &Keyed, r: usize, sign: i64) {
         let p = &keys.partitions[r];
         let ranked = self.partitions.entry(p.clone()).or_default();
         let key = (keys.sort_keys[r].clone(), keys.rows[r].clone());

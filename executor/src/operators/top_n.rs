@@ -15,7 +15,6 @@
 //! row is kept — unless the input is append-only, when nothing is ever
 //! retracted and rows below the range are forgotten (bounded state).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
@@ -168,19 +167,12 @@ impl Operator for TopN {
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let keys = self.rows.keys(chunk.data())?;
-        // Each touched partition's top range before the chunk, and its key
-        // group.
-        let mut before: Vec<(Vec<u8>, u16, Top)> = Vec::new();
-        let mut touched: HashSet<&[u8]> = HashSet::new();
-        for r in 0..chunk.num_rows() {
-            let p = &keys.partitions[r];
-            if touched.insert(p.as_slice()) {
-                before.push((p.clone(), keys.key_groups[r], self.top(p)));
-            }
-            self.rows.apply(&keys, r, chunk.op(r).sign());
-        }
+        // Each touched partition's top range before the chunk.
+        let touched = keys.touched();
+        let before: Vec<Top> = touched.iter().map(|(p, _)| self.top(p)).collect();
+        self.rows.apply_chunk(&keys, &chunk);
         let mut changes = Vec::new();
-        for (p, key_group, old) in before {
+        for ((p, key_group), old) in touched.into_iter().zip(before) {
             if self.append_only_input {
                 // Rows below the range can never come back up.
                 self.rows
