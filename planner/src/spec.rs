@@ -241,11 +241,50 @@ impl OperatorSpec {
 }
 
 fn list(exprs: &[Expr]) -> String {
-    exprs
-        .iter()
-        .map(|e| e.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    exprs.iter().map(show).collect::<Vec<_>>().join(", ")
+}
+
+/// An expression as EXPLAIN prints it: DataFusion's form, but interval
+/// literals as SQL (`INTERVAL '1 minute'`) rather than their debug form.
+fn show(e: &Expr) -> String {
+    use datafusion::common::ScalarValue;
+    use datafusion::common::tree_node::{Transformed, TreeNode};
+    let readable = e.clone().transform(|e| {
+        Ok(match &e {
+            Expr::Literal(ScalarValue::IntervalMonthDayNano(Some(v)), _) => {
+                let mut parts = Vec::new();
+                if v.months != 0 {
+                    parts.push(format!("{} mons", v.months));
+                }
+                if v.days != 0 {
+                    parts.push(format!("{} days", v.days));
+                }
+                if v.nanoseconds != 0 || parts.is_empty() {
+                    parts.push(time_text(v.nanoseconds));
+                }
+                let text = format!("INTERVAL '{}'", parts.join(" "));
+                Transformed::yes(Expr::Column(datafusion::common::Column::from_name(text)))
+            }
+            _ => Transformed::no(e),
+        })
+    });
+    match readable {
+        Ok(t) => t.data.to_string(),
+        Err(_) => e.to_string(),
+    }
+}
+
+/// Nanoseconds in the largest unit that divides them: `2 hours`,
+/// `90 seconds`, `1.5 seconds`.
+fn time_text(ns: i64) -> String {
+    const S: i64 = 1_000_000_000;
+    for (len, unit) in [(3_600 * S, "hour"), (60 * S, "minute"), (S, "second")] {
+        if ns % len == 0 {
+            let n = ns / len;
+            return format!("{n} {unit}{}", if n.abs() == 1 { "" } else { "s" });
+        }
+    }
+    format!("{} seconds", ns as f64 / S as f64)
 }
 
 /// `ORDER BY` keys as in EXPLAIN: `b DESC NULLS FIRST, c ASC`.
@@ -286,7 +325,7 @@ impl fmt::Display for OperatorSpec {
                 }
                 Ok(())
             }
-            OperatorSpec::Filter { predicate, .. } => write!(f, "Filter: {predicate}"),
+            OperatorSpec::Filter { predicate, .. } => write!(f, "Filter: {}", show(predicate)),
             OperatorSpec::Project { exprs, .. } => write!(f, "Project: {}", list(exprs)),
             OperatorSpec::HashAgg {
                 group_exprs,
@@ -318,7 +357,7 @@ impl fmt::Display for OperatorSpec {
                 let on: Vec<String> = left_keys
                     .iter()
                     .zip(right_keys)
-                    .map(|(l, r)| format!("{l} = {r}"))
+                    .map(|(l, r)| format!("{} = {}", show(l), show(r)))
                     .collect();
                 write!(
                     f,
@@ -327,13 +366,14 @@ impl fmt::Display for OperatorSpec {
                     on.join(", ")
                 )?;
                 if let Some(filter) = filter {
-                    write!(f, " filter={filter}")?;
+                    write!(f, " filter={}", show(filter))?;
                 }
                 if let Some(i) = interval {
                     write!(
                         f,
-                        " interval=[-{}us, +{}us] (state cleaned by watermark)",
-                        i.before_us, i.after_us
+                        " interval=[-{}, +{}] (state cleaned by watermark)",
+                        micros_text(i.before_us),
+                        micros_text(i.after_us)
                     )?;
                 }
                 if *temporal {
@@ -461,7 +501,7 @@ impl fmt::Display for TemporalBound {
             TemporalCmp::Gt => ">",
             TemporalCmp::GtEq => ">=",
         };
-        write!(f, "{} {op} now()", self.row)?;
+        write!(f, "{} {op} now()", show(&self.row))?;
         match self.delta_us {
             0 => Ok(()),
             d if d < 0 => write!(f, " - {}", micros_text(-d)),
