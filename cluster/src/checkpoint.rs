@@ -79,6 +79,9 @@ pub struct CompletedCheckpoint {
     pub id: u64,
     /// Table id → log sequence number every source of the job has passed.
     pub positions: HashMap<u64, u64>,
+    /// A connector source had more to read than it had read at the
+    /// barrier (`FLUSH` waits for a checkpoint where none had).
+    pub behind: bool,
 }
 
 /// Flink's `PendingCheckpoint`.
@@ -88,6 +91,7 @@ pub(crate) struct PendingCheckpoint {
     pub(crate) started: Instant,
     waiting: HashSet<TaskId>,
     positions: HashMap<u64, u64>,
+    behind: bool,
     handles: Vec<StateHandle>,
     pub(crate) stats: CheckpointStats,
 }
@@ -104,6 +108,7 @@ impl PendingCheckpoint {
             },
             waiting,
             positions: HashMap::new(),
+            behind: false,
             handles: Vec::new(),
         }
     }
@@ -122,6 +127,7 @@ impl PendingCheckpoint {
                     .and_modify(|s| *s = (*s).min(p.seq))
                     .or_insert(p.seq);
             }
+            self.behind |= ack.behind;
             self.stats.acknowledged += 1;
             self.stats.alignment = self.stats.alignment.max(ack.alignment);
             self.handles.extend(ack.state);
@@ -141,6 +147,7 @@ impl PendingCheckpoint {
             CompletedCheckpoint {
                 id: self.id,
                 positions: self.positions,
+                behind: self.behind,
             },
             self.handles,
             self.stats,

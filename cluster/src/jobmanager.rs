@@ -401,7 +401,9 @@ impl JobManager {
     }
 
     /// Waits until every job reading one of `targets`' tables has completed a
-    /// checkpoint past the given log position (`FLUSH`).
+    /// checkpoint past the given log position, and every job reading a
+    /// connector one (triggered after this call) where no source had more
+    /// to read (`FLUSH`).
     pub async fn flush(&self, targets: &HashMap<u64, u64>) -> Result<()> {
         let jobs: Vec<Arc<JobMaster>> = self
             .jobs
@@ -416,7 +418,8 @@ impl JobManager {
                 .into_iter()
                 .filter_map(|t| targets.get(&t).filter(|seq| **seq > 0).map(|seq| (t, *seq)))
                 .collect();
-            (!needed.is_empty()).then(|| Self::wait_for(jm, needed))
+            let connectors = jm.reads_connectors();
+            (!needed.is_empty() || connectors).then(|| Self::wait_for(jm, needed, connectors))
         });
         for r in futures::future::join_all(waits).await {
             r?;
@@ -467,12 +470,18 @@ impl JobManager {
         }
     }
 
-    async fn wait_for(jm: Arc<JobMaster>, needed: HashMap<u64, u64>) -> Result<()> {
+    async fn wait_for(
+        jm: Arc<JobMaster>,
+        needed: HashMap<u64, u64>,
+        connectors: bool,
+    ) -> Result<()> {
+        let after = jm.next_checkpoint_id();
         // A job cancelled meanwhile (its view dropped) has nothing left to show.
         Self::wait_until(&jm, |c| {
             needed
                 .iter()
                 .all(|(t, seq)| c.positions.get(t).is_some_and(|p| p >= seq))
+                && (!connectors || c.id >= after && !c.behind)
         })
         .await
         .map(|_| ())

@@ -334,6 +334,7 @@ impl JobMaster {
             self.completed.send_replace(CompletedCheckpoint {
                 id: last.id,
                 positions: last.positions.iter().map(|(k, v)| (*k, *v)).collect(),
+                behind: true,
             });
         } else if let Some((id, why)) = corrupt.first() {
             inner.unrecoverable = Some(format!(
@@ -375,6 +376,7 @@ impl JobMaster {
                     self.completed.send_replace(CompletedCheckpoint {
                         id: prev.id,
                         positions: prev.positions.iter().map(|(k, v)| (*k, *v)).collect(),
+                        behind: true,
                     });
                 }
                 None => {
@@ -713,6 +715,15 @@ impl JobMaster {
             .unwrap_or_default()
     }
 
+    /// Whether the job reads a connector (`CREATE SOURCE`).
+    pub(crate) fn reads_connectors(&self) -> bool {
+        self.graph
+            .stream
+            .nodes
+            .iter()
+            .any(|n| matches!(n.spec, OperatorSpec::ConnectorSource { .. }))
+    }
+
     /// Tables the job's sources read.
     pub(crate) fn source_tables(&self) -> Vec<u64> {
         self.graph
@@ -819,10 +830,7 @@ impl JobMaster {
                 .all()
                 .filter(|ev| {
                     let head = graph.vertices[ev.vertex].nodes[0];
-                    matches!(
-                        graph.stream.nodes[head].spec,
-                        OperatorSpec::TableSource { .. }
-                    )
+                    graph.stream.nodes[head].spec.is_source()
                 })
                 .map(|ev| {
                     (

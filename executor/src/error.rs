@@ -15,6 +15,12 @@ pub enum ExecError {
     Protocol(String),
     #[error("{0}")]
     Unsupported(String),
+    /// A connector option that is missing, unknown or out of range.
+    #[error("{0}")]
+    InvalidOption(String),
+    /// An external system a connector reads or writes failed.
+    #[error("{0}")]
+    Connector(String),
     #[error("channel closed")]
     ChannelClosed,
     /// An input channel's far end failed (a TaskManager or the network).

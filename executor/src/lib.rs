@@ -11,6 +11,7 @@
 //! The executor knows nothing of sessions or the cluster: it reports to the
 //! TaskManager through [`task::TaskReporter`], which `cluster/` implements.
 
+pub mod connectors;
 mod error;
 pub mod exchange;
 pub mod expr;

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
 use crate::message::{Barrier, Message, Watermark};
 use crate::operator::{Operator, OperatorContext, StateReader};
-use crate::operators::{self, table_source::TableSource};
+use crate::operators::{self, connector_source::ConnectorSource, table_source::TableSource};
 use crate::{ExecError, Result};
 
 /// Which subtask, in which deployment attempt of its job (Flink's
@@ -69,6 +69,9 @@ pub struct CheckpointAck {
     pub state: Option<StateHandle>,
     /// Set when the subtask could not take its part (Flink's decline).
     pub declined: Option<String>,
+    /// Connector sources: more was available to read than the rows before
+    /// the barrier (`FLUSH` waits for a checkpoint where none is behind).
+    pub behind: bool,
 }
 
 /// The state a (re)deployed subtask starts from (Flink's
@@ -151,6 +154,7 @@ pub struct TaskDeployment {
 
 enum Head {
     Source(TableSource),
+    Connector(Box<ConnectorSource>),
     Gate(InputGate),
 }
 
@@ -210,6 +214,13 @@ pub fn build_task(
             }
             (Head::Source(source), &vertex.nodes[1..])
         }
+        OperatorSpec::ConnectorSource { .. } => (
+            Head::Connector(Box::new(ConnectorSource::new(
+                &head_node.spec,
+                &head_node.schema,
+            )?)),
+            &vertex.nodes[1..],
+        ),
         _ => {
             let mut inputs = Vec::new();
             for (e, edge) in graph
@@ -323,6 +334,7 @@ impl StreamTask {
         let mut head = std::mem::replace(&mut self.head, Head::Gate(InputGate::new(vec![])));
         let result = match &mut head {
             Head::Source(source) => self.run_source(source).await,
+            Head::Connector(source) => self.run_connector(source).await,
             Head::Gate(gate) => self.run_gate(gate).await,
         };
         self.head = head;
@@ -359,7 +371,7 @@ impl StreamTask {
                         let mut writes = Vec::new();
                         source.snapshot(&mut writes);
                         let position = SourcePosition { table: source.table_id(), seq: source.position() };
-                        self.checkpoint(barrier, writes, vec![position], Default::default()).await?;
+                        self.checkpoint(barrier, writes, vec![position], Default::default(), false).await?;
                     }
                     Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
@@ -372,6 +384,41 @@ impl StreamTask {
                 }
                 _ = source.changed(), if !has_more => {}
             }
+        }
+    }
+
+    /// A connector source emits a barrier as soon as it is triggered,
+    /// between two batches (Flink's sources do the same): the positions it
+    /// snapshots are those of the rows before it.
+    async fn run_connector(&mut self, source: &mut ConnectorSource) -> Result<Exit> {
+        source.open(&self.ctx).await?;
+        loop {
+            self.connector_watermark(source).await?;
+            tokio::select! {
+                biased;
+                cmd = self.commands.recv() => match cmd {
+                    Some(TaskCommand::TriggerCheckpoint(barrier)) => {
+                        let mut writes = Vec::new();
+                        source.snapshot(&mut writes);
+                        let behind = !source.caught_up();
+                        self.checkpoint(barrier, writes, Vec::new(), Default::default(), behind).await?;
+                    }
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
+                    Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
+                },
+                fetched = source.next() => {
+                    if let Some(chunk) = fetched? {
+                        self.push(0, 0, chunk).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn connector_watermark(&mut self, source: &mut ConnectorSource) -> Result<()> {
+        match source.take_watermark() {
+            Some(wm) => self.watermark(wm).await,
+            None => Ok(()),
         }
     }
 
@@ -393,7 +440,7 @@ impl StreamTask {
                 _ = sleep, if timer.is_some() => self.timers().await?,
                 event = gate.next() => match event? {
                     GateEvent::Chunk(input, chunk) => self.push(0, input, chunk).await?,
-                    GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment).await?,
+                    GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment, false).await?,
                     GateEvent::Watermark(wm) => self.watermark(wm).await?,
                     GateEvent::End => return Ok(Exit::InputsClosed),
                 },
@@ -483,6 +530,7 @@ impl StreamTask {
         mut writes: Vec<StateWrite>,
         positions: Vec<SourcePosition>,
         alignment: std::time::Duration,
+        behind: bool,
     ) -> Result<()> {
         for op in &mut self.chain {
             op.handle_checkpoint(&barrier, &mut writes)?;
@@ -500,6 +548,7 @@ impl StreamTask {
                 alignment,
                 state: None,
                 declined: None,
+                behind,
             },
         );
         Ok(())

@@ -441,6 +441,25 @@ impl Lowering<'_> {
                     .unwrap_or_else(|| (0..source.schema.fields().len()).collect());
                 let id = self.graph.nodes.len();
                 let watermark = source.watermark.clone();
+                if let Some(connector) = source.connector.clone() {
+                    // Splits spread over the subtasks: a source of its own
+                    // parallelism, which what follows it chains into.
+                    return Ok(self.graph.add_node(
+                        OperatorSpec::ConnectorSource {
+                            source_id: source.table_id,
+                            source_name: source.name.clone(),
+                            connector,
+                            source_schema: Arc::new(DFSchema::try_from(
+                                source.schema.as_ref().clone(),
+                            )?),
+                            projection,
+                            state_table: self.state_table(id),
+                            watermark,
+                        },
+                        self.opts.parallelism,
+                        scan.projected_schema.clone(),
+                    ));
+                }
                 Ok(self.graph.add_node(
                     OperatorSpec::TableSource {
                         table_id: source.table_id,
@@ -1003,14 +1022,16 @@ impl Lowering<'_> {
     /// Every source under `node` has a watermark: windows can only close
     /// when event time advances on every input.
     fn check_watermarks(&self, node: usize) -> Result<()> {
-        if let OperatorSpec::TableSource {
-            table_name,
-            watermark: None,
-            ..
-        } = &self.graph.nodes[node].spec
+        let source = match &self.graph.nodes[node].spec {
+            OperatorSpec::TableSource { table_name, .. } => Some(table_name),
+            OperatorSpec::ConnectorSource { source_name, .. } => Some(source_name),
+            _ => None,
+        };
+        if let Some(name) = source
+            && self.graph.nodes[node].spec.source_watermark().is_none()
         {
             return Err(PlanError::InvalidDefinition(format!(
-                "EMIT ON WINDOW CLOSE needs a watermark on \"{table_name}\" (WATERMARK FOR column AS expression)"
+                "EMIT ON WINDOW CLOSE needs a watermark on \"{name}\" (WATERMARK FOR column AS expression)"
             )));
         }
         let inputs: Vec<usize> = self.graph.in_edges(node).map(|e| e.from).collect();
@@ -1038,6 +1059,8 @@ impl Lowering<'_> {
         let inputs: Vec<usize> = self.graph.in_edges(node).map(|e| e.from).collect();
         match &self.graph.nodes[node].spec {
             OperatorSpec::TableSource { append_only, .. } => *append_only,
+            // Sources read with FORMAT PLAIN: every record is an insert.
+            OperatorSpec::ConnectorSource { .. } => true,
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
             | OperatorSpec::Expand { .. }
@@ -1090,6 +1113,7 @@ mod tests {
             append_only: false,
             watermark: None,
             versioned: false,
+            connector: None,
         });
         LogicalPlanBuilder::scan(name, provider_as_source(table), None).unwrap()
     }

@@ -27,6 +27,9 @@ pub struct StreamSourceTable {
     /// Read at its current version (`FOR SYSTEM_TIME AS OF PROCTIME()`):
     /// the versioned side of a temporal join.
     pub versioned: bool,
+    /// A source (`CREATE SOURCE`) read through this connector rather than a
+    /// stored table.
+    pub connector: Option<crate::spec::ConnectorSpec>,
 }
 
 #[async_trait]

@@ -33,6 +33,23 @@ pub enum OperatorSpec {
         #[serde(default)]
         versioned: bool,
     },
+    /// Reads an external system through a connector (`CREATE SOURCE … WITH
+    /// (connector = '…')`): its splits are spread over the subtasks, each
+    /// split's position is state.
+    ConnectorSource {
+        source_id: u64,
+        source_name: String,
+        connector: ConnectorSpec,
+        /// Every column of the source, as declared.
+        #[serde(with = "crate::wire::schema")]
+        source_schema: DFSchemaRef,
+        /// Indices into the source's columns that the query reads.
+        projection: Vec<usize>,
+        /// Where the subtasks keep their splits' positions and watermarks.
+        state_table: u64,
+        #[serde(default)]
+        watermark: Option<SourceWatermark>,
+    },
     /// Keeps rows whose predicate is true.
     Filter {
         #[serde(with = "crate::wire::expr")]
@@ -193,6 +210,7 @@ impl OperatorSpec {
     pub fn name(&self) -> &'static str {
         match self {
             OperatorSpec::TableSource { .. } => "TableSource",
+            OperatorSpec::ConnectorSource { .. } => "ConnectorSource",
             OperatorSpec::Filter { .. } => "Filter",
             OperatorSpec::Project { .. } => "Project",
             OperatorSpec::HashAgg { .. } => "HashAgg",
@@ -209,10 +227,25 @@ impl OperatorSpec {
     /// Number of inputs.
     pub fn inputs(&self) -> usize {
         match self {
-            OperatorSpec::TableSource { .. } => 0,
+            OperatorSpec::TableSource { .. } | OperatorSpec::ConnectorSource { .. } => 0,
             OperatorSpec::HashJoin { .. } => 2,
             OperatorSpec::Union { inputs } => *inputs,
             _ => 1,
+        }
+    }
+
+    /// Heads a source task: reads a table or a connector, takes checkpoint
+    /// triggers from the JobMaster.
+    pub fn is_source(&self) -> bool {
+        self.inputs() == 0
+    }
+
+    /// The source's `WATERMARK FOR`, if it is a source that has one.
+    pub fn source_watermark(&self) -> Option<&SourceWatermark> {
+        match self {
+            OperatorSpec::TableSource { watermark, .. }
+            | OperatorSpec::ConnectorSource { watermark, .. } => watermark.as_ref(),
+            _ => None,
         }
     }
 
@@ -227,6 +260,7 @@ impl OperatorSpec {
                 .chain(*late_rows_table)
                 .collect(),
             OperatorSpec::TableSource { state_table, .. }
+            | OperatorSpec::ConnectorSource { state_table, .. }
             | OperatorSpec::HashJoin { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }
@@ -320,6 +354,22 @@ impl fmt::Display for OperatorSpec {
                 if *versioned {
                     write!(f, " current_version")?;
                 }
+                if let Some(w) = watermark {
+                    write!(f, " watermark=({})", w.sql)?;
+                }
+                Ok(())
+            }
+            OperatorSpec::ConnectorSource {
+                source_name,
+                connector,
+                watermark,
+                ..
+            } => {
+                write!(
+                    f,
+                    "ConnectorSource: {source_name} connector={}",
+                    connector.connector
+                )?;
                 if let Some(w) = watermark {
                     write!(f, " watermark=({})", w.sql)?;
                 }
@@ -560,6 +610,25 @@ impl RankKind {
             RankKind::DenseRank => "dense_rank",
         }
     }
+}
+
+/// A connector's definition as the DDL gave it: `WITH (connector = '…',
+/// …) FORMAT … ENCODE … (…)`. The executor's connectors check and read it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ConnectorSpec {
+    /// `connector = '…'`, in lower case.
+    pub connector: String,
+    /// Every other `WITH` option, by its name in lower case.
+    pub options: std::collections::BTreeMap<String, String>,
+    /// `FORMAT …` (`PLAIN`, `UPSERT`, `DEBEZIUM`), upper case.
+    #[serde(default)]
+    pub format: Option<String>,
+    /// `ENCODE …` (`JSON`, `CSV`, `AVRO`), upper case.
+    #[serde(default)]
+    pub encode: Option<String>,
+    /// The options after `ENCODE …`, by name.
+    #[serde(default)]
+    pub encode_options: std::collections::BTreeMap<String, String>,
 }
 
 /// How a source derives watermarks: event time is complete up to the

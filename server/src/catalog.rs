@@ -61,6 +61,16 @@ pub enum Entry {
         sql: String,
         depends_on: Vec<u64>,
     },
+    /// `CREATE SOURCE`: rows of an external system, read by each job that
+    /// uses them through the connector; nothing is stored.
+    Source {
+        id: u64,
+        name: String,
+        columns: Vec<Column>,
+        #[serde(default)]
+        watermark: Option<WatermarkDef>,
+        connector: planner::spec::ConnectorSpec,
+    },
     MaterializedView {
         id: u64,
         name: String,
@@ -84,6 +94,7 @@ impl Entry {
         match self {
             Entry::Table { id, .. }
             | Entry::View { id, .. }
+            | Entry::Source { id, .. }
             | Entry::MaterializedView { id, .. } => *id,
         }
     }
@@ -92,6 +103,7 @@ impl Entry {
         match self {
             Entry::Table { name, .. }
             | Entry::View { name, .. }
+            | Entry::Source { name, .. }
             | Entry::MaterializedView { name, .. } => name,
         }
     }
@@ -102,6 +114,7 @@ impl Entry {
             Entry::Table { stream: true, .. } => "stream",
             Entry::Table { .. } => "table",
             Entry::View { .. } => "view",
+            Entry::Source { .. } => "source",
             Entry::MaterializedView { .. } => "materialized view",
         }
     }
@@ -109,6 +122,7 @@ impl Entry {
     pub fn depends_on(&self) -> &[u64] {
         match self {
             Entry::Table { late_rows, .. } => late_rows.as_slice(),
+            Entry::Source { .. } => &[],
             Entry::View { depends_on, .. } | Entry::MaterializedView { depends_on, .. } => {
                 depends_on
             }
@@ -164,6 +178,21 @@ pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
         key_columns,
         row_id,
     })
+}
+
+/// The columns of a source, as Arrow fields.
+pub fn source_schema(columns: &[Column]) -> Result<SchemaRef> {
+    let fields = columns
+        .iter()
+        .map(|c| {
+            Ok(Field::new(
+                &c.name,
+                types::parse_type(&c.sql_type)?,
+                !c.not_null,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(Schema::new(fields)))
 }
 
 /// The user-visible schema of a table (without the hidden row id).

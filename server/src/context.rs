@@ -193,24 +193,14 @@ pub fn table_provider(
     Ok(match mode {
         Mode::Stream => {
             let schema = user_schema(&desc);
-            let watermark = match watermark {
-                Some(w) => {
-                    let df = DFSchema::try_from(schema.as_ref().clone())?;
-                    Some(planner::spec::SourceWatermark {
-                        expr: new_context().parse_sql_expr(&w.expr, &df)?,
-                        table_schema: Arc::new(df),
-                        sql: w.expr.clone(),
-                    })
-                }
-                None => None,
-            };
             Arc::new(StreamSourceTable {
                 table_id: *id,
                 name: entry.name().to_string(),
+                watermark: source_watermark(watermark.as_ref(), &schema)?,
                 schema,
                 append_only: *append_only,
-                watermark,
                 versioned: false,
+                connector: None,
             })
         }
         Mode::Dml(t) if t == *id => Arc::new(TableRows {
@@ -226,6 +216,107 @@ pub fn table_provider(
             schema: user_schema(&desc),
         }),
     })
+}
+
+/// `WATERMARK FOR` over a table's or source's columns, planned.
+fn source_watermark(
+    w: Option<&crate::catalog::WatermarkDef>,
+    schema: &SchemaRef,
+) -> Result<Option<planner::spec::SourceWatermark>> {
+    let Some(w) = w else {
+        return Ok(None);
+    };
+    let df = DFSchema::try_from(schema.as_ref().clone())?;
+    Ok(Some(planner::spec::SourceWatermark {
+        expr: new_context().parse_sql_expr(&w.expr, &df)?,
+        table_schema: Arc::new(df),
+        sql: w.expr.clone(),
+    }))
+}
+
+/// A source as a query in `mode` reads it: in a view, through its
+/// connector; in a `SELECT`, every row of a bounded source.
+pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvider>> {
+    let Entry::Source {
+        id,
+        name,
+        columns,
+        watermark,
+        connector,
+    } = entry
+    else {
+        return Err(ServerError::Internal(format!(
+            "{} is not a source",
+            entry.name()
+        )));
+    };
+    let schema = crate::catalog::source_schema(columns)?;
+    Ok(match mode {
+        Mode::Stream => Arc::new(StreamSourceTable {
+            table_id: *id,
+            name: name.clone(),
+            watermark: source_watermark(watermark.as_ref(), &schema)?,
+            schema,
+            append_only: true,
+            versioned: false,
+            connector: Some(connector.clone()),
+        }),
+        Mode::Batch | Mode::Dml(_) => {
+            let source = executor::connectors::source(connector, &schema)?;
+            if !source.bounded() {
+                return Err(ServerError::unsupported(format!(
+                    "SELECT from source \"{name}\", which has no end: create a materialized view over it"
+                )));
+            }
+            Arc::new(SourceRows { source, schema })
+        }
+    })
+}
+
+/// Every row of a bounded source, read at once.
+struct SourceRows {
+    source: Arc<dyn executor::connectors::SourceConnector>,
+    schema: SchemaRef,
+}
+
+impl std::fmt::Debug for SourceRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceRows").finish()
+    }
+}
+
+#[async_trait]
+impl TableProvider for SourceRows {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let external = |e: executor::ExecError| DataFusionError::External(Box::new(e));
+        let mut batches = Vec::new();
+        for split in 0..self.source.splits().await.map_err(external)? {
+            let mut reader = self
+                .source
+                .reader(split, None, executor::connectors::Pace::Unlimited)
+                .map_err(external)?;
+            while let Some(b) = reader.next().await.map_err(external)? {
+                batches.push(b.data);
+            }
+        }
+        MemTable::try_new(self.schema.clone(), vec![batches])?
+            .scan(state, projection, filters, limit)
+            .await
+    }
 }
 
 /// The `DEFAULT`s of a table's columns, by name.
@@ -248,6 +339,7 @@ impl CatalogSchema {
         let db = &self.db;
         Ok(match &entry {
             Entry::Table { .. } => table_provider(db, &entry, self.mode)?,
+            Entry::Source { .. } => source_provider(&entry, self.mode)?,
             Entry::View { sql, .. } => {
                 let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
                 Arc::new(ViewTable::new(plan, Some(sql.clone())))

@@ -4,6 +4,7 @@
 //! returns once the job has backfilled what the tables held.
 
 use std::collections::BTreeSet;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -11,11 +12,12 @@ use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, CreateTable, CreateTableOptions, CreateView, Expr as SqlExpr, ObjectName,
-    ObjectType, SqlOption, TableConstraint,
+    ColumnOption, CreateTable, CreateTableOptions, CreateView, Expr as SqlExpr, FunctionArg,
+    FunctionArgExpr, ObjectName, ObjectType, SqlOption, TableConstraint, TableFactor, Visit,
+    Visitor,
 };
 use planner::job_graph::JobGraph;
-use planner::spec::{CheckpointMode, OperatorSpec};
+use planner::spec::CheckpointMode;
 use planner::{StreamPlanOptions, lower};
 use storage::table::ROW_ID_COLUMN;
 
@@ -39,7 +41,9 @@ pub async fn create_table(
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let name = object_name(&ct.name)?;
-    let tag = if options.stream {
+    let tag = if options.source.is_some() {
+        "CREATE SOURCE"
+    } else if options.stream {
         "CREATE STREAM"
     } else {
         "CREATE TABLE"
@@ -141,13 +145,22 @@ pub async fn create_table(
     if options.append_only && !primary_key.is_empty() {
         return Err(ServerError::InvalidTableDefinition(format!(
             "append-only {} \"{name}\" cannot have a primary key",
-            if options.stream { "stream" } else { "table" }
+            if options.source.is_some() {
+                "source"
+            } else if options.stream {
+                "stream"
+            } else {
+                "table"
+            }
         )));
     }
     let watermark = match &options.watermark {
         Some(w) => Some(watermark_def(&columns, w)?),
         None => None,
     };
+    if let Some(connector) = options.source {
+        return create_source(db, name, columns, watermark, connector);
+    }
     let late_rows = match late_rows_option(&ct.table_options)? {
         Some(late) => {
             if watermark.is_none() || !options.append_only {
@@ -191,6 +204,33 @@ pub async fn create_table(
     db.catalog.add(entry)?;
     db.cluster.tables.open_table(desc)?;
     Ok(QueryResult::command(tag))
+}
+
+/// `CREATE SOURCE`: the connector checks its options and the columns
+/// against what it can read before anything is written.
+fn create_source(
+    db: &Arc<Database>,
+    name: String,
+    columns: Vec<Column>,
+    watermark: Option<WatermarkDef>,
+    mut connector: planner::spec::ConnectorSpec,
+) -> Result<QueryResult> {
+    if let Some(c) = columns.iter().find(|c| c.default.is_some()) {
+        return Err(ServerError::unsupported(format!(
+            "DEFAULT on a source column (\"{}\")",
+            c.name
+        )));
+    }
+    executor::connectors::complete(&mut connector);
+    executor::connectors::source(&connector, &crate::catalog::source_schema(&columns)?)?;
+    db.catalog.add(Entry::Source {
+        id: db.catalog.allocate_id()?,
+        name,
+        columns,
+        watermark,
+        connector,
+    })?;
+    Ok(QueryResult::command("CREATE SOURCE"))
 }
 
 /// `WITH (late_rows = 'name')`, the only table option there is.
@@ -312,15 +352,42 @@ fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
     let Some(stmt::Stmt::Sql(s)) = stmt::parse(sql)?.pop() else {
         return Ok(vec![]);
     };
+    // `TUMBLE(t, …)` names its table as an argument.
+    let mut windows = WindowTables(Vec::new());
+    let _ = s.visit(&mut windows);
     let (refs, _) =
         datafusion::sql::resolve::resolve_table_references(&DfStatement::Statement(s), true)?;
+    let mut names: Vec<String> = refs.iter().map(|r| r.table().to_string()).collect();
+    names.extend(windows.0);
     let mut ids = BTreeSet::new();
-    for r in refs {
-        if let Some(e) = db.catalog.by_name(r.table()) {
+    for name in names {
+        if let Some(e) = db.catalog.by_name(&name) {
             ids.insert(e.id());
         }
     }
     Ok(ids.into_iter().collect())
+}
+
+/// The tables window table functions read.
+struct WindowTables(Vec<String>);
+
+impl Visitor for WindowTables {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+        if let TableFactor::Table {
+            name,
+            args: Some(args),
+            ..
+        } = factor
+            && object_name(name).is_ok_and(|n| crate::windows::FUNCTIONS.contains(&n.as_str()))
+            && let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Identifier(table)))) =
+                args.args.first()
+        {
+            self.0.push(ident(table));
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// How a view's job is planned: the session's settings when it was
@@ -404,7 +471,7 @@ async fn job_graph(db: &Arc<Database>, sql: &str, id: u64, o: JobOptions) -> Res
         },
     )?;
     for node in &stream.nodes {
-        if !matches!(node.spec, OperatorSpec::TableSource { .. }) {
+        if !node.spec.is_source() {
             executor::operators::build(node)?;
         }
     }
@@ -584,14 +651,24 @@ pub async fn drop(
     names: Vec<ObjectName>,
     cascade: bool,
 ) -> Result<QueryResult> {
+    let names = names.iter().map(object_name).collect::<Result<Vec<_>>>()?;
+    drop_objects(db, kind_of(&object_type)?, if_exists, &names, cascade).await
+}
+
+/// `DROP <kind> [IF EXISTS] names [CASCADE]`.
+pub async fn drop_objects(
+    db: &Arc<Database>,
+    kind: &str,
+    if_exists: bool,
+    names: &[String],
+    cascade: bool,
+) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
-    let kind = kind_of(&object_type)?;
     let tag = format!("DROP {}", kind.to_uppercase());
     // Check everything before dropping anything.
     let mut targets = Vec::new();
-    for name in &names {
-        let name = object_name(name)?;
-        let Some(entry) = db.catalog.by_name(&name) else {
+    for name in names {
+        let Some(entry) = db.catalog.by_name(name) else {
             if if_exists {
                 continue;
             }
@@ -640,7 +717,7 @@ async fn drop_entry(db: &Arc<Database>, entry: &Entry) -> Result<()> {
             }
         }
         Entry::Table { id, .. } => db.cluster.tables.drop_table(*id)?,
-        Entry::View { .. } => {}
+        Entry::View { .. } | Entry::Source { .. } => {}
     }
     Ok(())
 }

@@ -126,7 +126,7 @@ impl Database {
                         tracing::error!(view = entry.name(), error = %e, "materialized view could not be restarted");
                     }
                 }
-                Entry::View { .. } => {}
+                Entry::View { .. } | Entry::Source { .. } => {}
             }
         }
         tracing::info!(objects = db.catalog.all().len(), "catalog restored");
@@ -170,6 +170,12 @@ impl Database {
             Stmt::ShowMaterializedViews => query::show_objects(self, "materialized view"),
             Stmt::ShowViews => query::show_objects(self, "view"),
             Stmt::ShowJobs => query::show_jobs(self),
+            Stmt::ShowSources => query::show_sources(self),
+            Stmt::DropSource {
+                name,
+                if_exists,
+                cascade,
+            } => ddl::drop_objects(self, "source", if_exists, &[name], cascade).await,
             Stmt::SetParallelism { view, parallelism } => {
                 ddl::set_parallelism(self, &view, parallelism).await
             }

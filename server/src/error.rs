@@ -278,6 +278,7 @@ impl From<executor::ExecError> for ServerError {
         use executor::ExecError as E;
         match e {
             E::Unsupported(m) => ServerError::Unsupported(m),
+            E::InvalidOption(m) => ServerError::InvalidParameter(m),
             E::DataFusion(d) => d.into(),
             E::Storage(s) => s.into(),
             E::Arrow(a) => from_arrow(&a),

@@ -45,6 +45,38 @@ pub fn show_objects(db: &Arc<Database>, kind: &str) -> Result<QueryResult> {
 }
 
 /// `SHOW JOBS`: every view's job and where its subtasks run.
+/// `SHOW SOURCES`: each source with its connector and options.
+pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
+    let rows = db
+        .catalog
+        .all()
+        .into_iter()
+        .filter_map(|e| match e {
+            crate::catalog::Entry::Source {
+                name, connector, ..
+            } => {
+                let options: Vec<String> = connector
+                    .options
+                    .iter()
+                    .map(|(k, v)| format!("{k} = '{v}'"))
+                    .collect();
+                let format = match (&connector.format, &connector.encode) {
+                    (Some(f), Some(e)) => format!("{f} {e}"),
+                    _ => String::new(),
+                };
+                Some(vec![
+                    name,
+                    connector.connector.clone(),
+                    format,
+                    options.join(", "),
+                ])
+            }
+            _ => None,
+        })
+        .collect();
+    QueryResult::texts(&["name", "connector", "format", "options"], rows)
+}
+
 pub fn show_jobs(db: &Arc<Database>) -> Result<QueryResult> {
     let rows = db
         .cluster

@@ -2,7 +2,7 @@
 //! sqlparser (PostgreSQL dialect), plus the few statements of Weir's own
 //! (`FLUSH`, `SHOW MATERIALIZED VIEWS`, `SHOW JOBS`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
@@ -55,6 +55,14 @@ pub enum Stmt {
     /// the clause taken off: the view's windows are emitted once, final,
     /// when the watermark passes their end.
     EmitOnWindowClose(Box<Statement>),
+    /// `SHOW SOURCES`.
+    ShowSources,
+    /// `DROP SOURCE [IF EXISTS] name [CASCADE | RESTRICT]`.
+    DropSource {
+        name: String,
+        if_exists: bool,
+        cascade: bool,
+    },
     /// `CREATE TABLE` or `CREATE STREAM`, with Weir's own clauses
     /// (`APPEND ONLY`, `WATERMARK FOR`) taken out of the statement.
     CreateTable {
@@ -72,6 +80,8 @@ pub struct TableOptions {
     pub append_only: bool,
     /// `WATERMARK FOR column AS expr`.
     pub watermark: Option<WatermarkClause>,
+    /// `CREATE SOURCE … WITH (connector = '…', …) [FORMAT … ENCODE …]`.
+    pub source: Option<planner::spec::ConnectorSpec>,
 }
 
 /// `WATERMARK FOR column AS expr`: event time on `column` is complete up to
@@ -153,8 +163,28 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             expect_words(&mut parser, &["from", "savepoint"])?;
             let name = object_name(&parser.parse_object_name(false)?)?;
             Stmt::RestoreSavepoint { name, view }
-        } else if is_word(&a, "create") && (is_word(&b, "table") || is_word(&b, "stream")) {
+        } else if is_word(&a, "create")
+            && (is_word(&b, "table") || is_word(&b, "stream") || is_word(&b, "source"))
+        {
             create_table(&mut parser)?
+        } else if is_word(&a, "show") && is_word(&b, "sources") {
+            parser.next_token();
+            parser.next_token();
+            Stmt::ShowSources
+        } else if is_word(&a, "drop") && is_word(&b, "source") {
+            parser.next_token();
+            parser.next_token();
+            let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+            let name = object_name(&parser.parse_object_name(false)?)?;
+            let cascade = parser.parse_keyword(Keyword::CASCADE);
+            if !cascade {
+                let _ = parser.parse_keyword(Keyword::RESTRICT);
+            }
+            Stmt::DropSource {
+                name,
+                if_exists,
+                cascade,
+            }
         } else if is_word(&a, "alter") && is_word(&b, "materialized") && is_word(&c, "view") {
             for _ in 0..3 {
                 parser.next_token();
@@ -296,6 +326,134 @@ fn for_system_time(tokens: &mut Vec<Token>) -> Result<()> {
     Ok(())
 }
 
+/// The index of the first token at parenthesis depth 0 that is `word`.
+fn top_level_word(tokens: &[Token], word: &str) -> Option<usize> {
+    let mut depth = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        match t {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 0 && is_word(t, word) => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `(name = value, …)` from `tokens[start]` (an opening parenthesis), and
+/// the index after the closing one. Names may be dotted
+/// (`nexmark.table.type`) and are lower-cased; values are strings, numbers
+/// or words.
+fn option_list(tokens: &[Token], start: usize) -> Result<(BTreeMap<String, String>, usize)> {
+    let bad = |t: Option<&Token>| {
+        ServerError::Syntax(format!(
+            "syntax error at or near \"{}\" in an option list: expected name = 'value'",
+            t.map(|t| t.to_string()).unwrap_or_default()
+        ))
+    };
+    if tokens.get(start) != Some(&Token::LParen) {
+        return Err(bad(tokens.get(start)));
+    }
+    let mut out = BTreeMap::new();
+    let mut i = start + 1;
+    if tokens.get(i) == Some(&Token::RParen) {
+        return Ok((out, i + 1));
+    }
+    loop {
+        let mut name = String::new();
+        loop {
+            match tokens.get(i) {
+                Some(Token::Word(w)) => name.push_str(&w.value.to_lowercase()),
+                Some(Token::SingleQuotedString(s)) => name.push_str(s),
+                t => return Err(bad(t)),
+            }
+            i += 1;
+            if tokens.get(i) == Some(&Token::Period) {
+                name.push('.');
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        if tokens.get(i) != Some(&Token::Eq) {
+            return Err(bad(tokens.get(i)));
+        }
+        i += 1;
+        let value = match tokens.get(i) {
+            Some(Token::SingleQuotedString(s)) => s.clone(),
+            Some(Token::Number(n, _)) => n.clone(),
+            Some(Token::Word(w)) => w.value.clone(),
+            t => return Err(bad(t)),
+        };
+        i += 1;
+        if out.insert(name.clone(), value).is_some() {
+            return Err(ServerError::Syntax(format!(
+                "option {name} given more than once"
+            )));
+        }
+        match tokens.get(i) {
+            Some(Token::Comma) => i += 1,
+            Some(Token::RParen) => return Ok((out, i + 1)),
+            t => return Err(bad(t)),
+        }
+    }
+}
+
+/// Takes a source's `WITH (…)` and `FORMAT … ENCODE … (…)` (or the older
+/// `ROW FORMAT …`) out of `tokens` (RisingWave's syntax, which sqlparser
+/// does not know: option names are dotted).
+fn source_clauses(tokens: &mut Vec<Token>) -> Result<planner::spec::ConnectorSpec> {
+    let mut spec = planner::spec::ConnectorSpec::default();
+    let Some(with) = top_level_word(tokens, "with") else {
+        return Err(ServerError::InvalidParameter(
+            "CREATE SOURCE needs WITH (connector = '…', …)".into(),
+        ));
+    };
+    let (mut options, end) = option_list(tokens, with + 1)?;
+    let tail: Vec<Token> = tokens.drain(with..).skip(end - with).collect();
+    let word = |i: usize| match tail.get(i) {
+        Some(Token::Word(w)) => Ok(w.value.to_uppercase()),
+        t => Err(ServerError::Syntax(format!(
+            "syntax error at or near \"{}\": expected FORMAT … ENCODE …",
+            t.map(|t| t.to_string()).unwrap_or_default()
+        ))),
+    };
+    let mut i = 0;
+    if tail.first().is_some_and(|t| is_word(t, "row")) {
+        if !tail.get(1).is_some_and(|t| is_word(t, "format")) {
+            return Err(ServerError::Syntax("expected ROW FORMAT".into()));
+        }
+        spec.format = Some("PLAIN".into());
+        spec.encode = Some(word(2)?);
+        i = 3;
+    } else if tail.first().is_some_and(|t| is_word(t, "format")) {
+        spec.format = Some(word(1)?);
+        if !tail.get(2).is_some_and(|t| is_word(t, "encode")) {
+            return Err(ServerError::Syntax("expected ENCODE after FORMAT …".into()));
+        }
+        spec.encode = Some(word(3)?);
+        i = 4;
+        if tail.get(i) == Some(&Token::LParen) {
+            let (encode_options, end) = option_list(&tail, i)?;
+            spec.encode_options = encode_options;
+            i = end;
+        }
+    }
+    if let Some(t) = tail.get(i) {
+        return Err(ServerError::Syntax(format!(
+            "syntax error at or near \"{t}\""
+        )));
+    }
+    spec.connector = options
+        .remove("connector")
+        .map(|c| c.to_lowercase())
+        .ok_or_else(|| {
+            ServerError::InvalidParameter("CREATE SOURCE needs WITH (connector = '…')".into())
+        })?;
+    spec.options = options;
+    Ok(spec)
+}
+
 /// `CREATE TABLE | STREAM …`: takes the statement's tokens, removes the
 /// clauses sqlparser does not know, and parses the rest as `CREATE TABLE`.
 fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
@@ -305,6 +463,10 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
         tokens[1] = Token::make_keyword("TABLE");
         options.stream = true;
         options.append_only = true;
+    } else if tokens.get(1).is_some_and(|t| is_word(t, "source")) {
+        tokens[1] = Token::make_keyword("TABLE");
+        options.append_only = true;
+        options.source = Some(source_clauses(&mut tokens)?);
     }
     // WATERMARK FOR … inside the column list.
     let mut depth = 0;

@@ -30,7 +30,7 @@ use datafusion::functions::datetime::expr_fn::date_bin;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, col, lit};
 
 use crate::catalog::Entry;
-use crate::context::{Mode, table_provider};
+use crate::context::{Mode, source_provider, table_provider};
 use crate::engine::Database;
 use crate::error::ServerError;
 
@@ -69,6 +69,9 @@ struct WindowFunction {
     db: Arc<Database>,
     mode: Mode,
 }
+
+/// The window table functions, by their lower-case names.
+pub const FUNCTIONS: &[&str] = &["tumble", "hop", "cumulate", "session"];
 
 /// Registers the window functions in a statement's context.
 pub fn register(ctx: &SessionContext, db: &Arc<Database>, mode: Mode) {
@@ -160,10 +163,10 @@ fn window_source(
     datafusion::arrow::datatypes::DataType,
 )> {
     let entry = match db.catalog.by_name(table) {
-        Some(e @ Entry::Table { .. }) => e,
+        Some(e @ (Entry::Table { .. } | Entry::Source { .. })) => e,
         Some(other) => {
             return Err(error(ServerError::Unsupported(format!(
-                "{} over the {} \"{table}\" (name a table or stream)",
+                "{} over the {} \"{table}\" (name a table, stream or source)",
                 function,
                 other.kind()
             ))));
@@ -174,7 +177,11 @@ fn window_source(
             ))));
         }
     };
-    let provider = table_provider(db, &entry, mode).map_err(error)?;
+    let provider = match entry {
+        Entry::Source { .. } => source_provider(&entry, mode),
+        _ => table_provider(db, &entry, mode),
+    }
+    .map_err(error)?;
     let schema = provider.schema();
     let Some(field) = schema.fields().iter().find(|f| f.name() == time) else {
         return Err(error(ServerError::UndefinedColumn(format!(

@@ -165,6 +165,15 @@ async fn views_equal_postgresql_running_their_queries() {
         if !statements.iter().any(|s| view_definition(s).is_some()) {
             continue;
         }
+        if statements
+            .iter()
+            .any(|s| s.trim().to_lowercase().starts_with("create source"))
+        {
+            // PostgreSQL has no connectors; these views are checked against
+            // the same query over the bounded source, in the file itself
+            // and by smoke.rs.
+            continue;
+        }
         // A fresh database per file, as each file gets a fresh Weir.
         let db = format!("f{n}");
         admin

@@ -379,6 +379,7 @@ impl JobMasterGateway for RemoteJobMaster {
             alignment_micros: ack.alignment.as_micros() as u64,
             state: super::to_json(&ack.state),
             declined: ack.declined,
+            behind: ack.behind,
         }));
     }
 

@@ -184,6 +184,7 @@ impl JobMasterService for JobManagerServices {
                     alignment: std::time::Duration::from_micros(ack.alignment_micros),
                     state: super::json_field(&ack.state, "state")?,
                     declined: ack.declined,
+                    behind: ack.behind,
                 },
             );
         }

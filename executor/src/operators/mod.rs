@@ -2,6 +2,8 @@
 //! operator for one subtask.
 
 mod accumulator;
+pub mod connector_source;
+mod event_time;
 mod expand;
 mod filter;
 mod hash_agg;
@@ -80,9 +82,9 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
         OperatorSpec::Materialize { state_table, .. } => {
             Box::new(Materialize::new(&node.schema, *state_table)?)
         }
-        OperatorSpec::TableSource { .. } => {
+        OperatorSpec::TableSource { .. } | OperatorSpec::ConnectorSource { .. } => {
             return Err(ExecError::Protocol(
-                "a table source is a task head, not a chained operator".into(),
+                "a source is a task head, not a chained operator".into(),
             ));
         }
     })

@@ -17,10 +17,9 @@ use storage::chunk::Chunk;
 use storage::state::StateWrite;
 use tokio::sync::watch;
 
-use datafusion::arrow::compute::max;
-use datafusion::physical_expr::PhysicalExpr;
 use planner::spec::SourceWatermark;
 
+use super::event_time::EventTime;
 use crate::message::Watermark;
 use crate::operator::OperatorContext;
 use crate::task::TableLog;
@@ -40,12 +39,8 @@ pub struct TableSource {
     position: Option<u64>,
     /// The table's last sequence number; `None` until [`TableSource::open`].
     seq: Option<watch::Receiver<u64>>,
-    /// `WATERMARK FOR`: the expression over the table's columns.
-    watermark_expr: Option<Arc<dyn PhysicalExpr>>,
-    /// The largest watermark value seen (microseconds since the epoch).
-    watermark: Option<i64>,
-    /// The watermark last sent downstream.
-    emitted: Option<i64>,
+    /// `WATERMARK FOR`.
+    event_time: EventTime,
 }
 
 impl std::fmt::Debug for TableSource {
@@ -73,46 +68,19 @@ impl TableSource {
             log,
             position: None,
             seq: None,
-            watermark_expr: None,
-            watermark: None,
-            emitted: None,
+            event_time: EventTime::default(),
         }
     }
 
     /// Derives watermarks from `w` (see [`SourceWatermark`]).
     pub fn with_watermark(mut self, w: &SourceWatermark) -> Result<Self> {
-        self.watermark_expr =
-            Some(expr::compile(std::slice::from_ref(&w.expr), &w.table_schema)?.remove(0));
+        self.event_time = EventTime::new(Some(w))?;
         Ok(self)
-    }
-
-    /// Raises the watermark to the largest value of the watermark
-    /// expression over `chunk`'s rows (before projection).
-    fn observe(&mut self, chunk: &Chunk) -> Result<()> {
-        let Some(e) = &self.watermark_expr else {
-            return Ok(());
-        };
-        // The expression reads the user columns, a prefix of the stored ones.
-        let n = e_columns(chunk);
-        let data = chunk.data().project(&(0..n).collect::<Vec<_>>())?;
-        let values = e.evaluate(&data)?.into_array(data.num_rows())?;
-        if let Some(max) = max(&expr::timestamp_micros(&values)?) {
-            self.watermark = Some(self.watermark.map_or(max, |w| w.max(max)));
-        }
-        Ok(())
     }
 
     /// The watermark, if it advanced since the last call.
     pub fn take_watermark(&mut self) -> Option<Watermark> {
-        let w = self.watermark?;
-        if self.emitted.is_some_and(|e| e >= w) {
-            return None;
-        }
-        self.emitted = Some(w);
-        Some(Watermark {
-            column: 0,
-            timestamp: w,
-        })
+        self.event_time.take()
     }
 
     /// Starts following the table's log.
@@ -142,14 +110,17 @@ impl TableSource {
             if e.key == POSITION_KEY {
                 self.position = Some(u64::from_be_bytes(v));
             } else if e.key == WATERMARK_KEY {
-                self.watermark = Some(i64::from_be_bytes(v));
+                self.event_time.restore(&v)?;
             }
         }
         Ok(())
     }
 
     fn project(&mut self, chunk: Chunk) -> Result<Chunk> {
-        self.observe(&chunk)?;
+        // The expression reads the user columns, a prefix of the stored ones.
+        let n = e_columns(&chunk);
+        self.event_time
+            .observe(&chunk.data().project(&(0..n).collect::<Vec<_>>())?)?;
         let data = chunk.data().project(&self.projection)?;
         let data = expr::batch(&self.schema, data.columns().to_vec(), data.num_rows())?;
         Ok(chunk.with_data(data))
@@ -212,14 +183,8 @@ impl TableSource {
             key: POSITION_KEY.to_vec(),
             value: Some(self.position().to_be_bytes().to_vec()),
         });
-        if let Some(w) = self.emitted {
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group: 0,
-                key: WATERMARK_KEY.to_vec(),
-                value: Some(w.to_be_bytes().to_vec()),
-            });
-        }
+        self.event_time
+            .snapshot(self.state_table, 0, WATERMARK_KEY, writes);
     }
 }
 

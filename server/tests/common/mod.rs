@@ -144,7 +144,7 @@ pub async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<String>
     for m in client
         .simple_query(sql)
         .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .unwrap_or_else(|e| panic!("{sql}: {e}: {:?}", e.as_db_error()))
     {
         if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
             out.push(

@@ -1,0 +1,198 @@
+//! Connectors: how a source task reads a system outside Weir.
+//!
+//! Flink's FLIP-27 shape, kept small. A [`SourceConnector`] knows the
+//! source's *splits* (a Kafka partition, a slice of a generator's
+//! sequence) and opens a [`SplitReader`] on one of them from a position.
+//! The splits are spread over the source's subtasks by key group
+//! ([`split_key_group`]): each split's position is state in that key group,
+//! so a rescale moves the split and its position together, and restoring
+//! a checkpoint resumes every split exactly where the committed views stop.
+//!
+//! Each connector checks its `WITH` options when the source is created and
+//! names the option that is wrong and what it allows.
+
+mod datagen;
+mod nexmark;
+mod options;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use planner::spec::ConnectorSpec;
+
+use crate::{ExecError, Result};
+
+pub use options::Options;
+
+/// Rows read from a split.
+#[derive(Debug, Clone)]
+pub struct ReadBatch {
+    /// In the source's columns.
+    pub data: RecordBatch,
+    /// Where the split's next read starts: what a checkpoint keeps.
+    pub position: Vec<u8>,
+    /// Nothing more is available yet after these rows (the generator is
+    /// ahead of its rate, the partition at its end).
+    pub caught_up: bool,
+}
+
+/// Reads one split, in order.
+#[async_trait]
+pub trait SplitReader: Send {
+    /// The next rows, waiting until there are some; `None` when the split
+    /// has ended (a bounded source).
+    async fn next(&mut self) -> Result<Option<ReadBatch>>;
+}
+
+/// How fast a reader goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// At the source's configured rate (a running job).
+    Rated,
+    /// As fast as it can (a batch `SELECT` over a bounded source).
+    Unlimited,
+}
+
+/// A source's connector: its splits and their readers.
+#[async_trait]
+pub trait SourceConnector: Send + Sync {
+    /// How many splits the source has.
+    async fn splits(&self) -> Result<usize>;
+    /// A reader of `split`, from `position` (`None`: its beginning).
+    fn reader(
+        &self,
+        split: usize,
+        position: Option<&[u8]>,
+        pace: Pace,
+    ) -> Result<Box<dyn SplitReader>>;
+    /// Whether every split ends.
+    fn bounded(&self) -> bool;
+}
+
+/// The connectors Weir has, as `connector = '…'` names them.
+pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "nexmark"];
+
+/// The connector of a source with `schema` (its declared columns), its
+/// options checked.
+pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn SourceConnector>> {
+    if spec.format.as_deref().is_some_and(|f| f != "PLAIN") {
+        return Err(ExecError::InvalidOption(format!(
+            "connector {} takes FORMAT PLAIN, not FORMAT {}",
+            spec.connector,
+            spec.format.as_deref().unwrap_or_default()
+        )));
+    }
+    match spec.connector.as_str() {
+        "datagen" => Ok(Arc::new(datagen::Datagen::new(spec, schema)?)),
+        "nexmark" => Ok(Arc::new(nexmark::Nexmark::new(spec, schema)?)),
+        other => Err(ExecError::InvalidOption(format!(
+            "unknown connector \"{other}\"; source connectors are: {}",
+            SOURCE_CONNECTORS.join(", ")
+        ))),
+    }
+}
+
+/// Fills in what must be fixed when a source is created so that every job
+/// reading it, and every restart of one, reads the same rows (a generator's
+/// base time).
+pub fn complete(spec: &mut ConnectorSpec) {
+    if spec.connector == "nexmark" {
+        nexmark::complete(spec);
+    }
+}
+
+/// The key group a split's position lives in. Splits 0, 1, 2, … go to key
+/// groups 0, 64, 32, 96, … (the bits of the index reversed), so any number
+/// of splits spreads evenly over any parallelism's key-group ranges.
+pub fn split_key_group(split: usize) -> u16 {
+    ((split % storage::keys::MAX_PARALLELISM as usize) as u8).reverse_bits() as u16 >> 1
+}
+
+/// The splits of `0..splits` that the subtask owning `key_groups` reads.
+pub fn owned_splits(splits: usize, key_groups: &Range<u16>) -> Vec<usize> {
+    (0..splits)
+        .filter(|s| key_groups.contains(&split_key_group(*s)))
+        .collect()
+}
+
+/// Spaces a split's records by a fixed gap: record `n` (of the whole
+/// source, counted from where this reader started) is due `n × gap` after
+/// the reader started.
+#[derive(Debug, Clone)]
+pub(crate) struct Pacer {
+    start: Instant,
+    first: u64,
+    gap_ns: u64,
+}
+
+impl Pacer {
+    pub(crate) fn new(first: u64, gap_ns: u64) -> Self {
+        Self {
+            start: Instant::now(),
+            first,
+            gap_ns,
+        }
+    }
+
+    /// When record `n` is due; `None` without a rate.
+    pub(crate) fn due(&self, n: u64) -> Option<Instant> {
+        if self.gap_ns == 0 {
+            return None;
+        }
+        let ns = n.saturating_sub(self.first).saturating_mul(self.gap_ns);
+        Some(self.start + Duration::from_nanos(ns))
+    }
+
+    /// Whether record `n` is due now.
+    pub(crate) fn is_due(&self, n: u64) -> bool {
+        self.due(n).is_none_or(|d| d <= Instant::now())
+    }
+
+    /// Waits until record `n` is due.
+    pub(crate) async fn wait(&self, n: u64) {
+        if let Some(d) = self.due(n) {
+            tokio::time::sleep_until(d.into()).await;
+        }
+    }
+}
+
+/// A position that is a count of records (generators).
+pub(crate) fn count_position(n: u64) -> Vec<u8> {
+    n.to_be_bytes().to_vec()
+}
+
+pub(crate) fn parse_count_position(p: Option<&[u8]>) -> Result<u64> {
+    match p {
+        None => Ok(0),
+        Some(b) => Ok(u64::from_be_bytes(b.try_into().map_err(|_| {
+            ExecError::Storage(storage::StorageError::Corrupt("split position".into()))
+        })?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_spread_over_any_parallelism() {
+        for p in 1..=8usize {
+            let ranges: Vec<_> = (0..p)
+                .map(|i| storage::keys::key_group_range(i, p))
+                .collect();
+            let owned: Vec<usize> = ranges.iter().map(|r| owned_splits(p, r).len()).collect();
+            assert_eq!(owned.iter().sum::<usize>(), p);
+            if p.is_power_of_two() {
+                assert!(owned.iter().all(|n| *n == 1), "p={p}: {owned:?}");
+            }
+        }
+        assert_eq!(split_key_group(0), 0);
+        assert_eq!(split_key_group(1), 64);
+        assert_eq!(split_key_group(2), 32);
+        assert_eq!(split_key_group(3), 96);
+    }
+}
