@@ -93,6 +93,13 @@ pub trait Operator: Send {
         Ok(())
     }
 
+    /// The barrier has arrived on every input, and the operator may emit
+    /// what must be in this checkpoint's output (before the barrier).
+    /// Called before [`Operator::handle_checkpoint`].
+    fn before_checkpoint(&mut self, _barrier: &Barrier, _out: &mut Collector) -> Result<()> {
+        Ok(())
+    }
+
     /// The barrier has arrived on every input: write every state key changed
     /// since the previous barrier into `writes`. The writes become visible
     /// when the checkpoint completes.

@@ -532,6 +532,13 @@ impl StreamTask {
         alignment: std::time::Duration,
         behind: bool,
     ) -> Result<()> {
+        for i in 0..self.chain.len() {
+            let mut out = Vec::new();
+            self.chain[i].before_checkpoint(&barrier, &mut out)?;
+            for chunk in out {
+                self.push(i + 1, 0, chunk).await?;
+            }
+        }
         for op in &mut self.chain {
             op.handle_checkpoint(&barrier, &mut writes)?;
         }

@@ -38,7 +38,13 @@ pub fn decode_job_graph(bytes: &[u8]) -> Result<JobGraph> {
 /// built-in registry the SQL front end plans with.
 fn functions() -> &'static Arc<TaskContext> {
     static CTX: OnceLock<Arc<TaskContext>> = OnceLock::new();
-    CTX.get_or_init(|| SessionContext::new().task_ctx())
+    CTX.get_or_init(|| {
+        let ctx = SessionContext::new();
+        for f in crate::functions::udfs() {
+            ctx.register_udf(f.as_ref().clone());
+        }
+        ctx.task_ctx()
+    })
 }
 
 fn to_bytes(expr: &Expr) -> std::result::Result<Vec<u8>, String> {

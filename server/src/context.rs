@@ -138,6 +138,9 @@ pub fn new_context() -> SessionContext {
     config.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
     let ctx = SessionContext::new_with_config(config);
     ctx.register_udf(crate::proctime::udf());
+    for f in planner::functions::udfs() {
+        ctx.register_udf(f.as_ref().clone());
+    }
     ctx
 }
 

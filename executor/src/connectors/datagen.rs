@@ -380,9 +380,7 @@ mod tests {
                         rows.extend(
                             fmt.lines()
                                 .filter(|l| l.starts_with("| ") && !l.contains(" id "))
-                                .map(|l| {
-                                    l.split('|').map(str::trim).collect::<Vec<_>>().join("|")
-                                }),
+                                .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|")),
                         );
                     }
                 }

@@ -96,6 +96,10 @@ pub struct HashJoin {
     interval: Option<IntervalState>,
     /// Temporal join: see [`OperatorSpec::HashJoin`]'s `temporal`.
     temporal: bool,
+    /// Temporal join: left rows held back until the first barrier, by which
+    /// the right side's backfill (the table as it was when the job started)
+    /// has all arrived; `None` after it.
+    held: Option<Vec<Chunk>>,
     /// State TTL (Flink's idle state retention): the rows of a join key on
     /// one side that no row has written for the TTL are forgotten; results
     /// already emitted stay, later rows no longer meet them, and a
@@ -193,6 +197,7 @@ impl HashJoin {
                 by_time: [BTreeMap::new(), BTreeMap::new()],
             }),
             temporal: *temporal,
+            held: temporal.then(Vec::new),
             ttl: state_ttl_us.map(Ttl::new),
         })
     }
@@ -560,6 +565,12 @@ impl Operator for HashJoin {
 
     fn process_batch(&mut self, input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let side = input.min(1);
+        if side == 0
+            && let Some(held) = &mut self.held
+        {
+            held.push(chunk);
+            return Ok(());
+        }
         let n = chunk.num_rows();
         let data = chunk.data();
         let mut keys = expr::evaluate(&self.keys[side], data)?;
@@ -592,6 +603,15 @@ impl Operator for HashJoin {
         }
         if !emitted.is_empty() {
             out.push(self.emit(emitted)?);
+        }
+        Ok(())
+    }
+
+    fn before_checkpoint(&mut self, _barrier: &Barrier, out: &mut Collector) -> Result<()> {
+        // Every left row that arrived before the first barrier meets the
+        // whole table, as it was when the job started.
+        for chunk in self.held.take().unwrap_or_default() {
+            self.process_batch(0, chunk, out)?;
         }
         Ok(())
     }
