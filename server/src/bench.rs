@@ -21,6 +21,9 @@ pub enum Workload {
     Agg,
     /// INSERT into two tables → view joining them.
     Join,
+    /// A Nexmark query (`--query qN`) over bounded Nexmark sources of
+    /// `--events` events, from CREATE until the view holds every event.
+    Nexmark,
 }
 
 /// Options of `weir bench`.
@@ -40,6 +43,110 @@ pub struct BenchArgs {
     /// Run the view on this many TaskManagers over gRPC (0: playground).
     #[arg(long, default_value_t = 0)]
     task_managers: usize,
+    /// nexmark: the query, q0 … q22 as in sql-tests/nexmark.slt.
+    #[arg(long, default_value = "q0")]
+    query: String,
+    /// nexmark: events in all (persons, auctions and bids).
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+}
+
+/// The Nexmark queries and sources, as tested: the bench runs exactly
+/// what sql-tests/nexmark.slt checks.
+const NEXMARK_SLT: &str = include_str!("../../sql-tests/nexmark.slt");
+
+/// The statements of `nexmark.slt` (`statement ok` records).
+fn nexmark_statements() -> Vec<String> {
+    NEXMARK_SLT
+        .split("\n\n")
+        .filter_map(|record| record.trim().strip_prefix("statement ok\n"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The statements that set up and create Nexmark query `query` over
+/// `events` events in `splits` splits per source, generated as fast as
+/// they can be (the benchmark's own event rate, 10,000 per second of
+/// event time).
+fn nexmark_setup(query: &str, events: u64, splits: usize) -> Result<Vec<String>, String> {
+    let statements = nexmark_statements();
+    let view = format!("CREATE VIEW {query}_batch AS\n");
+    let sql = statements
+        .iter()
+        .find_map(|s| s.strip_prefix(view.as_str()))
+        .ok_or_else(|| format!("no Nexmark query {query} (q0 … q22, not q12)"))?;
+    let mut out = Vec::new();
+    for s in &statements {
+        if s.starts_with("CREATE SOURCE") {
+            let lines: Vec<String> = s
+                .lines()
+                .filter(|l| !l.contains(".event.rate"))
+                .map(|l| {
+                    l.replace(
+                        "nexmark.event.num = '10000'",
+                        &format!("nexmark.event.num = '{events}'"),
+                    )
+                    .replace(
+                        "nexmark.split.num = '4'",
+                        &format!("nexmark.split.num = '{splits}'"),
+                    )
+                })
+                .collect();
+            out.push(lines.join("\n"));
+        } else if s.contains("side_input") && query == "q13" {
+            out.push(s.clone());
+        }
+    }
+    out.push(format!("CREATE MATERIALIZED VIEW {query} AS {sql}"));
+    Ok(out)
+}
+
+/// `weir bench nexmark`: events per second from CREATE until every
+/// event is in the view.
+async fn run_nexmark(
+    db: &std::sync::Arc<Database>,
+    session: &mut Session,
+    args: &BenchArgs,
+) -> Result<(), String> {
+    let mut setup = nexmark_setup(&args.query, args.events, args.parallelism)?;
+    let create = setup.pop().unwrap_or_default();
+    for s in &setup {
+        run_sql(db, session, s).await?;
+    }
+    let start = Instant::now();
+    run_sql(db, session, &create).await?;
+    db.flush().await.map_err(|e| e.to_string())?;
+    let total = start.elapsed().as_secs_f64();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Only the event types the query reads are generated: count those (of
+    // every 50 events, 1 is a person, 3 auctions, 46 bids).
+    let depends = db
+        .catalog
+        .by_name(&args.query)
+        .map(|e| e.depends_on().to_vec())
+        .unwrap_or_default();
+    let share: u64 = depends
+        .iter()
+        .filter_map(|id| db.catalog.get(*id))
+        .map(|e| match e.name() {
+            "person" => 1,
+            "auction" => 3,
+            "bid" => 46,
+            _ => 0,
+        })
+        .sum();
+    let read = args.events * share / 50;
+    println!(
+        "nexmark {}: {} events in the stream, {} of them of the types it reads; parallelism {}, {} cores",
+        args.query, args.events, read, args.parallelism, cores
+    );
+    println!("all events in the view after {total:.2} s");
+    println!(
+        "throughput: {:.0} events/s read, {:.0} events/s per core",
+        read as f64 / total,
+        read as f64 / total / cores as f64
+    );
+    Ok(())
 }
 
 /// A JobManager with `n` TaskManagers of `slots` slots, all in this
@@ -119,6 +226,12 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .set("streaming_parallelism", &args.parallelism.to_string())
         .map_err(|e| e.to_string())?;
     match args.workload {
+        Workload::Nexmark => {
+            let result = run_nexmark(&db, &mut session, &args).await;
+            db.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return result;
+        }
         Workload::Agg => {
             run_sql(
                 &db,
@@ -171,7 +284,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         };
         let t = Instant::now();
         match args.workload {
-            Workload::Agg => run_sql(&db, &mut session, &values("events")).await?,
+            Workload::Agg | Workload::Nexmark => {
+                run_sql(&db, &mut session, &values("events")).await?
+            }
             Workload::Join => {
                 run_sql(&db, &mut session, &values("l")).await?;
                 run_sql(&db, &mut session, &values("r")).await?;
@@ -184,7 +299,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     db.flush().await.map_err(|e| e.to_string())?;
     let total = start.elapsed();
     let rows = match args.workload {
-        Workload::Agg => args.rows,
+        Workload::Agg | Workload::Nexmark => args.rows,
         Workload::Join => args.rows * 2,
     };
     batch_times.sort();
