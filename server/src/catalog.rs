@@ -145,16 +145,7 @@ pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
             entry.name()
         )));
     };
-    let mut fields = columns
-        .iter()
-        .map(|c| {
-            Ok(Field::new(
-                &c.name,
-                types::parse_type(&c.sql_type)?,
-                !c.not_null,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut fields = column_fields(columns)?;
     let (key_columns, row_id) = if primary_key.is_empty() {
         fields.push(Field::new(ROW_ID_COLUMN, DataType::Int64, false));
         (vec![fields.len() - 1], true)
@@ -180,9 +171,9 @@ pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
     })
 }
 
-/// The columns of a source, as Arrow fields.
-pub fn source_schema(columns: &[Column]) -> Result<SchemaRef> {
-    let fields = columns
+/// Declared columns as Arrow fields.
+fn column_fields(columns: &[Column]) -> Result<Vec<Field>> {
+    columns
         .iter()
         .map(|c| {
             Ok(Field::new(
@@ -191,8 +182,12 @@ pub fn source_schema(columns: &[Column]) -> Result<SchemaRef> {
                 !c.not_null,
             ))
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Arc::new(Schema::new(fields)))
+        .collect()
+}
+
+/// The columns of a source, as an Arrow schema.
+pub fn source_schema(columns: &[Column]) -> Result<SchemaRef> {
+    Ok(Arc::new(Schema::new(column_fields(columns)?)))
 }
 
 /// The user-visible schema of a table (without the hidden row id).

@@ -23,8 +23,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{
-    Options, Pace, Pacer, ReadBatch, SourceConnector, SplitReader, count_position,
-    parse_count_position,
+    Options, Pace, Pacer, ReadBatch, SourceConnector, SplitReader, count_position, count_start,
 };
 use crate::{ExecError, Result};
 
@@ -275,10 +274,7 @@ impl SourceConnector for Datagen {
         position: Option<&[u8]>,
         pace: Pace,
     ) -> Result<Box<dyn SplitReader>> {
-        let next = match position {
-            Some(_) => parse_count_position(position)?,
-            None => split as u64,
-        };
+        let next = count_start(position, split)?;
         let gap_ns = match (pace, self.rows_per_second) {
             (Pace::Unlimited, _) | (_, 0) => 0,
             (Pace::Rated, r) => (1_000_000_000 / r).max(1),

@@ -165,9 +165,11 @@ pub(crate) fn count_position(n: u64) -> Vec<u8> {
     n.to_be_bytes().to_vec()
 }
 
-pub(crate) fn parse_count_position(p: Option<&[u8]>) -> Result<u64> {
-    match p {
-        None => Ok(0),
+/// Where a generator's split starts: the count its position holds, or,
+/// without one, the split's own index (split `s` makes records `s`, `s + n`, …).
+pub(crate) fn count_start(position: Option<&[u8]>, split: usize) -> Result<u64> {
+    match position {
+        None => Ok(split as u64),
         Some(b) => Ok(u64::from_be_bytes(b.try_into().map_err(|_| {
             ExecError::Storage(storage::StorageError::Corrupt("split position".into()))
         })?)),

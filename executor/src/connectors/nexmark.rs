@@ -22,8 +22,7 @@ use nexmark::event::{Event, EventType};
 use planner::spec::ConnectorSpec;
 
 use super::{
-    Options, Pace, Pacer, ReadBatch, SourceConnector, SplitReader, count_position,
-    parse_count_position,
+    Options, Pace, Pacer, ReadBatch, SourceConnector, SplitReader, count_position, count_start,
 };
 use crate::{ExecError, Result};
 
@@ -341,10 +340,7 @@ impl SourceConnector for Nexmark {
         position: Option<&[u8]>,
         pace: Pace,
     ) -> Result<Box<dyn SplitReader>> {
-        let offset = match position {
-            Some(_) => parse_count_position(position)?,
-            None => split as u64,
-        };
+        let offset = count_start(position, split)?;
         let generator = EventGenerator::new(self.config.clone())
             .with_offset(offset)
             .with_step(self.splits as u64)

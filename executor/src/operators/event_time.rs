@@ -94,10 +94,15 @@ impl EventTime {
 
     /// Restores a watermark written by [`EventTime::snapshot`].
     pub(crate) fn restore(&mut self, value: &[u8]) -> Result<()> {
-        let v: [u8; 8] = value
-            .try_into()
-            .map_err(|_| storage::StorageError::Corrupt("source watermark".into()))?;
-        self.advance(i64::from_be_bytes(v));
+        self.advance(decode(value)?);
         Ok(())
     }
+}
+
+/// A watermark as [`EventTime::snapshot`] wrote it.
+pub(crate) fn decode(value: &[u8]) -> Result<i64> {
+    let v: [u8; 8] = value
+        .try_into()
+        .map_err(|_| storage::StorageError::Corrupt("source watermark".into()))?;
+    Ok(i64::from_be_bytes(v))
 }
