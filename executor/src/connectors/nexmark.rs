@@ -345,13 +345,12 @@ impl SourceConnector for Nexmark {
             .with_offset(offset)
             .with_step(self.splits as u64)
             .with_type_filter(self.event_type);
-        let pace = match pace {
-            Pace::Unlimited => None,
-            Pace::Rated if self.real_time => None,
-            Pace::Rated => Some(Pacer::new(generator.global_offset(), self.gap_ns)),
-        };
-        let real_time = (pace.is_none() && self.real_time && self.gap_ns > 0)
-            .then(|| (std::time::Instant::now(), generator.timestamp()));
+        // A batch read (Unlimited) ignores both ways of pacing.
+        let rated = pace == Pace::Rated;
+        let real_time =
+            (rated && self.real_time).then(|| (std::time::Instant::now(), generator.timestamp()));
+        let pace = (rated && !self.real_time && self.gap_ns > 0)
+            .then(|| Pacer::new(generator.global_offset(), self.gap_ns));
         Ok(Box::new(NexmarkReader {
             source: self.clone(),
             generator,
@@ -495,6 +494,43 @@ mod tests {
             n += b.data.num_rows();
         }
         assert_eq!(n, 920);
+    }
+
+    #[tokio::test]
+    async fn unpaced_endless_reads_are_always_caught_up_and_batch_reads_never_wait() {
+        let endless = Nexmark::new(
+            &spec(&[
+                ("nexmark.table.type", "Bid"),
+                ("nexmark.min.event.gap.in.ns", "0"),
+            ]),
+            &bid_schema(),
+        )
+        .unwrap();
+        let b = endless
+            .reader(0, None, Pace::Rated)
+            .unwrap()
+            .next()
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(b.caught_up, "nothing to catch up with: FLUSH must not wait");
+        // Real-time pacing would take ~100 s of event time here.
+        let real_time = Nexmark::new(
+            &spec(&[
+                ("nexmark.table.type", "Bid"),
+                ("nexmark.event.num", "1000000"),
+                ("nexmark.use.real.time", "true"),
+            ]),
+            &bid_schema(),
+        )
+        .unwrap();
+        let mut r = real_time.reader(0, None, Pace::Unlimited).unwrap();
+        let b = tokio::time::timeout(std::time::Duration::from_secs(5), r.next())
+            .await
+            .expect("a batch read does not pace")
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.data.num_rows(), 1024);
     }
 
     #[test]
