@@ -347,7 +347,7 @@ impl StreamTask {
         for chunk in source.backfill().await? {
             self.push(0, 0, chunk).await?;
         }
-        self.source_watermark(source).await?;
+        self.source_watermark(source.take_watermark()).await?;
         loop {
             let has_more = source.has_more();
             tokio::select! {
@@ -367,7 +367,7 @@ impl StreamTask {
                                 self.push(0, 0, chunk).await?;
                             }
                         }
-                        self.source_watermark(source).await?;
+                        self.source_watermark(source.take_watermark()).await?;
                         let mut writes = Vec::new();
                         source.snapshot(&mut writes);
                         let position = SourcePosition { table: source.table_id(), seq: source.position() };
@@ -380,7 +380,7 @@ impl StreamTask {
                     for chunk in source.poll().await? {
                         self.push(0, 0, chunk).await?;
                     }
-                    self.source_watermark(source).await?;
+                    self.source_watermark(source.take_watermark()).await?;
                 }
                 _ = source.changed(), if !has_more => {}
             }
@@ -393,7 +393,7 @@ impl StreamTask {
     async fn run_connector(&mut self, source: &mut ConnectorSource) -> Result<Exit> {
         source.open(&self.ctx).await?;
         loop {
-            self.connector_watermark(source).await?;
+            self.source_watermark(source.take_watermark()).await?;
             tokio::select! {
                 biased;
                 cmd = self.commands.recv() => match cmd {
@@ -412,13 +412,6 @@ impl StreamTask {
                     }
                 }
             }
-        }
-    }
-
-    async fn connector_watermark(&mut self, source: &mut ConnectorSource) -> Result<()> {
-        match source.take_watermark() {
-            Some(wm) => self.watermark(wm).await,
-            None => Ok(()),
         }
     }
 
@@ -448,9 +441,9 @@ impl StreamTask {
         }
     }
 
-    /// Sends the source's watermark down the chain, if it advanced.
-    async fn source_watermark(&mut self, source: &mut TableSource) -> Result<()> {
-        match source.take_watermark() {
+    /// Sends a source's watermark down the chain, if it advanced.
+    async fn source_watermark(&mut self, advanced: Option<Watermark>) -> Result<()> {
+        match advanced {
             Some(wm) => self.watermark(wm).await,
             None => Ok(()),
         }

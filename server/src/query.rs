@@ -44,7 +44,6 @@ pub fn show_objects(db: &Arc<Database>, kind: &str) -> Result<QueryResult> {
     QueryResult::text("Name", names)
 }
 
-/// `SHOW JOBS`: every view's job and where its subtasks run.
 /// `SHOW SOURCES`: each source with its connector and options.
 pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
     let rows = db
@@ -77,6 +76,7 @@ pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
     QueryResult::texts(&["name", "connector", "format", "options"], rows)
 }
 
+/// `SHOW JOBS`: every view's job and where its subtasks run.
 pub fn show_jobs(db: &Arc<Database>) -> Result<QueryResult> {
     let rows = db
         .cluster
