@@ -15,6 +15,7 @@ pub mod connectors;
 mod error;
 pub mod exchange;
 pub mod expr;
+pub mod formats;
 pub mod message;
 pub mod operator;
 pub mod operators;

@@ -1,0 +1,322 @@
+//! Formats: how a connector's records (a Kafka message's value, a line of
+//! a file) become rows of the source's declared columns.
+//!
+//! `FORMAT PLAIN ENCODE JSON | CSV | BYTES` (RisingWave's clause). Arrow's
+//! own JSON and CSV decoders do the work, a whole fetch at a time; only
+//! when that fails are the records decoded one by one, so that a record
+//! that cannot be decoded is skipped (and reported) without losing its
+//! neighbours.
+
+use datafusion::arrow::array::{BinaryArray, RecordBatch};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::{csv, json};
+use planner::spec::ConnectorSpec;
+
+use crate::{ExecError, Result};
+
+/// The encodings a source's records may have.
+pub const ENCODINGS: &[&str] = &["JSON", "CSV", "BYTES"];
+
+/// How records are encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Encode {
+    /// One JSON object a record; keys name columns, others are ignored.
+    Json,
+    /// One CSV line a record, its fields the columns in order.
+    Csv { delimiter: u8 },
+    /// The record's bytes as they are, in the one `bytea` column.
+    Bytes,
+}
+
+/// A record that could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError {
+    /// Its index among the records given.
+    pub index: usize,
+    pub message: String,
+}
+
+/// Decodes records into rows of a source's columns.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    schema: SchemaRef,
+    encode: Encode,
+}
+
+impl Decoder {
+    /// The decoder `spec`'s `FORMAT … ENCODE …` clause asks for, for
+    /// `connector`, whose records need one.
+    pub fn new(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Self> {
+        let connector = &spec.connector;
+        let Some(encode) = spec.encode.as_deref() else {
+            return Err(ExecError::InvalidOption(format!(
+                "connector {connector} needs FORMAT PLAIN ENCODE {}",
+                ENCODINGS.join(" | ")
+            )));
+        };
+        let mut options = spec.encode_options.clone();
+        let encode = match encode {
+            "JSON" => Encode::Json,
+            "CSV" => {
+                let delimiter = match options.remove("delimiter").as_deref() {
+                    None => b',',
+                    Some(d) if d.len() == 1 => d.as_bytes()[0],
+                    Some(d) => {
+                        return Err(ExecError::InvalidOption(format!(
+                            "ENCODE CSV option delimiter must be one character, not '{d}'"
+                        )));
+                    }
+                };
+                Encode::Csv { delimiter }
+            }
+            "BYTES" => {
+                let one_bytea = schema.fields().len() == 1
+                    && matches!(
+                        schema.field(0).data_type(),
+                        DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+                    );
+                if !one_bytea {
+                    return Err(ExecError::InvalidOption(
+                        "ENCODE BYTES needs exactly one column, of type bytea".into(),
+                    ));
+                }
+                Encode::Bytes
+            }
+            other => {
+                return Err(ExecError::InvalidOption(format!(
+                    "connector {connector} takes ENCODE {}, not ENCODE {other}",
+                    ENCODINGS.join(", ")
+                )));
+            }
+        };
+        if let Some(name) = options.keys().next() {
+            return Err(unknown_option(encode_name(&encode), name));
+        }
+        Ok(Self {
+            schema: schema.clone(),
+            encode,
+        })
+    }
+
+    /// The rows of `records`, in order, and the records that could not be
+    /// decoded. An empty record (a Kafka tombstone) is no row and no error.
+    pub fn decode(&self, records: &[&[u8]]) -> Result<(RecordBatch, Vec<DecodeError>)> {
+        let records: Vec<(usize, &[u8])> = records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(i, r)| (i, *r))
+            .collect();
+        if let Encode::Bytes = self.encode {
+            let values = BinaryArray::from_iter_values(records.iter().map(|(_, r)| *r));
+            let column =
+                datafusion::arrow::compute::cast(&values, self.schema.field(0).data_type())?;
+            return Ok((
+                RecordBatch::try_new(self.schema.clone(), vec![column])?,
+                Vec::new(),
+            ));
+        }
+        if let Ok(batch) = self.decode_all(records.iter().map(|(_, r)| *r))
+            && batch.num_rows() == records.len()
+        {
+            return Ok((batch, Vec::new()));
+        }
+        // Some record is bad: decode them one by one to keep the others.
+        let mut batches = Vec::new();
+        let mut errors = Vec::new();
+        for (index, record) in records {
+            match self.decode_all(std::iter::once(record)) {
+                Ok(b) if b.num_rows() == 1 => batches.push(b),
+                Ok(b) => errors.push(DecodeError {
+                    index,
+                    message: format!("the record holds {} rows, not one", b.num_rows()),
+                }),
+                Err(e) => errors.push(DecodeError {
+                    index,
+                    message: describe(&e),
+                }),
+            }
+        }
+        Ok((concat_batches(&self.schema, &batches)?, errors))
+    }
+
+    fn decode_all<'a>(
+        &self,
+        records: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<RecordBatch, ArrowError> {
+        match self.encode {
+            Encode::Json => {
+                let decoder = json::ReaderBuilder::new(self.schema.clone())
+                    .with_coerce_primitive(true)
+                    .build_decoder()?;
+                self.run(decoder, records)
+            }
+            Encode::Csv { delimiter } => {
+                let decoder = csv::ReaderBuilder::new(self.schema.clone())
+                    .with_header(false)
+                    .with_delimiter(delimiter)
+                    .build_decoder();
+                self.run(decoder, records)
+            }
+            Encode::Bytes => unreachable!("bytes are not decoded"),
+        }
+    }
+
+    /// Feeds each record, and a line end after it, to `decoder`, which
+    /// takes as much as fits its batch and is flushed whenever it is full.
+    fn run<'a>(
+        &self,
+        mut decoder: impl Incremental,
+        records: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<RecordBatch, ArrowError> {
+        let mut batches = Vec::new();
+        for record in records {
+            let end: &[u8] = if record.ends_with(b"\n") { b"" } else { b"\n" };
+            for mut bytes in [record, end] {
+                while !bytes.is_empty() {
+                    let n = decoder.decode(bytes)?;
+                    if n == 0 {
+                        batches.extend(decoder.flush()?);
+                    }
+                    bytes = &bytes[n..];
+                }
+            }
+        }
+        batches.extend(decoder.flush()?);
+        concat_batches(&self.schema, &batches)
+    }
+}
+
+/// Arrow's push decoders.
+trait Incremental {
+    fn decode(&mut self, bytes: &[u8]) -> Result<usize, ArrowError>;
+    fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError>;
+}
+
+impl Incremental for json::reader::Decoder {
+    fn decode(&mut self, bytes: &[u8]) -> Result<usize, ArrowError> {
+        json::reader::Decoder::decode(self, bytes)
+    }
+    fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
+        json::reader::Decoder::flush(self)
+    }
+}
+
+impl Incremental for csv::reader::Decoder {
+    fn decode(&mut self, bytes: &[u8]) -> Result<usize, ArrowError> {
+        csv::reader::Decoder::decode(self, bytes)
+    }
+    fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
+        csv::reader::Decoder::flush(self)
+    }
+}
+
+/// An arrow decoding error without its "Json error: " prefixes.
+fn describe(e: &ArrowError) -> String {
+    match e {
+        ArrowError::JsonError(m) | ArrowError::CsvError(m) | ArrowError::ParseError(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn encode_name(encode: &Encode) -> &'static str {
+    match encode {
+        Encode::Json => "JSON",
+        Encode::Csv { .. } => "CSV",
+        Encode::Bytes => "BYTES",
+    }
+}
+
+fn unknown_option(encode: &str, name: &str) -> ExecError {
+    let takes = match encode {
+        "CSV" => "delimiter",
+        _ => "no options",
+    };
+    ExecError::InvalidOption(format!(
+        "unknown option {name} for ENCODE {encode}; it takes: {takes}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Field, Int64Type, Schema};
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]))
+    }
+
+    fn spec(encode: &str) -> ConnectorSpec {
+        ConnectorSpec {
+            connector: "kafka".into(),
+            format: Some("PLAIN".into()),
+            encode: Some(encode.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn json_records_become_rows_and_bad_ones_are_reported() {
+        let d = Decoder::new(&spec("JSON"), &schema()).unwrap();
+        let (batch, errors) = d
+            .decode(&[
+                br#"{"id": 1, "name": "a", "extra": true}"#,
+                b"",
+                br#"{"id": "x"}"#,
+                b"{not json",
+                br#"{"id": 4, "name": 5}"#,
+            ])
+            .unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        let ids = batch.column(0).as_primitive::<Int64Type>();
+        assert_eq!((ids.value(0), ids.value(1)), (1, 4));
+        assert_eq!(batch.column(1).as_string::<i32>().value(1), "5");
+        assert_eq!(
+            errors.iter().map(|e| e.index).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+    }
+
+    #[test]
+    fn csv_records_are_lines() {
+        let mut s = spec("CSV");
+        s.encode_options.insert("delimiter".into(), "|".into());
+        let d = Decoder::new(&s, &schema()).unwrap();
+        let (batch, errors) = d.decode(&[b"1|a", b"2|b\n", b"x|c"]).unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        assert_eq!(batch.column(1).as_string::<i32>().value(1), "b");
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].index, 2);
+    }
+
+    #[test]
+    fn bytes_need_one_bytea_column() {
+        assert!(Decoder::new(&spec("BYTES"), &schema()).is_err());
+        let one = Arc::new(Schema::new(vec![Field::new("v", DataType::Binary, true)]));
+        let d = Decoder::new(&spec("BYTES"), &one).unwrap();
+        let (batch, _) = d.decode(&[b"ab", b"", b"c"]).unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        assert!(!batch.column(0).is_null(1));
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let mut s = spec("CSV");
+        s.encode_options.insert("delimiter".into(), "||".into());
+        assert!(Decoder::new(&s, &schema()).is_err());
+        let mut s = spec("JSON");
+        s.encode_options.insert("schema".into(), "x".into());
+        let e = Decoder::new(&s, &schema()).unwrap_err().to_string();
+        assert!(e.contains("unknown option schema for ENCODE JSON"), "{e}");
+        assert!(Decoder::new(&spec("AVRO"), &schema()).is_err());
+    }
+}
