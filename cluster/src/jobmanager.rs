@@ -43,6 +43,12 @@ pub struct JobSources {
     pub positions: Option<HashMap<u64, u64>>,
 }
 
+/// How long a `FLUSH` waits, after a checkpoint at which a source was
+/// behind, before it triggers the next. Longer than a connector's read
+/// waits at the end of a split (a Kafka fetch waits 100 ms), so that the
+/// next barrier finds news fresher than the previous barrier.
+const BEHIND_PAUSE: std::time::Duration = std::time::Duration::from_millis(150);
+
 /// The Dispatcher.
 pub struct JobManager {
     rm: Arc<dyn ResourceManagerGateway>,
@@ -445,6 +451,7 @@ impl JobManager {
     }
 
     /// Triggers checkpoints of `jm` until a completed one satisfies `done`.
+    /// After one whose sources were behind it pauses for [`BEHIND_PAUSE`].
     /// `Ok(false)` if the job was cancelled first; an error if it failed.
     async fn wait_until(
         jm: &JobMaster,
@@ -462,6 +469,10 @@ impl JobManager {
                 JobState::Canceled => return Ok(false),
                 JobState::Running | JobState::Restarting | JobState::Created => {}
             }
+            if completed.borrow().behind {
+                // Let the sources read (and find out what there is) first.
+                tokio::time::sleep(BEHIND_PAUSE).await;
+            }
             jm.trigger_now();
             // Re-check the job state now and then, in case it fails meanwhile.
             let _ =
@@ -475,13 +486,17 @@ impl JobManager {
         needed: HashMap<u64, u64>,
         connectors: bool,
     ) -> Result<()> {
+        // The first checkpoint triggered after FLUSH. A connector source
+        // says it is caught up as of the barrier before the one it acks, so
+        // a job reading connectors needs a later one: then whatever was
+        // written to its sources before FLUSH is in.
         let after = jm.next_checkpoint_id();
         // A job cancelled meanwhile (its view dropped) has nothing left to show.
         Self::wait_until(&jm, |c| {
             needed
                 .iter()
                 .all(|(t, seq)| c.positions.get(t).is_some_and(|p| p >= seq))
-                && (!connectors || c.id >= after && !c.behind)
+                && (!connectors || c.id > after && !c.behind)
         })
         .await
         .map(|_| ())

@@ -400,7 +400,8 @@ impl StreamTask {
                     Some(TaskCommand::TriggerCheckpoint(barrier)) => {
                         let mut writes = Vec::new();
                         source.snapshot(&mut writes);
-                        let behind = !source.caught_up();
+                        let behind = !source.caught_up(barrier.checkpoint_id);
+                        source.barrier_emitted(barrier.checkpoint_id);
                         self.checkpoint(barrier, writes, Vec::new(), Default::default(), behind).await?;
                     }
                     Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,

@@ -266,7 +266,7 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
         }),
         Mode::Batch | Mode::Dml(_) => {
             let source = executor::connectors::source(connector, &schema)?;
-            if !source.bounded() {
+            if !source.batch_readable() {
                 return Err(ServerError::unsupported(format!(
                     "SELECT from source \"{name}\", which has no end: create a materialized view over it"
                 )));
@@ -276,7 +276,8 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
     })
 }
 
-/// Every row of a bounded source, read at once.
+/// Every row a batch can read of a source (all of a bounded one, a Kafka
+/// topic up to its end when the query starts), read at once.
 struct SourceRows {
     source: Arc<dyn executor::connectors::SourceConnector>,
     schema: SchemaRef,

@@ -159,7 +159,7 @@ pub async fn create_table(
         None => None,
     };
     if let Some(connector) = options.source {
-        return create_source(db, name, columns, watermark, connector);
+        return create_source(db, name, columns, watermark, connector).await;
     }
     let late_rows = match late_rows_option(&ct.table_options)? {
         Some(late) => {
@@ -208,7 +208,7 @@ pub async fn create_table(
 
 /// `CREATE SOURCE`: the connector checks its options and the columns
 /// against what it can read before anything is written.
-fn create_source(
+async fn create_source(
     db: &Arc<Database>,
     name: String,
     columns: Vec<Column>,
@@ -222,7 +222,11 @@ fn create_source(
         )));
     }
     executor::connectors::complete(&mut connector);
-    executor::connectors::source(&connector, &crate::catalog::source_schema(&columns)?)?;
+    // The connector checks its options, and that what it reads is there
+    // (a Kafka topic on its brokers).
+    executor::connectors::source(&connector, &crate::catalog::source_schema(&columns)?)?
+        .splits()
+        .await?;
     db.catalog.add(Entry::Source {
         id: db.catalog.allocate_id()?,
         name,

@@ -57,6 +57,10 @@ pub enum ServerError {
     DataCorrupted(String),
     #[error("{0}")]
     Io(String),
+    /// An external system a connector reads or writes cannot be reached
+    /// or failed.
+    #[error("{0}")]
+    ConnectionFailure(String),
     #[error("{0}")]
     InvalidDatabase(String),
     #[error("{0}")]
@@ -102,6 +106,7 @@ impl ServerError {
             ServerError::InvalidName(_) => "42602",
             ServerError::DataCorrupted(_) => "XX001",
             ServerError::Io(_) => "58030",
+            ServerError::ConnectionFailure(_) => "08001",
             ServerError::InvalidDatabase(_) => "3D000",
             ServerError::InvalidRole(_) => "28000",
             ServerError::WrongObjectType(_) => "42809",
@@ -279,6 +284,7 @@ impl From<executor::ExecError> for ServerError {
         match e {
             E::Unsupported(m) => ServerError::Unsupported(m),
             E::InvalidOption(m) => ServerError::InvalidParameter(m),
+            E::Connector(m) => ServerError::ConnectionFailure(m),
             E::DataFusion(d) => d.into(),
             E::Storage(s) => s.into(),
             E::Arrow(a) => from_arrow(&a),

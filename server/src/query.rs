@@ -54,20 +54,25 @@ pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
             crate::catalog::Entry::Source {
                 name, connector, ..
             } => {
-                let options: Vec<String> = connector
-                    .options
-                    .iter()
-                    .map(|(k, v)| format!("{k} = '{v}'"))
-                    .collect();
+                let list = |options: &std::collections::BTreeMap<String, String>| {
+                    options
+                        .iter()
+                        .map(|(k, v)| format!("{k} = '{v}'"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
                 let format = match (&connector.format, &connector.encode) {
-                    (Some(f), Some(e)) => format!("{f} {e}"),
+                    (Some(f), Some(e)) if connector.encode_options.is_empty() => format!("{f} {e}"),
+                    (Some(f), Some(e)) => {
+                        format!("{f} {e} ({})", list(&connector.encode_options))
+                    }
                     _ => String::new(),
                 };
                 Some(vec![
                     name,
                     connector.connector.clone(),
                     format,
-                    options.join(", "),
+                    list(&connector.options),
                 ])
             }
             _ => None,

@@ -326,6 +326,7 @@ impl SplitReader for DatagenReader {
             data: self.source.batch(&indices)?,
             position: count_position(self.next),
             caught_up,
+            as_of: std::time::Instant::now(),
         }))
     }
 }

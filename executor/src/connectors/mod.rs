@@ -12,6 +12,7 @@
 //! names the option that is wrong and what it allows.
 
 mod datagen;
+mod kafka;
 mod nexmark;
 mod options;
 
@@ -35,9 +36,12 @@ pub struct ReadBatch {
     pub data: RecordBatch,
     /// Where the split's next read starts: what a checkpoint keeps.
     pub position: Vec<u8>,
-    /// Nothing more is available yet after these rows (the generator is
-    /// ahead of its rate, the partition at its end).
+    /// Nothing more was available after these rows (the generator is
+    /// ahead of its rate, the partition at its end) …
     pub caught_up: bool,
+    /// … as of this moment: when the read that found it out began (a
+    /// Kafka fetch), so that nothing written after it is taken as read.
+    pub as_of: Instant,
 }
 
 /// Reads one split, in order.
@@ -53,7 +57,8 @@ pub trait SplitReader: Send {
 pub enum Pace {
     /// At the source's configured rate (a running job).
     Rated,
-    /// As fast as it can (a batch `SELECT` over a bounded source).
+    /// As fast as it can, and only what is there when it starts (a batch
+    /// `SELECT`: a bounded source whole, a Kafka topic up to its end).
     Unlimited,
 }
 
@@ -71,10 +76,15 @@ pub trait SourceConnector: Send + Sync {
     ) -> Result<Box<dyn SplitReader>>;
     /// Whether every split ends.
     fn bounded(&self) -> bool;
+    /// Whether a batch `SELECT` can read it: a bounded source, or one whose
+    /// [`Pace::Unlimited`] readers stop at the end of what is there now.
+    fn batch_readable(&self) -> bool {
+        self.bounded()
+    }
 }
 
 /// The connectors Weir has, as `connector = '…'` names them.
-pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "nexmark"];
+pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "kafka", "nexmark"];
 
 /// The connector of a source with `schema` (its declared columns), its
 /// options checked.
@@ -89,6 +99,7 @@ pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn Source
     match spec.connector.as_str() {
         "datagen" => Ok(Arc::new(datagen::Datagen::new(spec, schema)?)),
         "nexmark" => Ok(Arc::new(nexmark::Nexmark::new(spec, schema)?)),
+        "kafka" => Ok(Arc::new(kafka::Kafka::new(spec, schema)?)),
         other => Err(ExecError::InvalidOption(format!(
             "unknown connector \"{other}\"; source connectors are: {}",
             SOURCE_CONNECTORS.join(", ")

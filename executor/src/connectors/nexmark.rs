@@ -420,6 +420,7 @@ impl SplitReader for NexmarkReader {
             data: self.source.batch(&events)?,
             position: count_position(self.generator.offset()),
             caught_up,
+            as_of: std::time::Instant::now(),
         }))
     }
 }

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
@@ -47,7 +48,9 @@ enum Fetched {
 struct SplitState {
     /// After the last batch emitted; `None` before the first.
     position: Option<Vec<u8>>,
-    caught_up: bool,
+    /// When the split last had nothing more to read beyond that position
+    /// (see [`ReadBatch::as_of`]); `None` while it has more.
+    caught_up: Option<Instant>,
     ended: bool,
 }
 
@@ -63,6 +66,8 @@ pub struct ConnectorSource {
     fetchers: Vec<JoinHandle<()>>,
     /// The first key group of this subtask: where its watermark is kept.
     home: u16,
+    /// The last barrier this subtask emitted, and when.
+    last_barrier: Option<(u64, Instant)>,
 }
 
 impl std::fmt::Debug for ConnectorSource {
@@ -108,6 +113,7 @@ impl ConnectorSource {
             queue: None,
             fetchers: Vec::new(),
             home: 0,
+            last_barrier: None,
         })
     }
 
@@ -191,7 +197,6 @@ impl ConnectorSource {
             Some(Fetched::Ended(split)) => {
                 if let Some(s) = self.splits.get_mut(&split) {
                     s.ended = true;
-                    s.caught_up = true;
                 }
                 self.check_ended();
                 Ok(None)
@@ -199,7 +204,7 @@ impl ConnectorSource {
             Some(Fetched::Batch(split, batch)) => {
                 if let Some(s) = self.splits.get_mut(&split) {
                     s.position = Some(batch.position);
-                    s.caught_up = batch.caught_up;
+                    s.caught_up = batch.caught_up.then_some(batch.as_of);
                 }
                 if batch.data.num_rows() == 0 {
                     return Ok(None);
@@ -217,10 +222,27 @@ impl ConnectorSource {
         self.event_time.take()
     }
 
-    /// Whether the rows emitted so far are all there is to read now.
-    pub fn caught_up(&self) -> bool {
-        self.splits.values().all(|s| s.caught_up || s.ended)
+    /// Whether the rows emitted before checkpoint `checkpoint`'s barrier
+    /// are all there was to read when the previous checkpoint's barrier
+    /// went out: whatever was written before that checkpoint was triggered
+    /// is in. (A split's "nothing more" from a read begun earlier may be
+    /// stale: a record written meanwhile is not in it.) `FLUSH` relies on
+    /// this; a subtask that did not emit the previous barrier is behind.
+    pub fn caught_up(&self, checkpoint: u64) -> bool {
+        let Some((previous, at)) = self.last_barrier else {
+            return false;
+        };
+        previous + 1 == checkpoint
+            && self
+                .splits
+                .values()
+                .all(|s| s.ended || s.caught_up.is_some_and(|t| t >= at))
             && self.queue.as_ref().is_none_or(|q| q.is_empty())
+    }
+
+    /// Checkpoint `checkpoint`'s barrier went out now.
+    pub fn barrier_emitted(&mut self, checkpoint: u64) {
+        self.last_barrier = Some((checkpoint, Instant::now()));
     }
 
     /// Each split's position, and the watermark, as state writes.

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod kafka;
 pub mod postgres;
 pub mod s3;
 
@@ -177,6 +178,23 @@ pub fn spawn_weir_with(args: &[String], env: &[(String, String)], log: &Path) ->
         .stderr(log)
         .spawn()
         .expect("start weir")
+}
+
+/// A program on the PATH or in cargo's bin directory (where `scripts/test`
+/// installs the services it builds from crates.io); `hint` says how to get
+/// it when it is neither.
+pub fn installed(program: &str, hint: &str) -> PathBuf {
+    let cargo_bin = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .map(|h| h.join("bin").join(program));
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(program))
+        .chain(cargo_bin)
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} is not installed: {hint}"))
 }
 
 /// Waits until something listens on `port`.

@@ -3,7 +3,7 @@
 //! root, one directory per bucket. Tests can therefore look at, and damage,
 //! exactly what Weir wrote through the S3 API.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use super::{free_port, wait_for_port};
@@ -65,15 +65,5 @@ impl Drop for S3Server {
 
 /// `s3s-fs` on the PATH or in cargo's bin directory.
 fn binary() -> PathBuf {
-    let cargo_bin = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
-        .map(|h| h.join("bin/s3s-fs"));
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("s3s-fs"))
-        .chain(cargo_bin)
-        .find(|p| p.is_file())
-        .expect("s3s-fs is not installed: scripts/test installs it (cargo install s3s-fs)")
+    super::installed("s3s-fs", "scripts/test installs it (cargo install s3s-fs)")
 }

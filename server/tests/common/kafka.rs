@@ -1,0 +1,109 @@
+//! A real Kafka-protocol broker for tests: `tansu` (from crates.io;
+//! `scripts/test` installs it), keeping its topics in memory, and a
+//! producer (`rskafka`) to write records into them.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rskafka::client::partition::{Compression, UnknownTopicHandling};
+use rskafka::client::{Client, ClientBuilder};
+use rskafka::record::Record;
+
+use super::{free_port, installed, wait_for_port};
+
+pub struct Broker {
+    child: Child,
+    pub port: u16,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Broker {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = dir.path().join("tansu.log");
+        let child = Command::new(installed(
+            "tansu",
+            "scripts/test installs it (cargo install tansu --features dynostore)",
+        ))
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
+        .args(["--storage-engine", "memory://tansu/"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start tansu");
+        wait_for_port(port, "tansu", &log);
+        let client = ClientBuilder::new(vec![format!("127.0.0.1:{port}")])
+            .build()
+            .await
+            .expect("connect to tansu");
+        Self {
+            child,
+            port,
+            client,
+            _dir: dir,
+        }
+    }
+
+    /// `properties.bootstrap.server` for it.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        self.client
+            .controller_client()
+            .expect("controller")
+            .create_topic(topic, partitions, 1, 5_000)
+            .await
+            .expect("create topic");
+    }
+
+    /// Writes `values` to `partition` of `topic`, stamped `timestamp_ms`.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        partition: i32,
+        values: &[Vec<u8>],
+        timestamp_ms: i64,
+    ) {
+        let client = self
+            .client
+            .partition_client(topic, partition, UnknownTopicHandling::Retry)
+            .await
+            .expect("partition client");
+        let timestamp =
+            rskafka::chrono::DateTime::from_timestamp_millis(timestamp_ms).expect("time");
+        let records = values
+            .iter()
+            .map(|v| Record {
+                key: None,
+                value: Some(v.clone()),
+                headers: Default::default(),
+                timestamp,
+            })
+            .collect();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            client.produce(records, Compression::NoCompression),
+        )
+        .await
+        .expect("produce in time")
+        .expect("produce");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
