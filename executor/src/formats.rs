@@ -24,8 +24,9 @@ pub const ENCODINGS: &[&str] = &["JSON", "CSV", "BYTES"];
 enum Encode {
     /// One JSON object a record; keys name columns, others are ignored.
     Json,
-    /// One CSV line a record, its fields the columns in order.
-    Csv { delimiter: u8 },
+    /// One CSV line a record, its fields the columns in order; in a file,
+    /// the first line is a header unless `without_header`.
+    Csv { delimiter: u8, header: bool },
     /// The record's bytes as they are, in the one `bytea` column.
     Bytes,
 }
@@ -47,8 +48,9 @@ pub struct Decoder {
 
 impl Decoder {
     /// The decoder `spec`'s `FORMAT … ENCODE …` clause asks for, for
-    /// `connector`, whose records need one.
-    pub fn new(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Self> {
+    /// `connector`, whose records need one. `files`: the records are the
+    /// lines of files (which may start with a CSV header).
+    pub fn new(spec: &ConnectorSpec, schema: &SchemaRef, files: bool) -> Result<Self> {
         let connector = &spec.connector;
         let Some(encode) = spec.encode.as_deref() else {
             return Err(ExecError::InvalidOption(format!(
@@ -69,7 +71,24 @@ impl Decoder {
                         )));
                     }
                 };
-                Encode::Csv { delimiter }
+                let header = match options.remove("without_header") {
+                    None => files,
+                    Some(_) if !files => {
+                        return Err(ExecError::InvalidOption(format!(
+                            "ENCODE CSV option without_header is for files; {connector} records have no header"
+                        )));
+                    }
+                    Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                        "true" => false,
+                        "false" => true,
+                        _ => {
+                            return Err(ExecError::InvalidOption(format!(
+                                "ENCODE CSV option without_header must be true or false, not '{v}'"
+                            )));
+                        }
+                    },
+                };
+                Encode::Csv { delimiter, header }
             }
             "BYTES" => {
                 let one_bytea = schema.fields().len() == 1
@@ -98,6 +117,11 @@ impl Decoder {
             schema: schema.clone(),
             encode,
         })
+    }
+
+    /// Whether the first line of a file is a header (not a row).
+    pub fn header(&self) -> bool {
+        matches!(self.encode, Encode::Csv { header: true, .. })
     }
 
     /// The rows of `records`, in order, and the records that could not be
@@ -153,7 +177,7 @@ impl Decoder {
                     .build_decoder()?;
                 self.run(decoder, records)
             }
-            Encode::Csv { delimiter } => {
+            Encode::Csv { delimiter, .. } => {
                 let decoder = csv::ReaderBuilder::new(self.schema.clone())
                     .with_header(false)
                     .with_delimiter(delimiter)
@@ -231,7 +255,7 @@ fn encode_name(encode: &Encode) -> &'static str {
 
 fn unknown_option(encode: &str, name: &str) -> ExecError {
     let takes = match encode {
-        "CSV" => "delimiter",
+        "CSV" => "delimiter, without_header (files)",
         _ => "no options",
     };
     ExecError::InvalidOption(format!(
@@ -266,7 +290,7 @@ mod tests {
 
     #[test]
     fn json_records_become_rows_and_bad_ones_are_reported() {
-        let d = Decoder::new(&spec("JSON"), &schema()).unwrap();
+        let d = Decoder::new(&spec("JSON"), &schema(), false).unwrap();
         let (batch, errors) = d
             .decode(&[
                 br#"{"id": 1, "name": "a", "extra": true}"#,
@@ -290,7 +314,7 @@ mod tests {
     fn csv_records_are_lines() {
         let mut s = spec("CSV");
         s.encode_options.insert("delimiter".into(), "|".into());
-        let d = Decoder::new(&s, &schema()).unwrap();
+        let d = Decoder::new(&s, &schema(), false).unwrap();
         let (batch, errors) = d.decode(&[b"1|a", b"2|b\n", b"x|c"]).unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(batch.column(1).as_string::<i32>().value(1), "b");
@@ -300,9 +324,9 @@ mod tests {
 
     #[test]
     fn bytes_need_one_bytea_column() {
-        assert!(Decoder::new(&spec("BYTES"), &schema()).is_err());
+        assert!(Decoder::new(&spec("BYTES"), &schema(), false).is_err());
         let one = Arc::new(Schema::new(vec![Field::new("v", DataType::Binary, true)]));
-        let d = Decoder::new(&spec("BYTES"), &one).unwrap();
+        let d = Decoder::new(&spec("BYTES"), &one, false).unwrap();
         let (batch, _) = d.decode(&[b"ab", b"", b"c"]).unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert!(!batch.column(0).is_null(1));
@@ -312,11 +336,11 @@ mod tests {
     fn options_are_checked() {
         let mut s = spec("CSV");
         s.encode_options.insert("delimiter".into(), "||".into());
-        assert!(Decoder::new(&s, &schema()).is_err());
+        assert!(Decoder::new(&s, &schema(), false).is_err());
         let mut s = spec("JSON");
         s.encode_options.insert("schema".into(), "x".into());
-        let e = Decoder::new(&s, &schema()).unwrap_err().to_string();
+        let e = Decoder::new(&s, &schema(), false).unwrap_err().to_string();
         assert!(e.contains("unknown option schema for ENCODE JSON"), "{e}");
-        assert!(Decoder::new(&spec("AVRO"), &schema()).is_err());
+        assert!(Decoder::new(&spec("AVRO"), &schema(), false).is_err());
     }
 }

@@ -168,7 +168,7 @@ impl Kafka {
             }
         };
         o.finish(OPTIONS)?;
-        let decoder = Decoder::new(spec, schema)?;
+        let decoder = Decoder::new(spec, schema, false)?;
         Ok(Self {
             shared: Arc::new(Shared {
                 brokers,

@@ -12,6 +12,7 @@
 //! names the option that is wrong and what it allows.
 
 mod datagen;
+mod file;
 mod kafka;
 mod nexmark;
 mod options;
@@ -84,7 +85,7 @@ pub trait SourceConnector: Send + Sync {
 }
 
 /// The connectors Weir has, as `connector = '…'` names them.
-pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "kafka", "nexmark"];
+pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "file", "kafka", "nexmark"];
 
 /// The connector of a source with `schema` (its declared columns), its
 /// options checked.
@@ -100,6 +101,7 @@ pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn Source
         "datagen" => Ok(Arc::new(datagen::Datagen::new(spec, schema)?)),
         "nexmark" => Ok(Arc::new(nexmark::Nexmark::new(spec, schema)?)),
         "kafka" => Ok(Arc::new(kafka::Kafka::new(spec, schema)?)),
+        "file" => Ok(Arc::new(file::Files::new(spec, schema)?)),
         other => Err(ExecError::InvalidOption(format!(
             "unknown connector \"{other}\"; source connectors are: {}",
             SOURCE_CONNECTORS.join(", ")

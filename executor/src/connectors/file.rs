@@ -1,0 +1,269 @@
+//! `connector = 'file'`: the lines of a file, or of every file in a
+//! directory, as CSV or JSON lines.
+//!
+//! Each file is a split (in name order); its position is the byte offset
+//! after the last line read, with the file's name, so a restore resumes in
+//! the same file where the committed views stop. The files are listed when
+//! a view's job starts and each is read to its end: a file source is
+//! bounded. A file added to the directory later is read after the job next
+//! restarts (name it to sort after the others); a file whose split now
+//! names another file fails the job rather than read the wrong rows.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use planner::spec::ConnectorSpec;
+
+use super::{Options, Pace, ReadBatch, SourceConnector, SplitReader};
+use crate::formats::Decoder;
+use crate::{ExecError, Result};
+
+const OPTIONS: &[&str] = &["path (a file or a directory)"];
+/// Bytes read a batch.
+const CHUNK: usize = 1 << 20;
+
+pub(super) struct Files {
+    path: PathBuf,
+    decoder: Decoder,
+}
+
+impl Files {
+    pub(super) fn new(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Self> {
+        let mut o = Options::new("file", &spec.options);
+        let path = o
+            .take("path")
+            .ok_or_else(|| ExecError::InvalidOption("connector file needs option path".into()))?;
+        o.finish(OPTIONS)?;
+        if spec.encode.as_deref() == Some("BYTES") {
+            return Err(ExecError::InvalidOption(
+                "connector file takes ENCODE JSON or CSV".into(),
+            ));
+        }
+        Ok(Self {
+            path: PathBuf::from(path),
+            decoder: Decoder::new(spec, schema, true)?,
+        })
+    }
+
+    /// The files, in name order: the path itself, or the regular files in
+    /// the directory whose names do not start with a dot.
+    fn list(&self) -> Result<Vec<PathBuf>> {
+        let failed = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::NotFound => ExecError::InvalidOption(format!(
+                "option path of connector file: {} does not exist",
+                self.path.display()
+            )),
+            _ => ExecError::Connector(format!("file source {}: {e}", self.path.display())),
+        };
+        let meta = std::fs::metadata(&self.path).map_err(failed)?;
+        if !meta.is_dir() {
+            return Ok(vec![self.path.clone()]);
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&self.path).map_err(failed)? {
+            let entry = entry.map_err(failed)?;
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if !hidden && entry.file_type().map_err(failed)?.is_file() {
+                files.push(entry.path());
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+}
+
+#[async_trait]
+impl SourceConnector for Files {
+    async fn splits(&self) -> Result<usize> {
+        Ok(self.list()?.len())
+    }
+
+    fn reader(
+        &self,
+        split: usize,
+        position: Option<&[u8]>,
+        _pace: Pace,
+    ) -> Result<Box<dyn SplitReader>> {
+        let files = self.list()?;
+        let path = files.get(split).cloned().ok_or_else(|| {
+            ExecError::Connector(format!(
+                "file source {}: file {split} of {} is gone",
+                self.path.display(),
+                files.len()
+            ))
+        })?;
+        let offset = match position {
+            None => 0,
+            Some(p) => decode_position(p, &path)?,
+        };
+        Ok(Box::new(FileReader {
+            decoder: self.decoder.clone(),
+            path,
+            offset,
+            data: None,
+        }))
+    }
+
+    fn bounded(&self) -> bool {
+        true
+    }
+}
+
+/// A position: the offset (8 bytes) and the file's name.
+fn encode_position(offset: u64, path: &Path) -> Vec<u8> {
+    let mut p = offset.to_be_bytes().to_vec();
+    p.extend_from_slice(path.as_os_str().as_encoded_bytes());
+    p
+}
+
+fn decode_position(p: &[u8], path: &Path) -> Result<u64> {
+    let corrupt = || ExecError::Storage(storage::StorageError::Corrupt("file position".into()));
+    let (offset, name) = p.split_at_checked(8).ok_or_else(corrupt)?;
+    if name != path.as_os_str().as_encoded_bytes() {
+        return Err(ExecError::Connector(format!(
+            "the files of the source changed: a checkpoint was reading {}, which is now {}",
+            String::from_utf8_lossy(name),
+            path.display()
+        )));
+    }
+    Ok(u64::from_be_bytes(
+        offset.try_into().map_err(|_| corrupt())?,
+    ))
+}
+
+struct FileReader {
+    decoder: Decoder,
+    path: PathBuf,
+    /// Where the next line starts.
+    offset: u64,
+    /// The file, read on first use.
+    data: Option<Vec<u8>>,
+}
+
+#[async_trait]
+impl SplitReader for FileReader {
+    async fn next(&mut self) -> Result<Option<ReadBatch>> {
+        if self.data.is_none() {
+            let data = tokio::fs::read(&self.path).await.map_err(|e| {
+                ExecError::Connector(format!("file source {}: {e}", self.path.display()))
+            })?;
+            if self.offset == 0 && self.decoder.header() {
+                // The header line is no row.
+                self.offset = line_end(&data, 0) as u64;
+            }
+            self.data = Some(data);
+        }
+        let data = self.data.as_deref().unwrap_or_default();
+        let start = (self.offset as usize).min(data.len());
+        if start == data.len() {
+            return Ok(None);
+        }
+        // Whole lines, about CHUNK bytes of them; a last line without a
+        // line end is a line too.
+        let end = line_end(data, (start + CHUNK).min(data.len()).max(start + 1) - 1);
+        let lines: Vec<&[u8]> = data[start..end]
+            .split(|b| *b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .collect();
+        let (batch, errors) = self.decoder.decode(&lines)?;
+        for e in &errors {
+            tracing::warn!(
+                file = %self.path.display(),
+                line_in_batch = e.index,
+                error = %e.message,
+                "file record skipped: it cannot be decoded"
+            );
+        }
+        self.offset = end as u64;
+        Ok(Some(ReadBatch {
+            data: batch,
+            position: encode_position(self.offset, &self.path),
+            caught_up: true,
+            as_of: std::time::Instant::now(),
+        }))
+    }
+}
+
+/// The offset just after the line end at or after `from` (the end of
+/// `data` if there is none).
+fn line_end(data: &[u8], from: usize) -> usize {
+    data[from.min(data.len())..]
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(data.len(), |i| from + i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    use super::*;
+
+    fn files(path: &Path, encode: &str, encode_options: &[(&str, &str)]) -> Result<Files> {
+        let spec = ConnectorSpec {
+            connector: "file".into(),
+            options: [("path".to_string(), path.display().to_string())].into(),
+            format: Some("PLAIN".into()),
+            encode: Some(encode.into()),
+            encode_options: encode_options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        Files::new(&spec, &schema)
+    }
+
+    async fn read_all(f: &Files, split: usize, position: Option<&[u8]>) -> (Vec<i64>, Vec<u8>) {
+        let mut r = f.reader(split, position, Pace::Rated).unwrap();
+        let mut ids = Vec::new();
+        let mut last = position.map(<[u8]>::to_vec).unwrap_or_default();
+        while let Some(b) = r.next().await.unwrap() {
+            ids.extend(b.data.column(0).as_primitive::<Int64Type>().values());
+            last = b.position;
+        }
+        (ids, last)
+    }
+
+    #[tokio::test]
+    async fn a_directory_of_csv_and_json_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.csv"),
+            "id,name\r\n1,x\r\n2,y\n\nbad,z\n3,w",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("b.csv"), "id,name\n4,v\n").unwrap();
+        std::fs::write(dir.path().join(".hidden"), "junk").unwrap();
+        let f = files(dir.path(), "CSV", &[]).unwrap();
+        assert_eq!(f.splits().await.unwrap(), 2);
+        let (ids, end) = read_all(&f, 0, None).await;
+        assert_eq!(ids, vec![1, 2, 3]);
+        assert_eq!(read_all(&f, 0, Some(&end)).await.0, Vec::<i64>::new());
+        assert_eq!(read_all(&f, 1, None).await.0, vec![4]);
+
+        // Without a header, "id,name" is a record, and not an id.
+        let f = files(
+            &dir.path().join("b.csv"),
+            "CSV",
+            &[("without_header", "true")],
+        )
+        .unwrap();
+        assert_eq!(read_all(&f, 0, None).await.0, vec![4]);
+
+        let json = dir.path().join("c.jsonl");
+        std::fs::write(&json, "{\"id\": 5}\n{\"id\": 6, \"name\": \"q\"}\n").unwrap();
+        let f = files(&json, "JSON", &[]).unwrap();
+        assert_eq!(read_all(&f, 0, None).await.0, vec![5, 6]);
+        // A position names its file.
+        let other = encode_position(0, Path::new("/elsewhere"));
+        assert!(f.reader(0, Some(&other), Pace::Rated).is_err());
+    }
+}

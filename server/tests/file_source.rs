@@ -1,0 +1,97 @@
+//! The `file` source through pgwire: a directory of CSV files and a file of
+//! JSON lines read into views exactly once, across a SIGKILL after which a
+//! new file is read too; batch `SELECT`s; bad lines skipped; errors.
+
+mod common;
+
+use common::{Server, rows};
+
+async fn one(client: &tokio_postgres::Client, sql: &str) -> String {
+    rows(client, sql).await.remove(0).remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_read_once_and_new_files_after_a_restart() {
+    let files = tempfile::tempdir().expect("temp dir");
+    let dir = files.path().join("orders");
+    std::fs::create_dir(&dir).expect("dir");
+    let csv = |ids: std::ops::Range<i64>| {
+        let mut s = String::from("id,amount\n");
+        for i in ids {
+            s.push_str(&format!("{i},{}\n", i % 10));
+        }
+        s
+    };
+    std::fs::write(dir.join("2026-01.csv"), csv(0..1000)).expect("write");
+    std::fs::write(dir.join("2026-02.csv"), csv(1000..1500) + "oops,1\n").expect("write");
+    let jsonl = files.path().join("people.jsonl");
+    std::fs::write(
+        &jsonl,
+        "{\"id\": 1, \"name\": \"ann\"}\n{\"id\": 2, \"name\": \"bo\"}\n",
+    )
+    .expect("write");
+
+    let mut server = Server::start();
+    let client = server.client().await;
+    rows(
+        &client,
+        &format!(
+            "CREATE SOURCE orders (id bigint, amount int) WITH (connector = 'file', path = '{}') \
+             FORMAT PLAIN ENCODE CSV",
+            dir.display()
+        ),
+    )
+    .await;
+    rows(
+        &client,
+        &format!(
+            "CREATE SOURCE people (id int, name text) WITH (connector = 'file', path = '{}') \
+             FORMAT PLAIN ENCODE JSON",
+            jsonl.display()
+        ),
+    )
+    .await;
+    rows(
+        &client,
+        "CREATE MATERIALIZED VIEW totals AS SELECT count(*) AS n, count(DISTINCT id) AS ids, \
+         sum(amount) AS amount FROM orders",
+    )
+    .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT * FROM totals").await,
+        vec![vec!["1500", "1500", "6750"]]
+    );
+    assert_eq!(one(&client, "SELECT count(*) FROM orders").await, "1500");
+    assert_eq!(
+        rows(&client, "SELECT name FROM people ORDER BY id").await,
+        vec![vec!["ann"], vec!["bo"]]
+    );
+
+    // A file that sorts after the others is read once the job restarts;
+    // the others are not read again.
+    std::fs::write(dir.join("2026-03.csv"), csv(1500..1600)).expect("write");
+    server.crash_and_restart();
+    let client = server.client().await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT n, ids FROM totals").await,
+        vec![vec!["1600", "1600"]]
+    );
+    assert!(server.log_text().contains("file record skipped"));
+
+    let e = client
+        .simple_query(
+            "CREATE SOURCE gone (id int) WITH (connector = 'file', path = '/nonexistent/x.csv') \
+             FORMAT PLAIN ENCODE CSV",
+        )
+        .await
+        .expect_err("no such file");
+    let db = e.as_db_error().expect("db error");
+    assert_eq!(db.code().code(), "22023");
+    assert!(
+        db.message().contains("/nonexistent/x.csv does not exist"),
+        "{}",
+        db.message()
+    );
+}
