@@ -4,11 +4,7 @@
 
 mod common;
 
-use common::{Server, rows};
-
-async fn one(client: &tokio_postgres::Client, sql: &str) -> String {
-    rows(client, sql).await.remove(0).remove(0)
-}
+use common::{Server, one, rows};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_are_read_once_and_new_files_after_a_restart() {

@@ -7,7 +7,7 @@
 mod common;
 
 use common::kafka::Broker;
-use common::{Server, rows};
+use common::{Server, one, rows};
 
 /// JSON orders `ids`, spread over `partitions` by id.
 async fn produce_orders(
@@ -25,10 +25,6 @@ async fn produce_orders(
             .collect();
         broker.produce(topic, p, &values, ts).await;
     }
-}
-
-async fn one(client: &tokio_postgres::Client, sql: &str) -> String {
-    rows(client, sql).await.remove(0).remove(0)
 }
 
 async fn error_of(client: &tokio_postgres::Client, sql: &str) -> (String, String) {

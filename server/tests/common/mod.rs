@@ -158,6 +158,11 @@ pub async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<String>
     out
 }
 
+/// The first value of the first row of `sql`'s answer.
+pub async fn one(client: &tokio_postgres::Client, sql: &str) -> String {
+    rows(client, sql).await.remove(0).remove(0)
+}
+
 /// Starts `weir` with `args`, appending its log to `log`.
 pub fn spawn_weir(args: &[String], log: &Path) -> Child {
     spawn_weir_with(args, &[], log)
