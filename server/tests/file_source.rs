@@ -1,5 +1,5 @@
-//! The `file` source through pgwire: a directory of CSV files and a file of
-//! JSON lines read into views exactly once, across a SIGKILL after which a
+//! The `file` source through pgwire: a directory of CSV files, a Parquet
+//! file and a file of JSON lines read into views exactly once, across a SIGKILL after which a
 //! new file is read too; batch `SELECT`s; bad lines skipped; errors.
 
 mod common;
@@ -20,6 +20,29 @@ async fn files_are_read_once_and_new_files_after_a_restart() {
     };
     std::fs::write(dir.join("2026-01.csv"), csv(0..1000)).expect("write");
     std::fs::write(dir.join("2026-02.csv"), csv(1000..1500) + "oops,1\n").expect("write");
+    // A Parquet file whose columns are in another order, one of them int32.
+    let parquet = files.path().join("scores.parquet");
+    {
+        use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+        let batch = RecordBatch::try_from_iter([
+            (
+                "who",
+                std::sync::Arc::new(StringArray::from_iter_values(
+                    (0..5000).map(|i| format!("p{}", i % 7)),
+                )) as ArrayRef,
+            ),
+            (
+                "score",
+                std::sync::Arc::new(Int32Array::from_iter_values(0..5000)) as _,
+            ),
+        ])
+        .expect("batch");
+        let file = std::fs::File::create(&parquet).expect("create");
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).expect("writer");
+        w.write(&batch).expect("write");
+        w.close().expect("close");
+    }
     let jsonl = files.path().join("people.jsonl");
     std::fs::write(
         &jsonl,
@@ -49,6 +72,20 @@ async fn files_are_read_once_and_new_files_after_a_restart() {
     .await;
     rows(
         &client,
+        &format!(
+            "CREATE SOURCE scores (score bigint, who text) WITH (connector = 'file', path = '{}') \
+             FORMAT PLAIN ENCODE PARQUET",
+            parquet.display()
+        ),
+    )
+    .await;
+    rows(
+        &client,
+        "CREATE MATERIALIZED VIEW by_who AS SELECT who, count(*) AS n, sum(score) AS s FROM scores GROUP BY who",
+    )
+    .await;
+    rows(
+        &client,
         "CREATE MATERIALIZED VIEW totals AS SELECT count(*) AS n, count(DISTINCT id) AS ids, \
          sum(amount) AS amount FROM orders",
     )
@@ -59,6 +96,18 @@ async fn files_are_read_once_and_new_files_after_a_restart() {
         vec![vec!["1500", "1500", "6750"]]
     );
     assert_eq!(one(&client, "SELECT count(*) FROM orders").await, "1500");
+    assert_eq!(
+        rows(&client, "SELECT sum(n), sum(s) FROM by_who").await,
+        vec![vec!["5000", "12497500"]]
+    );
+    assert_eq!(
+        rows(
+            &client,
+            "SELECT count(*), max(score) FROM scores WHERE who = 'p3'"
+        )
+        .await,
+        vec![vec!["714", "4994"]]
+    );
     assert_eq!(
         rows(&client, "SELECT name FROM people ORDER BY id").await,
         vec![vec!["ann"], vec!["bo"]]
@@ -74,6 +123,7 @@ async fn files_are_read_once_and_new_files_after_a_restart() {
         rows(&client, "SELECT n, ids FROM totals").await,
         vec![vec!["1600", "1600"]]
     );
+    assert_eq!(one(&client, "SELECT sum(n) FROM by_who").await, "5000");
     assert!(server.log_text().contains("file record skipped"));
 
     let e = client

@@ -1,8 +1,9 @@
 //! `connector = 'file'`: the lines of a file, or of every file in a
-//! directory, as CSV or JSON lines.
+//! directory, as CSV or JSON lines; or the rows of Parquet files.
 //!
 //! Each file is a split (in name order); its position is the byte offset
-//! after the last line read, with the file's name, so a restore resumes in
+//! after the last line read (for Parquet, the rows read), with the file's
+//! name, so a restore resumes in
 //! the same file where the committed views stop. The files are listed when
 //! a view's job starts and each is read to its end: a file source is
 //! bounded. A file added to the directory later is read after the job next
@@ -12,7 +13,11 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use planner::spec::ConnectorSpec;
 
 use super::{Options, Pace, ReadBatch, SourceConnector, SplitReader};
@@ -25,7 +30,16 @@ const CHUNK: usize = 1 << 20;
 
 pub(super) struct Files {
     path: PathBuf,
-    decoder: Decoder,
+    content: Content,
+}
+
+/// What the files hold.
+#[derive(Clone)]
+enum Content {
+    /// Lines, each a record.
+    Lines(Decoder),
+    /// Parquet: the columns named as the source's, cast to their types.
+    Parquet(SchemaRef),
 }
 
 impl Files {
@@ -35,14 +49,25 @@ impl Files {
             .take("path")
             .ok_or_else(|| ExecError::InvalidOption("connector file needs option path".into()))?;
         o.finish(OPTIONS)?;
-        if spec.encode.as_deref() == Some("BYTES") {
-            return Err(ExecError::InvalidOption(
-                "connector file takes ENCODE JSON or CSV".into(),
-            ));
-        }
+        let content = match spec.encode.as_deref() {
+            Some("BYTES") => {
+                return Err(ExecError::InvalidOption(
+                    "connector file takes ENCODE JSON, CSV or PARQUET".into(),
+                ));
+            }
+            Some("PARQUET") => {
+                if let Some(name) = spec.encode_options.keys().next() {
+                    return Err(ExecError::InvalidOption(format!(
+                        "unknown option {name} for ENCODE PARQUET; it takes none"
+                    )));
+                }
+                Content::Parquet(schema.clone())
+            }
+            _ => Content::Lines(Decoder::new(spec, schema, true)?),
+        };
         Ok(Self {
             path: PathBuf::from(path),
-            decoder: Decoder::new(spec, schema, true)?,
+            content,
         })
     }
 
@@ -97,12 +122,20 @@ impl SourceConnector for Files {
             None => 0,
             Some(p) => decode_position(p, &path)?,
         };
-        Ok(Box::new(FileReader {
-            decoder: self.decoder.clone(),
-            path,
-            offset,
-            data: None,
-        }))
+        Ok(match &self.content {
+            Content::Lines(decoder) => Box::new(FileReader {
+                decoder: decoder.clone(),
+                path,
+                offset,
+                data: None,
+            }),
+            Content::Parquet(schema) => Box::new(ParquetReader {
+                schema: schema.clone(),
+                path,
+                rows: offset,
+                reader: None,
+            }),
+        })
     }
 
     fn bounded(&self) -> bool {
@@ -179,6 +212,93 @@ impl SplitReader for FileReader {
         Ok(Some(ReadBatch {
             data: batch,
             position: encode_position(self.offset, &self.path),
+            caught_up: true,
+            as_of: std::time::Instant::now(),
+        }))
+    }
+}
+
+/// Reads a Parquet file's row groups in order, a batch at a time.
+struct ParquetReader {
+    schema: SchemaRef,
+    path: PathBuf,
+    /// Rows read so far.
+    rows: u64,
+    reader: Option<ParquetRecordBatchReader>,
+}
+
+fn parquet_failed(path: &Path, e: impl std::fmt::Display) -> ExecError {
+    ExecError::Connector(format!("parquet file {}: {e}", path.display()))
+}
+
+/// Opens the Parquet file at `path` after `rows` rows, reading only the
+/// columns of `schema` (by name).
+async fn open_parquet(
+    path: &Path,
+    schema: &SchemaRef,
+    rows: u64,
+) -> Result<ParquetRecordBatchReader> {
+    let failed = |e: &dyn std::fmt::Display| parquet_failed(path, e);
+    let data = tokio::fs::read(path).await.map_err(|e| failed(&e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(data))
+        .map_err(|e| failed(&e))?;
+    let file_schema = builder.schema().clone();
+    let mut roots = Vec::new();
+    for field in schema.fields() {
+        let Some((i, _)) = file_schema.column_with_name(field.name()) else {
+            return Err(failed(&format!(
+                "it has no column \"{}\"; it has: {}",
+                field.name(),
+                file_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        roots.push(i);
+    }
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    builder
+        .with_projection(mask)
+        .with_offset(rows as usize)
+        .with_batch_size(1024)
+        .build()
+        .map_err(|e| failed(&e))
+}
+
+#[async_trait]
+impl SplitReader for ParquetReader {
+    async fn next(&mut self) -> Result<Option<ReadBatch>> {
+        if self.reader.is_none() {
+            self.reader = Some(open_parquet(&self.path, &self.schema, self.rows).await?);
+        }
+        let Some(batch) = self.reader.as_mut().and_then(Iterator::next) else {
+            return Ok(None);
+        };
+        let batch = batch.map_err(|e| parquet_failed(&self.path, e))?;
+        let columns = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let column = batch.column_by_name(f.name()).ok_or_else(|| {
+                    parquet_failed(&self.path, format!("no column \"{}\"", f.name()))
+                })?;
+                cast(column, f.data_type()).map_err(|e| {
+                    parquet_failed(
+                        &self.path,
+                        format!("column \"{}\" is not {}: {e}", f.name(), f.data_type()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let data = RecordBatch::try_new(self.schema.clone(), columns)?;
+        self.rows += data.num_rows() as u64;
+        Ok(Some(ReadBatch {
+            data,
+            position: encode_position(self.rows, &self.path),
             caught_up: true,
             as_of: std::time::Instant::now(),
         }))
@@ -265,5 +385,38 @@ mod tests {
         // A position names its file.
         let other = encode_position(0, Path::new("/elsewhere"));
         assert!(f.reader(0, Some(&other), Pace::Rated).is_err());
+    }
+
+    #[tokio::test]
+    async fn parquet_columns_by_name_resume_after_the_rows_read() {
+        use datafusion::arrow::array::{Int32Array, StringArray};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        // Columns in another order and type (int32 for the bigint id).
+        let batch = RecordBatch::try_from_iter([
+            (
+                "name",
+                Arc::new(StringArray::from_iter_values(
+                    (0..3000).map(|i| format!("n{i}")),
+                )) as datafusion::arrow::array::ArrayRef,
+            ),
+            ("id", Arc::new(Int32Array::from_iter_values(0..3000)) as _),
+        ])
+        .unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            batch.schema(),
+            None,
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let f = files(&path, "PARQUET", &[]).unwrap();
+        let mut r = f.reader(0, None, Pace::Rated).unwrap();
+        let first = r.next().await.unwrap().unwrap();
+        assert_eq!(first.data.num_rows(), 1024);
+        assert_eq!(first.data.column(1).as_string::<i32>().value(5), "n5");
+        let (ids, _) = read_all(&f, 0, Some(&first.position)).await;
+        assert_eq!(ids, (1024..3000).collect::<Vec<i64>>());
     }
 }
