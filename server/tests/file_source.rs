@@ -6,6 +6,21 @@ mod common;
 
 use common::{Server, one, rows};
 
+/// `CREATE SOURCE {declaration}` of the file or directory `path`.
+async fn file_source(
+    client: &tokio_postgres::Client,
+    declaration: &str,
+    path: &std::path::Path,
+    encode: &str,
+) {
+    let sql = format!(
+        "CREATE SOURCE {declaration} WITH (connector = 'file', path = '{}') \
+         FORMAT PLAIN ENCODE {encode}",
+        path.display()
+    );
+    rows(client, &sql).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_are_read_once_and_new_files_after_a_restart() {
     let files = tempfile::tempdir().expect("temp dir");
@@ -52,31 +67,13 @@ async fn files_are_read_once_and_new_files_after_a_restart() {
 
     let mut server = Server::start();
     let client = server.client().await;
-    rows(
+    file_source(&client, "orders (id bigint, amount int)", &dir, "CSV").await;
+    file_source(&client, "people (id int, name text)", &jsonl, "JSON").await;
+    file_source(
         &client,
-        &format!(
-            "CREATE SOURCE orders (id bigint, amount int) WITH (connector = 'file', path = '{}') \
-             FORMAT PLAIN ENCODE CSV",
-            dir.display()
-        ),
-    )
-    .await;
-    rows(
-        &client,
-        &format!(
-            "CREATE SOURCE people (id int, name text) WITH (connector = 'file', path = '{}') \
-             FORMAT PLAIN ENCODE JSON",
-            jsonl.display()
-        ),
-    )
-    .await;
-    rows(
-        &client,
-        &format!(
-            "CREATE SOURCE scores (score bigint, who text) WITH (connector = 'file', path = '{}') \
-             FORMAT PLAIN ENCODE PARQUET",
-            parquet.display()
-        ),
+        "scores (score bigint, who text)",
+        &parquet,
+        "PARQUET",
     )
     .await;
     rows(
