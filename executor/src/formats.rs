@@ -31,6 +31,20 @@ enum Encode {
     Bytes,
 }
 
+/// `ENCODE CSV (delimiter = '…')`, taken from `options`: one character,
+/// a comma if not given.
+pub(crate) fn csv_delimiter(
+    options: &mut std::collections::BTreeMap<String, String>,
+) -> Result<u8> {
+    match options.remove("delimiter").as_deref() {
+        None => Ok(b','),
+        Some(d) if d.len() == 1 => Ok(d.as_bytes()[0]),
+        Some(d) => Err(ExecError::InvalidOption(format!(
+            "ENCODE CSV option delimiter must be one character, not '{d}'"
+        ))),
+    }
+}
+
 /// A record that could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeError {
@@ -62,15 +76,7 @@ impl Decoder {
         let encode = match encode {
             "JSON" => Encode::Json,
             "CSV" => {
-                let delimiter = match options.remove("delimiter").as_deref() {
-                    None => b',',
-                    Some(d) if d.len() == 1 => d.as_bytes()[0],
-                    Some(d) => {
-                        return Err(ExecError::InvalidOption(format!(
-                            "ENCODE CSV option delimiter must be one character, not '{d}'"
-                        )));
-                    }
-                };
+                let delimiter = csv_delimiter(&mut options)?;
                 let header = match options.remove("without_header") {
                     None => files,
                     Some(_) if !files => {

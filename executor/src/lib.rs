@@ -19,6 +19,7 @@ pub mod formats;
 pub mod message;
 pub mod operator;
 pub mod operators;
+pub mod sinks;
 pub mod task;
 
 pub use error::{ExecError, Result};

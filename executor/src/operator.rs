@@ -29,6 +29,8 @@ pub struct OperatorContext {
     /// The key groups this subtask owns.
     pub key_groups: Range<u16>,
     pub state: Arc<dyn StateReader>,
+    /// The completed checkpoint the subtask restores (`None`: a fresh start).
+    pub restored_from: Option<u64>,
 }
 
 impl std::fmt::Debug for OperatorContext {

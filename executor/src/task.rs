@@ -24,6 +24,7 @@ use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWrite
 use crate::message::{Barrier, Message, Watermark};
 use crate::operator::{Operator, OperatorContext, StateReader};
 use crate::operators::{self, connector_source::ConnectorSource, table_source::TableSource};
+use crate::sinks::CommittingSink;
 use crate::{ExecError, Result};
 
 /// Which subtask, in which deployment attempt of its job (Flink's
@@ -163,6 +164,8 @@ pub struct StreamTask {
     id: TaskId,
     head: Head,
     chain: Vec<Box<dyn Operator>>,
+    /// A sink's subtask ends in its writer rather than in outputs.
+    sink: Option<CommittingSink>,
     outputs: Vec<OutputWriter>,
     commands: mpsc::UnboundedReceiver<TaskCommand>,
     reporter: Arc<dyn TaskReporter>,
@@ -248,6 +251,19 @@ pub fn build_task(
             (Head::Gate(gate), &vertex.nodes[..])
         }
     };
+    let (chain_nodes, sink) = match chain_nodes.split_last() {
+        Some((last, rest))
+            if matches!(graph.stream.nodes[*last].spec, OperatorSpec::Sink { .. }) =>
+        {
+            let node = &graph.stream.nodes[*last];
+            let schema = Arc::new(node.schema.as_arrow().clone());
+            (
+                rest,
+                Some(CommittingSink::new(&node.spec, schema, subtask)?),
+            )
+        }
+        _ => (chain_nodes, None),
+    };
     let chain = chain_nodes
         .iter()
         .map(|n| operators::build(&graph.stream.nodes[*n]))
@@ -276,12 +292,14 @@ pub fn build_task(
         parallelism: vertex.parallelism,
         key_groups: key_group_range(subtask, vertex.parallelism),
         state: env.state.clone(),
+        restored_from: dep.restore.as_ref().map(|r| r.checkpoint),
     };
     Ok((
         StreamTask {
             id: dep.id.clone(),
             head,
             chain,
+            sink,
             outputs,
             commands,
             reporter: env.reporter.clone(),
@@ -324,6 +342,9 @@ impl StreamTask {
     }
 
     async fn run_inner(&mut self) -> Result<Exit> {
+        if let Some(sink) = &mut self.sink {
+            sink.open(&self.ctx).await?;
+        }
         for i in 0..self.chain.len() {
             let mut initial = Vec::new();
             self.chain[i].on_start(&self.ctx, &mut initial)?;
@@ -373,7 +394,7 @@ impl StreamTask {
                         let position = SourcePosition { table: source.table_id(), seq: source.position() };
                         self.checkpoint(barrier, writes, vec![position], Default::default(), false).await?;
                     }
-                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
                 },
                 _ = std::future::ready(()), if has_more => {
@@ -404,7 +425,7 @@ impl StreamTask {
                         source.barrier_emitted(barrier.checkpoint_id);
                         self.checkpoint(barrier, writes, Vec::new(), Default::default(), behind).await?;
                     }
-                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
                 },
                 fetched = source.next() => {
@@ -423,7 +444,7 @@ impl StreamTask {
             tokio::select! {
                 biased;
                 cmd = self.commands.recv() => match cmd {
-                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id)?,
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
                     Some(TaskCommand::TriggerCheckpoint(b)) => {
                         return Err(ExecError::Protocol(format!(
                             "checkpoint {} triggered on a non-source task", b.checkpoint_id
@@ -501,6 +522,12 @@ impl StreamTask {
                 return Ok(());
             }
         }
+        if let Some(sink) = &mut self.sink {
+            for c in &pending {
+                sink.write(c).await?;
+            }
+            return Ok(());
+        }
         for c in pending {
             if c.is_empty() {
                 continue;
@@ -536,6 +563,9 @@ impl StreamTask {
         for op in &mut self.chain {
             op.handle_checkpoint(&barrier, &mut writes)?;
         }
+        if let Some(sink) = &mut self.sink {
+            sink.checkpoint(barrier.checkpoint_id, &mut writes).await?;
+        }
         for o in &mut self.outputs {
             o.broadcast(Message::Barrier(barrier)).await?;
         }
@@ -555,9 +585,12 @@ impl StreamTask {
         Ok(())
     }
 
-    fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
+    async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
         for op in &mut self.chain {
             op.handle_commit(checkpoint_id)?;
+        }
+        if let Some(sink) = &mut self.sink {
+            sink.commit(checkpoint_id).await?;
         }
         Ok(())
     }

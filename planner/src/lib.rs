@@ -23,5 +23,6 @@ pub mod wire;
 
 pub use error::{PlanError, Result};
 pub use lower::{
-    StreamPlanOptions, check_deterministic, late_rows_state_table, lower, view_state_table,
+    SinkTarget, StreamPlanOptions, check_deterministic, late_rows_state_table, lower,
+    view_state_table,
 };

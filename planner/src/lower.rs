@@ -46,6 +46,17 @@ pub struct StreamPlanOptions {
     /// `streaming_state_ttl`: aggregates and joins forget keyed state no
     /// row has written for this long (microseconds).
     pub state_ttl_us: Option<i64>,
+    /// A sink's job ends in a Sink node rather than a Materialize node.
+    pub sink: Option<SinkTarget>,
+}
+
+/// Where a sink's job writes (`CREATE SINK`).
+#[derive(Debug, Clone)]
+pub struct SinkTarget {
+    pub name: String,
+    pub connector: crate::spec::ConnectorSpec,
+    /// `primary_key`: the names of the columns that identify a row.
+    pub key: Vec<String>,
 }
 
 /// The state table in which the Materialize operator of view `view_id` keeps
@@ -109,19 +120,62 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
         );
     }
     let p = l.graph.nodes[root].parallelism;
-    let mat = l.graph.add_node(
-        OperatorSpec::Materialize {
-            view_id: opts.view_id,
-            state_table: view_state_table(opts.view_id),
-        },
-        p,
-        plan.schema().clone(),
-    );
-    let partitioner = if p > 1 {
-        whole_row(plan)
-    } else {
-        Partitioner::Forward
+    let (spec, partitioner) = match &opts.sink {
+        None => (
+            OperatorSpec::Materialize {
+                view_id: opts.view_id,
+                state_table: view_state_table(opts.view_id),
+            },
+            if p > 1 {
+                whole_row(plan)
+            } else {
+                Partitioner::Forward
+            },
+        ),
+        Some(target) => {
+            let schema = plan.schema();
+            let key = target
+                .key
+                .iter()
+                .map(|name| {
+                    schema
+                        .fields()
+                        .iter()
+                        .position(|f| f.name() == name)
+                        .ok_or_else(|| {
+                            PlanError::InvalidDefinition(format!(
+                                "primary_key names \"{name}\", which is not a column of sink \"{}\"",
+                                target.name
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Every change of one key goes through one subtask, in order.
+            let partitioner = if p > 1 && !key.is_empty() {
+                Partitioner::Hash {
+                    exprs: key
+                        .iter()
+                        .map(|i| Expr::Column(Column::from(schema.qualified_field(*i))))
+                        .collect(),
+                    schema: schema.clone(),
+                }
+            } else {
+                Partitioner::Forward
+            };
+            (
+                OperatorSpec::Sink {
+                    sink_id: opts.view_id,
+                    sink_name: target.name.clone(),
+                    connector: target.connector.clone(),
+                    key,
+                    append_only_input: l.append_only(root),
+                    state_table: view_state_table(opts.view_id),
+                },
+                partitioner,
+            )
+        }
     };
+    let mat = l.graph.add_node(spec, p, plan.schema().clone());
     l.graph.connect(root, mat, 0, partitioner);
     Ok(l.graph)
 }
@@ -1076,6 +1130,11 @@ impl Lowering<'_> {
                 .in_edges(node)
                 .filter(|e| e.input == 0)
                 .all(|e| self.append_only(e.from)),
+            // EMIT ON WINDOW CLOSE: each window once, final.
+            OperatorSpec::HashAgg {
+                emit_on_window_close: Some(_),
+                ..
+            } => true,
             _ => false,
         }
     }
@@ -1126,7 +1185,44 @@ mod tests {
             emit_on_window_close: false,
             state_ttl_us: None,
             view_id: 5,
+            sink: None,
         }
+    }
+
+    #[test]
+    fn a_sink_ends_the_job_keyed_by_its_primary_key() {
+        let plan = scan("t", 1)
+            .aggregate(vec![col("k")], vec![sum(col("v"))])
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut o = opts(2);
+        o.sink = Some(SinkTarget {
+            name: "out".into(),
+            connector: Default::default(),
+            key: vec!["k".into()],
+        });
+        let g = lower(&plan, &o).unwrap();
+        let last = g.nodes.last().unwrap();
+        let OperatorSpec::Sink {
+            key,
+            append_only_input,
+            state_table,
+            ..
+        } = &last.spec
+        else {
+            panic!("{}", last.spec.name());
+        };
+        assert_eq!((key.as_slice(), *append_only_input), (&[0][..], false));
+        assert_eq!(*state_table, 5 << 16);
+        let into_sink = g.edges.last().unwrap();
+        let Partitioner::Hash { exprs, .. } = &into_sink.partitioner else {
+            panic!("not hashed by key");
+        };
+        assert_eq!(exprs.len(), 1);
+        o.sink.as_mut().unwrap().key = vec!["nope".into()];
+        let e = lower(&plan, &o).unwrap_err();
+        assert!(e.to_string().contains("primary_key names \"nope\""), "{e}");
     }
 
     #[test]

@@ -203,6 +203,20 @@ pub enum OperatorSpec {
     Union { inputs: usize },
     /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
     Materialize { view_id: u64, state_table: u64 },
+    /// `CREATE SINK`: the job's changes go to a system outside Weir, made
+    /// visible there when the checkpoint that covers them completes. Its
+    /// state (`state_table`) holds what is prepared but not yet committed.
+    Sink {
+        sink_id: u64,
+        sink_name: String,
+        connector: ConnectorSpec,
+        /// The columns that identify a row downstream (`primary_key`), by
+        /// position: an upsert sink writes and deletes by them.
+        key: Vec<usize>,
+        /// Whether the input only ever inserts.
+        append_only_input: bool,
+        state_table: u64,
+    },
 }
 
 impl OperatorSpec {
@@ -221,6 +235,7 @@ impl OperatorSpec {
             OperatorSpec::OverWindow { .. } => "OverWindow",
             OperatorSpec::TemporalFilter { .. } => "TemporalFilter",
             OperatorSpec::Materialize { .. } => "Materialize",
+            OperatorSpec::Sink { .. } => "Sink",
         }
     }
 
@@ -265,7 +280,8 @@ impl OperatorSpec {
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }
             | OperatorSpec::TemporalFilter { state_table, .. }
-            | OperatorSpec::Materialize { state_table, .. } => vec![*state_table],
+            | OperatorSpec::Materialize { state_table, .. }
+            | OperatorSpec::Sink { state_table, .. } => vec![*state_table],
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
             | OperatorSpec::Union { .. }
@@ -495,6 +511,11 @@ impl fmt::Display for OperatorSpec {
                 write!(f, "Expand: sets=[{}]", sets.join(", "))
             }
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
+            OperatorSpec::Sink {
+                sink_name,
+                connector,
+                ..
+            } => write!(f, "Sink: {sink_name} connector={}", connector.connector),
         }
     }
 }

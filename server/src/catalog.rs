@@ -87,6 +87,24 @@ pub enum Entry {
         state_ttl_us: Option<i64>,
         depends_on: Vec<u64>,
     },
+    /// `CREATE SINK`: a job like a materialized view's, whose changes go
+    /// to an external system through the connector instead of into state.
+    Sink {
+        id: u64,
+        name: String,
+        sql: String,
+        connector: planner::spec::ConnectorSpec,
+        /// `primary_key`: the columns that identify a row downstream.
+        #[serde(default)]
+        key: Vec<String>,
+        parallelism: usize,
+        chaining: bool,
+        #[serde(default)]
+        checkpoint_mode: planner::spec::CheckpointMode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state_ttl_us: Option<i64>,
+        depends_on: Vec<u64>,
+    },
 }
 
 impl Entry {
@@ -95,7 +113,8 @@ impl Entry {
             Entry::Table { id, .. }
             | Entry::View { id, .. }
             | Entry::Source { id, .. }
-            | Entry::MaterializedView { id, .. } => *id,
+            | Entry::MaterializedView { id, .. }
+            | Entry::Sink { id, .. } => *id,
         }
     }
 
@@ -104,7 +123,8 @@ impl Entry {
             Entry::Table { name, .. }
             | Entry::View { name, .. }
             | Entry::Source { name, .. }
-            | Entry::MaterializedView { name, .. } => name,
+            | Entry::MaterializedView { name, .. }
+            | Entry::Sink { name, .. } => name,
         }
     }
 
@@ -116,6 +136,7 @@ impl Entry {
             Entry::View { .. } => "view",
             Entry::Source { .. } => "source",
             Entry::MaterializedView { .. } => "materialized view",
+            Entry::Sink { .. } => "sink",
         }
     }
 
@@ -123,9 +144,9 @@ impl Entry {
         match self {
             Entry::Table { late_rows, .. } => late_rows.as_slice(),
             Entry::Source { .. } => &[],
-            Entry::View { depends_on, .. } | Entry::MaterializedView { depends_on, .. } => {
-                depends_on
-            }
+            Entry::View { depends_on, .. }
+            | Entry::MaterializedView { depends_on, .. }
+            | Entry::Sink { depends_on, .. } => depends_on,
         }
     }
 }

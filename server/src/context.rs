@@ -348,6 +348,11 @@ impl CatalogSchema {
                 let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
                 Arc::new(ViewTable::new(plan, Some(sql.clone())))
             }
+            Entry::Sink { name, .. } => {
+                return Err(ServerError::WrongObjectType(format!(
+                    "\"{name}\" is a sink: it writes rows elsewhere and cannot be read"
+                )));
+            }
             Entry::MaterializedView { id, sql, .. } => {
                 let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
                 if self.mode == Mode::Stream {
@@ -376,6 +381,7 @@ impl SchemaProvider for CatalogSchema {
             .catalog
             .all()
             .iter()
+            .filter(|e| !matches!(e, Entry::Sink { .. }))
             .map(|e| e.name().to_string())
             .collect()
     }

@@ -29,7 +29,7 @@ use crate::session::Session;
 use crate::stmt::{self, TableOptions, WatermarkClause, apply_pg_names, ident, object_name};
 use crate::types;
 
-fn already_exists(name: &str) -> ServerError {
+pub(crate) fn already_exists(name: &str) -> ServerError {
     ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
 }
 
@@ -334,7 +334,7 @@ fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef
 
 /// The view's query text, with Postgres column names and the optional
 /// column list applied.
-fn view_sql(cv: &CreateView) -> Result<String> {
+pub(crate) fn view_sql(cv: &CreateView) -> Result<String> {
     let mut q = cv.query.clone();
     apply_pg_names(&mut q);
     if cv.columns.is_empty() {
@@ -351,8 +351,24 @@ fn view_sql(cv: &CreateView) -> Result<String> {
     ))
 }
 
+/// Plans `sql` once as a query: names, types and columns are checked, and
+/// no two columns may have one name.
+pub(crate) async fn check_query(db: &Arc<Database>, sql: &str) -> Result<()> {
+    let plan = plan_query(&context(db, Mode::Batch), sql).await?;
+    let mut names = BTreeSet::new();
+    for f in plan.schema().fields() {
+        if !names.insert(f.name().clone()) {
+            return Err(ServerError::DuplicateColumn(format!(
+                "column \"{}\" specified more than once",
+                f.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Catalog entries the query names directly.
-fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
+pub(crate) fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
     let Some(stmt::Stmt::Sql(s)) = stmt::parse(sql)?.pop() else {
         return Ok(vec![]);
     };
@@ -394,63 +410,98 @@ impl Visitor for WindowTables {
     }
 }
 
-/// How a view's job is planned: the session's settings when it was
-/// created, kept in its catalog entry.
-#[derive(Debug, Clone, Copy)]
-struct JobOptions {
-    parallelism: usize,
-    chaining: bool,
-    checkpoint_mode: CheckpointMode,
-    emit_on_window_close: bool,
-    state_ttl_us: Option<i64>,
+/// How a job (a materialized view's or a sink's) is planned: the
+/// session's settings when it was created, kept in its catalog entry.
+#[derive(Debug, Clone)]
+pub(crate) struct JobOptions {
+    pub(crate) parallelism: usize,
+    pub(crate) chaining: bool,
+    pub(crate) checkpoint_mode: CheckpointMode,
+    pub(crate) emit_on_window_close: bool,
+    pub(crate) state_ttl_us: Option<i64>,
+    /// A sink's job ends in the sink.
+    pub(crate) sink: Option<planner::SinkTarget>,
 }
 
 impl JobOptions {
-    fn of_session(session: &Session, emit_on_window_close: bool) -> Self {
+    pub(crate) fn of_session(session: &Session, emit_on_window_close: bool) -> Self {
         Self {
             parallelism: session.streaming_parallelism,
             chaining: session.streaming_chaining,
             checkpoint_mode: session.checkpoint_mode,
             emit_on_window_close,
             state_ttl_us: session.state_ttl_us,
+            sink: None,
         }
     }
 
-    /// A materialized view's: its id, query and options.
-    fn of_view(entry: &Entry) -> Result<(u64, String, Self)> {
-        let Entry::MaterializedView {
-            id,
-            sql,
-            parallelism,
-            chaining,
-            checkpoint_mode,
-            emit_on_window_close,
-            state_ttl_us,
-            ..
-        } = entry
-        else {
-            return Err(ServerError::WrongObjectType(format!(
+    /// A materialized view's or a sink's: its id, query and options.
+    fn of_job(entry: &Entry) -> Result<(u64, String, Self)> {
+        match entry {
+            Entry::MaterializedView {
+                id,
+                sql,
+                parallelism,
+                chaining,
+                checkpoint_mode,
+                emit_on_window_close,
+                state_ttl_us,
+                ..
+            } => Ok((
+                *id,
+                sql.clone(),
+                Self {
+                    parallelism: *parallelism,
+                    chaining: *chaining,
+                    checkpoint_mode: *checkpoint_mode,
+                    emit_on_window_close: *emit_on_window_close,
+                    state_ttl_us: *state_ttl_us,
+                    sink: None,
+                },
+            )),
+            Entry::Sink {
+                id,
+                name,
+                sql,
+                connector,
+                key,
+                parallelism,
+                chaining,
+                checkpoint_mode,
+                state_ttl_us,
+                ..
+            } => Ok((
+                *id,
+                sql.clone(),
+                Self {
+                    parallelism: *parallelism,
+                    chaining: *chaining,
+                    checkpoint_mode: *checkpoint_mode,
+                    emit_on_window_close: false,
+                    state_ttl_us: *state_ttl_us,
+                    sink: Some(planner::SinkTarget {
+                        name: name.clone(),
+                        connector: connector.clone(),
+                        key: key.clone(),
+                    }),
+                },
+            )),
+            _ => Err(ServerError::WrongObjectType(format!(
                 "\"{}\" is not a materialized view",
                 entry.name()
-            )));
-        };
-        Ok((
-            *id,
-            sql.clone(),
-            Self {
-                parallelism: *parallelism,
-                chaining: *chaining,
-                checkpoint_mode: *checkpoint_mode,
-                emit_on_window_close: *emit_on_window_close,
-                state_ttl_us: *state_ttl_us,
-            },
-        ))
+            ))),
+        }
     }
 }
 
 /// Lowers a view's query into the JobGraph of its job, and checks that
 /// every operator can be built.
-async fn job_graph(db: &Arc<Database>, sql: &str, id: u64, o: JobOptions) -> Result<JobGraph> {
+pub(crate) async fn job_graph(
+    db: &Arc<Database>,
+    sql: &str,
+    id: u64,
+    o: &JobOptions,
+) -> Result<JobGraph> {
     let ctx = context(db, Mode::Stream);
     let plan = planner::temporal::mark_now(plan_query(&ctx, sql).await?)?;
     planner::check_deterministic(&plan)?;
@@ -472,22 +523,24 @@ async fn job_graph(db: &Arc<Database>, sql: &str, id: u64, o: JobOptions) -> Res
             emit_on_window_close: o.emit_on_window_close,
             view_id: id,
             state_ttl_us: o.state_ttl_us,
+            sink: o.sink.clone(),
         },
     )?;
     for node in &stream.nodes {
-        if !node.spec.is_source() {
+        if !node.spec.is_source() && !matches!(node.spec, planner::spec::OperatorSpec::Sink { .. })
+        {
             executor::operators::build(node)?;
         }
     }
     Ok(JobGraph::from_stream_graph(stream))
 }
 
-/// Restarts the job of a materialized view from its latest completed
+/// Restarts the job of a materialized view or a sink from its latest completed
 /// checkpoint, in the background: it waits for slots as long as its restart
 /// strategy allows (TaskManagers may still be registering).
 pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
-    let (id, sql, options) = JobOptions::of_view(entry)?;
-    let graph = job_graph(db, &sql, id, options).await?;
+    let (id, sql, options) = JobOptions::of_job(entry)?;
+    let graph = job_graph(db, &sql, id, &options).await?;
     db.cluster.job_manager.recover_job(id, graph).await?;
     Ok(())
 }
@@ -516,18 +569,7 @@ pub async fn create_view(
         return Err(already_exists(&name));
     }
     let sql = view_sql(&cv)?;
-    // Plan it once as a query: names, types and columns are checked here.
-    let batch = context(db, Mode::Batch);
-    let plan = plan_query(&batch, &sql).await?;
-    let mut names = BTreeSet::new();
-    for f in plan.schema().fields() {
-        if !names.insert(f.name().clone()) {
-            return Err(ServerError::DuplicateColumn(format!(
-                "column \"{}\" specified more than once",
-                f.name()
-            )));
-        }
-    }
+    check_query(db, &sql).await?;
     let depends_on = dependencies(db, &sql)?;
     let id = db.catalog.allocate_id()?;
     if !cv.materialized {
@@ -545,7 +587,7 @@ pub async fn create_view(
         return Ok(QueryResult::command(tag));
     }
     let options = JobOptions::of_session(session, emit_on_window_close);
-    let graph = job_graph(db, &sql, id, options).await?;
+    let graph = job_graph(db, &sql, id, &options).await?;
     db.catalog.add(Entry::MaterializedView {
         id,
         name,
@@ -590,14 +632,19 @@ pub async fn set_parallelism(
     let entry = db.catalog.by_name(view).ok_or_else(|| {
         ServerError::UndefinedTable(format!("materialized view \"{view}\" does not exist"))
     })?;
-    let (id, sql, mut options) = JobOptions::of_view(&entry)?;
+    if !matches!(entry, Entry::MaterializedView { .. }) {
+        return Err(ServerError::WrongObjectType(format!(
+            "\"{view}\" is not a materialized view"
+        )));
+    }
+    let (id, sql, mut options) = JobOptions::of_job(&entry)?;
     let tag = QueryResult::command("ALTER MATERIALIZED VIEW");
     let parallelism = parallelism as usize;
     if parallelism == options.parallelism {
         return Ok(tag);
     }
     options.parallelism = parallelism;
-    let graph = job_graph(db, &sql, id, options).await?;
+    let graph = job_graph(db, &sql, id, &options).await?;
     db.cluster
         .job_manager
         .rescale(id, graph)
@@ -626,7 +673,7 @@ pub async fn explain_view(
     let sql = view_sql(&cv)?;
     let id = db.catalog.allocate_id()?;
     let options = JobOptions::of_session(session, emit_on_window_close);
-    let graph = job_graph(db, &sql, id, options).await?;
+    let graph = job_graph(db, &sql, id, &options).await?;
     let stream = graph.stream.explain();
     let job = graph.explain();
     let exec = db.cluster.job_manager.preview(graph)?.explain();
@@ -714,7 +761,7 @@ async fn drop_entry(db: &Arc<Database>, entry: &Entry) -> Result<()> {
     // never a catalog entry without its data.
     db.catalog.remove(&[entry.id()])?;
     match entry {
-        Entry::MaterializedView { id, .. } => {
+        Entry::MaterializedView { id, .. } | Entry::Sink { id, .. } => {
             match db.cluster.job_manager.cancel_job(*id, true).await {
                 Ok(()) | Err(cluster::ClusterError::UnknownJob(_)) => {}
                 Err(e) => return Err(e.into()),

@@ -121,9 +121,9 @@ impl Database {
         for entry in db.catalog.all() {
             match &entry {
                 Entry::Table { .. } => db.cluster.tables.open_table(table_desc(&entry)?)?,
-                Entry::MaterializedView { .. } => {
+                Entry::MaterializedView { .. } | Entry::Sink { .. } => {
                     if let Err(e) = ddl::recover_view_job(&db, &entry).await {
-                        tracing::error!(view = entry.name(), error = %e, "materialized view could not be restarted");
+                        tracing::error!(name = entry.name(), kind = entry.kind(), error = %e, "job could not be restarted");
                     }
                 }
                 Entry::View { .. } | Entry::Source { .. } => {}
@@ -171,6 +171,18 @@ impl Database {
             Stmt::ShowViews => query::show_objects(self, "view"),
             Stmt::ShowJobs => query::show_jobs(self),
             Stmt::ShowSources => query::show_sources(self),
+            Stmt::ShowSinks => crate::sinks::show(self),
+            Stmt::CreateSink {
+                name,
+                if_not_exists,
+                query,
+                connector,
+            } => crate::sinks::create(self, session, name, if_not_exists, *query, connector).await,
+            Stmt::DropSink {
+                name,
+                if_exists,
+                cascade,
+            } => ddl::drop_objects(self, "sink", if_exists, &[name], cascade).await,
             Stmt::DropSource {
                 name,
                 if_exists,
@@ -314,12 +326,12 @@ impl Database {
     pub(crate) fn job_error(&self, e: cluster::ClusterError) -> ServerError {
         match e {
             cluster::ClusterError::JobFailed { job, error } => {
-                let view = self
+                let (kind, name) = self
                     .catalog
                     .get(job)
-                    .map(|e| e.name().to_string())
-                    .unwrap_or_else(|| job.to_string());
-                ServerError::view_failed(&view, &error)
+                    .map(|e| (e.kind(), e.name().to_string()))
+                    .unwrap_or_else(|| ("job", job.to_string()));
+                ServerError::job_failed(kind, &name, &error)
             }
             other => other.into(),
         }

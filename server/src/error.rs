@@ -294,10 +294,11 @@ impl From<executor::ExecError> for ServerError {
 }
 
 impl ServerError {
-    /// A job that failed for good, named by its view; the SQLSTATE follows
-    /// the task's error (division by zero, bad cast, …).
-    pub fn view_failed(view: &str, error: &str) -> Self {
-        let message = format!("materialized view \"{view}\" failed: {error}");
+    /// The job of `kind` `name` (a materialized view, a sink) failed for
+    /// good; the SQLSTATE follows the task's error (division by zero, bad
+    /// cast, …).
+    pub fn job_failed(kind: &str, name: &str, error: &str) -> Self {
+        let message = format!("{kind} \"{name}\" failed: {error}");
         match classify_execution(error) {
             ServerError::DivisionByZero => ServerError::DivisionByZero,
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),

@@ -15,6 +15,7 @@ pub mod proctime;
 pub mod query;
 pub mod savepoint;
 pub mod session;
+pub mod sinks;
 pub mod stmt;
 pub mod system;
 pub mod types;

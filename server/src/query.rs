@@ -54,31 +54,37 @@ pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
             crate::catalog::Entry::Source {
                 name, connector, ..
             } => {
-                let list = |options: &std::collections::BTreeMap<String, String>| {
-                    options
-                        .iter()
-                        .map(|(k, v)| format!("{k} = '{v}'"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let format = match (&connector.format, &connector.encode) {
-                    (Some(f), Some(e)) if connector.encode_options.is_empty() => format!("{f} {e}"),
-                    (Some(f), Some(e)) => {
-                        format!("{f} {e} ({})", list(&connector.encode_options))
-                    }
-                    _ => String::new(),
-                };
-                Some(vec![
-                    name,
-                    connector.connector.clone(),
-                    format,
-                    list(&connector.options),
-                ])
+                let (format, options) = connector_text(&connector);
+                Some(vec![name, connector.connector.clone(), format, options])
             }
             _ => None,
         })
         .collect();
     QueryResult::texts(&["name", "connector", "format", "options"], rows)
+}
+
+/// A connector's `FORMAT … ENCODE … (…)` and `WITH` options as text, a
+/// password masked.
+pub fn connector_text(connector: &planner::spec::ConnectorSpec) -> (String, String) {
+    let list = |options: &std::collections::BTreeMap<String, String>| {
+        options
+            .iter()
+            .map(|(k, v)| {
+                if k.contains("password") {
+                    format!("{k} = '********'")
+                } else {
+                    format!("{k} = '{v}'")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let format = match (&connector.format, &connector.encode) {
+        (Some(f), Some(e)) if connector.encode_options.is_empty() => format!("{f} {e}"),
+        (Some(f), Some(e)) => format!("{f} {e} ({})", list(&connector.encode_options)),
+        _ => String::new(),
+    };
+    (format, list(&connector.options))
 }
 
 /// `SHOW JOBS`: every view's job and where its subtasks run.
@@ -109,7 +115,7 @@ pub fn show_jobs(db: &Arc<Database>) -> Result<QueryResult> {
         })
         .collect();
     QueryResult::texts(
-        &["job", "view", "state", "last_checkpoint", "subtasks"],
+        &["job", "name", "state", "last_checkpoint", "subtasks"],
         rows,
     )
 }

@@ -54,7 +54,9 @@ pub async fn create(db: &Arc<Database>, name: &str, view: Option<&str>) -> Resul
             .all()
             .into_iter()
             .filter_map(|e| match e {
-                Entry::MaterializedView { id, .. } => Some(id),
+                // A sink's job too: its sources' positions and what it has
+                // prepared.
+                Entry::MaterializedView { id, .. } | Entry::Sink { id, .. } => Some(id),
                 _ => None,
             })
             .collect(),

@@ -63,6 +63,24 @@ pub enum Stmt {
         if_exists: bool,
         cascade: bool,
     },
+    /// `CREATE SINK [IF NOT EXISTS] name FROM relation | AS query WITH (…)
+    /// [FORMAT … ENCODE …]` (RisingWave's syntax).
+    CreateSink {
+        name: String,
+        if_not_exists: bool,
+        /// The query whose changes the sink writes (`FROM v`: `SELECT *
+        /// FROM v`).
+        query: Box<Query>,
+        connector: planner::spec::ConnectorSpec,
+    },
+    /// `SHOW SINKS`.
+    ShowSinks,
+    /// `DROP SINK [IF EXISTS] name [CASCADE | RESTRICT]`.
+    DropSink {
+        name: String,
+        if_exists: bool,
+        cascade: bool,
+    },
     /// `CREATE TABLE` or `CREATE STREAM`, with Weir's own clauses
     /// (`APPEND ONLY`, `WATERMARK FOR`) taken out of the statement.
     CreateTable {
@@ -167,11 +185,17 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             && (is_word(&b, "table") || is_word(&b, "stream") || is_word(&b, "source"))
         {
             create_table(&mut parser)?
+        } else if is_word(&a, "create") && is_word(&b, "sink") {
+            create_sink(&mut parser)?
         } else if is_word(&a, "show") && is_word(&b, "sources") {
             parser.next_token();
             parser.next_token();
             Stmt::ShowSources
-        } else if is_word(&a, "drop") && is_word(&b, "source") {
+        } else if is_word(&a, "show") && is_word(&b, "sinks") {
+            parser.next_token();
+            parser.next_token();
+            Stmt::ShowSinks
+        } else if is_word(&a, "drop") && (is_word(&b, "source") || is_word(&b, "sink")) {
             parser.next_token();
             parser.next_token();
             let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
@@ -180,10 +204,18 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             if !cascade {
                 let _ = parser.parse_keyword(Keyword::RESTRICT);
             }
-            Stmt::DropSource {
-                name,
-                if_exists,
-                cascade,
+            if is_word(&b, "sink") {
+                Stmt::DropSink {
+                    name,
+                    if_exists,
+                    cascade,
+                }
+            } else {
+                Stmt::DropSource {
+                    name,
+                    if_exists,
+                    cascade,
+                }
             }
         } else if is_word(&a, "alter") && is_word(&b, "materialized") && is_word(&c, "view") {
             for _ in 0..3 {
@@ -326,20 +358,6 @@ fn for_system_time(tokens: &mut Vec<Token>) -> Result<()> {
     Ok(())
 }
 
-/// The index of the first token at parenthesis depth 0 that is `word`.
-fn top_level_word(tokens: &[Token], word: &str) -> Option<usize> {
-    let mut depth = 0;
-    for (i, t) in tokens.iter().enumerate() {
-        match t {
-            Token::LParen => depth += 1,
-            Token::RParen => depth -= 1,
-            t if depth == 0 && is_word(t, word) => return Some(i),
-            _ => {}
-        }
-    }
-    None
-}
-
 /// `(name = value, …)` from `tokens[start]` (an opening parenthesis), and
 /// the index after the closing one. Names may be dotted
 /// (`nexmark.table.type`) and are lower-cased; values are strings, numbers
@@ -402,12 +420,25 @@ fn option_list(tokens: &[Token], start: usize) -> Result<(BTreeMap<String, Strin
 /// Takes a source's `WITH (…)` and `FORMAT … ENCODE … (…)` (or the older
 /// `ROW FORMAT …`) out of `tokens` (RisingWave's syntax, which sqlparser
 /// does not know: option names are dotted).
-fn source_clauses(tokens: &mut Vec<Token>) -> Result<planner::spec::ConnectorSpec> {
+fn source_clauses(tokens: &mut Vec<Token>, what: &str) -> Result<planner::spec::ConnectorSpec> {
     let mut spec = planner::spec::ConnectorSpec::default();
-    let Some(with) = top_level_word(tokens, "with") else {
-        return Err(ServerError::InvalidParameter(
-            "CREATE SOURCE needs WITH (connector = '…', …)".into(),
-        ));
+    // The last top-level `WITH (`: a sink's query may start with `WITH x AS`.
+    let mut depth = 0;
+    let mut found = None;
+    for (i, t) in tokens.iter().enumerate() {
+        match t {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 0 && is_word(t, "with") && tokens.get(i + 1) == Some(&Token::LParen) => {
+                found = Some(i)
+            }
+            _ => {}
+        }
+    }
+    let Some(with) = found else {
+        return Err(ServerError::InvalidParameter(format!(
+            "{what} needs WITH (connector = '…', …)"
+        )));
     };
     let (mut options, end) = option_list(tokens, with + 1)?;
     let tail: Vec<Token> = tokens.drain(with..).skip(end - with).collect();
@@ -448,10 +479,55 @@ fn source_clauses(tokens: &mut Vec<Token>) -> Result<planner::spec::ConnectorSpe
         .remove("connector")
         .map(|c| c.to_lowercase())
         .ok_or_else(|| {
-            ServerError::InvalidParameter("CREATE SOURCE needs WITH (connector = '…')".into())
+            ServerError::InvalidParameter(format!("{what} needs WITH (connector = '…')"))
         })?;
     spec.options = options;
     Ok(spec)
+}
+
+/// `CREATE SINK …`.
+fn create_sink(parser: &mut Parser<'_>) -> Result<Stmt> {
+    parser.next_token();
+    parser.next_token();
+    let if_not_exists = parser.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+    let name = object_name(&parser.parse_object_name(false)?)?;
+    let from = parser.next_token().token;
+    let mut tokens = statement_tokens(parser);
+    let connector = source_clauses(&mut tokens, "CREATE SINK")?;
+    let query = if is_word(&from, "from") {
+        let mut p = Parser::new(&PostgreSqlDialect {}).with_tokens(tokens);
+        let relation = p.parse_object_name(false)?;
+        let next = p.peek_token().token;
+        if next != Token::EOF {
+            return Err(ServerError::Syntax(format!(
+                "syntax error at or near \"{next}\": expected WITH (…) after CREATE SINK … FROM name"
+            )));
+        }
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&format!("SELECT * FROM {relation}"))?
+            .parse_query()?
+    } else if is_word(&from, "as") {
+        for_system_time(&mut tokens)?;
+        let mut p = Parser::new(&PostgreSqlDialect {}).with_tokens(tokens);
+        let query = p.parse_query()?;
+        let next = p.peek_token().token;
+        if next != Token::EOF {
+            return Err(ServerError::Syntax(format!(
+                "syntax error at or near \"{next}\""
+            )));
+        }
+        query
+    } else {
+        return Err(ServerError::Syntax(format!(
+            "syntax error at or near \"{from}\": expected CREATE SINK name FROM relation | AS query"
+        )));
+    };
+    Ok(Stmt::CreateSink {
+        name,
+        if_not_exists,
+        query,
+        connector,
+    })
 }
 
 /// `CREATE TABLE | STREAM …`: takes the statement's tokens, removes the
@@ -466,7 +542,7 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
     } else if tokens.get(1).is_some_and(|t| is_word(t, "source")) {
         tokens[1] = Token::make_keyword("TABLE");
         options.append_only = true;
-        options.source = Some(source_clauses(&mut tokens)?);
+        options.source = Some(source_clauses(&mut tokens, "CREATE SOURCE")?);
     }
     // WATERMARK FOR … inside the column list.
     let mut depth = 0;

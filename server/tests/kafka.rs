@@ -240,3 +240,146 @@ async fn kafka_errors_name_the_problem() {
         ]
     );
 }
+
+/// The last value of each key of an upsert topic (a tombstone removes it).
+fn upserted(records: &[common::kafka::Fetched]) -> Vec<Vec<String>> {
+    let mut latest = std::collections::BTreeMap::new();
+    let mut partition_of = std::collections::HashMap::new();
+    for (p, key, value) in records {
+        let key: serde_json::Value =
+            serde_json::from_slice(key.as_deref().expect("a key")).expect("JSON key");
+        let customer = key["customer"].as_str().expect("customer").to_string();
+        // Every change of a key is in one partition, in order.
+        assert_eq!(*partition_of.entry(customer.clone()).or_insert(*p), *p);
+        match value {
+            None => {
+                latest.remove(&customer);
+            }
+            Some(v) => {
+                let v: serde_json::Value = serde_json::from_slice(v).expect("JSON value");
+                latest.insert(
+                    customer.clone(),
+                    vec![customer, v["total"].to_string(), v["n"].to_string()],
+                );
+            }
+        }
+    }
+    latest.into_values().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_sinks_upsert_by_key_and_append() {
+    let broker = Broker::start().await;
+    broker.create_topic("totals", 3).await;
+    broker.create_topic("events", 2).await;
+    let mut server = Server::start();
+    let client = server.client().await;
+    let with = |topic: &str, extra: &str| {
+        format!(
+            "WITH (connector = 'kafka', topic = '{topic}', properties.bootstrap.server = '{}'{extra})",
+            broker.address()
+        )
+    };
+    for sql in [
+        "SET streaming_parallelism = 2".to_string(),
+        "CREATE TABLE orders (id int PRIMARY KEY, customer varchar, amount int)".into(),
+        "CREATE TABLE events (id int, kind varchar) APPEND ONLY".into(),
+        "INSERT INTO orders SELECT i, 'c' || (i % 7), i FROM generate_series(1, 200) AS s(i)"
+            .into(),
+        "CREATE MATERIALIZED VIEW totals AS \
+         SELECT customer, sum(amount) AS total, count(*) AS n FROM orders GROUP BY customer"
+            .into(),
+        format!(
+            "CREATE SINK totals_out FROM totals {} FORMAT UPSERT ENCODE JSON",
+            with("totals", ", primary_key = 'customer'")
+        ),
+        format!(
+            "CREATE SINK events_out FROM events {} FORMAT PLAIN ENCODE JSON",
+            with("events", "")
+        ),
+        "INSERT INTO events SELECT i, 'k' || (i % 3) FROM generate_series(1, 300) AS s(i)".into(),
+        "UPDATE orders SET amount = amount + 1000 WHERE id % 10 = 0".into(),
+        // Customer c0 disappears: its key gets a tombstone.
+        "DELETE FROM orders WHERE customer = 'c0'".into(),
+        "FLUSH".into(),
+    ] {
+        rows(&client, &sql).await;
+    }
+    let view = "SELECT customer, total, n FROM totals ORDER BY customer";
+    assert_eq!(
+        upserted(&broker.records("totals", 3).await),
+        rows(&client, view).await
+    );
+    // Changes written after the last checkpoint may be written again after
+    // a crash (at least once); the last value per key is still right.
+    rows(
+        &client,
+        "UPDATE orders SET amount = 1 WHERE customer = 'c3'",
+    )
+    .await;
+    drop(client);
+    server.crash_and_restart();
+    let client = server.client().await;
+    for sql in [
+        "INSERT INTO orders VALUES (1000, 'c0', 5), (1001, 'c9', 6)",
+        "INSERT INTO events SELECT i, 'late' FROM generate_series(301, 350) AS s(i)",
+        "FLUSH",
+    ] {
+        rows(&client, sql).await;
+    }
+    let expected = rows(&client, view).await;
+    assert_eq!(expected.len(), 8, "{expected:?}");
+    assert_eq!(upserted(&broker.records("totals", 3).await), expected);
+    // The append-only sink: every event, round-robin over the partitions.
+    let events = broker.records("events", 2).await;
+    let mut ids = std::collections::BTreeSet::new();
+    for (_, key, value) in &events {
+        assert!(key.is_none());
+        let v: serde_json::Value =
+            serde_json::from_slice(value.as_deref().expect("value")).expect("JSON");
+        ids.insert(v["id"].as_i64().expect("id"));
+    }
+    assert_eq!(ids, (1..=350).collect());
+    assert!(events.iter().any(|e| e.0 == 0) && events.iter().any(|e| e.0 == 1));
+
+    // Errors name the option.
+    let (code, message) = error_of(
+        &client,
+        &format!(
+            "CREATE SINK s FROM totals {} FORMAT UPSERT ENCODE JSON",
+            with("totals", "")
+        ),
+    )
+    .await;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("FORMAT UPSERT needs primary_key"),
+        "{message}"
+    );
+    let (code, message) = error_of(
+        &client,
+        &format!(
+            "CREATE SINK s FROM totals {} FORMAT PLAIN ENCODE JSON",
+            with("totals", "")
+        ),
+    )
+    .await;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("add force_append_only = 'true'"),
+        "{message}"
+    );
+    let (code, message) = error_of(
+        &client,
+        &format!(
+            "CREATE SINK s FROM events {} FORMAT PLAIN ENCODE JSON",
+            with("nope", "")
+        ),
+    )
+    .await;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("topic \"nope\" does not exist"),
+        "{message}"
+    );
+}

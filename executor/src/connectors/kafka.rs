@@ -64,16 +64,44 @@ pub(super) struct Kafka {
 }
 
 struct Shared {
-    brokers: Vec<String>,
-    topic: String,
-    client_id: Option<String>,
+    conn: Connection,
     fetch_max_bytes: i32,
     startup: Startup,
     decoder: Decoder,
+}
+
+/// A topic on a Kafka cluster: `topic`, `properties.bootstrap.server` and
+/// `properties.client.id`, and the client, connected on first use. The
+/// sink connects the same way as the source.
+pub(crate) struct Connection {
+    brokers: Vec<String>,
+    pub(crate) topic: String,
+    client_id: Option<String>,
     client: OnceCell<Client>,
 }
 
-impl Shared {
+impl Connection {
+    /// Takes the connection's options from `o`.
+    pub(crate) fn new(o: &mut Options) -> Result<Self> {
+        let topic = o.take("topic").ok_or_else(|| missing("topic"))?;
+        let brokers: Vec<String> = o
+            .take("properties.bootstrap.server")
+            .ok_or_else(|| missing("properties.bootstrap.server"))?
+            .split(',')
+            .map(|b| b.trim().to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        if brokers.is_empty() {
+            return Err(o.invalid("properties.bootstrap.server", "", "host:port[,host:port…]"));
+        }
+        Ok(Self {
+            brokers,
+            topic,
+            client_id: o.take("properties.client.id"),
+            client: OnceCell::new(),
+        })
+    }
+
     /// The client, connected on first use.
     async fn client(&self) -> Result<&Client> {
         self.client
@@ -96,26 +124,42 @@ impl Shared {
             .await
     }
 
-    fn failed(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
+    pub(crate) fn failed(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
         ExecError::Connector(format!("kafka topic {}: {what}: {e}", self.topic))
+    }
+
+    /// The topic's number of partitions; an error if it does not exist.
+    pub(crate) async fn partitions(&self) -> Result<usize> {
+        let topics = self
+            .client()
+            .await?
+            .list_topics()
+            .await
+            .map_err(|e| self.failed("listing topics", e))?;
+        let Some(topic) = topics.into_iter().find(|t| t.name == self.topic) else {
+            return Err(ExecError::InvalidOption(format!(
+                "topic \"{}\" does not exist on Kafka brokers {}",
+                self.topic,
+                self.brokers.join(",")
+            )));
+        };
+        Ok(topic.partitions.len())
+    }
+
+    /// A client of partition `partition`.
+    pub(crate) async fn partition(&self, partition: i32) -> Result<PartitionClient> {
+        self.client()
+            .await?
+            .partition_client(self.topic.clone(), partition, UnknownTopicHandling::Error)
+            .await
+            .map_err(|e| self.failed(&format!("partition {partition}"), e))
     }
 }
 
 impl Kafka {
     pub(super) fn new(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Self> {
         let mut o = Options::new("kafka", &spec.options);
-        let topic = o.take("topic").ok_or_else(|| missing("topic"))?;
-        let brokers: Vec<String> = o
-            .take("properties.bootstrap.server")
-            .ok_or_else(|| missing("properties.bootstrap.server"))?
-            .split(',')
-            .map(|b| b.trim().to_string())
-            .filter(|b| !b.is_empty())
-            .collect();
-        if brokers.is_empty() {
-            return Err(o.invalid("properties.bootstrap.server", "", "host:port[,host:port…]"));
-        }
-        let client_id = o.take("properties.client.id");
+        let conn = Connection::new(&mut o)?;
         let fetch_max_bytes = o
             .parse::<i32>("properties.fetch.max.bytes", "a positive number of bytes")?
             .unwrap_or(1 << 20);
@@ -171,19 +215,16 @@ impl Kafka {
         let decoder = Decoder::new(spec, schema, false)?;
         Ok(Self {
             shared: Arc::new(Shared {
-                brokers,
-                topic,
-                client_id,
+                conn,
                 fetch_max_bytes,
                 startup,
                 decoder,
-                client: OnceCell::new(),
             }),
         })
     }
 }
 
-fn missing(option: &str) -> ExecError {
+pub(crate) fn missing(option: &str) -> ExecError {
     ExecError::InvalidOption(format!("connector kafka needs option {option}"))
 }
 
@@ -206,21 +247,7 @@ fn parse_offsets(list: &str) -> Option<BTreeMap<i32, i64>> {
 impl SourceConnector for Kafka {
     /// The topic's partitions; an error if the topic does not exist.
     async fn splits(&self) -> Result<usize> {
-        let s = &self.shared;
-        let topics = s
-            .client()
-            .await?
-            .list_topics()
-            .await
-            .map_err(|e| s.failed("listing topics", e))?;
-        let Some(topic) = topics.into_iter().find(|t| t.name == s.topic) else {
-            return Err(ExecError::InvalidOption(format!(
-                "topic \"{}\" does not exist on Kafka brokers {}",
-                s.topic,
-                s.brokers.join(",")
-            )));
-        };
-        Ok(topic.partitions.len())
+        self.shared.conn.partitions().await
     }
 
     fn reader(
@@ -276,14 +303,7 @@ struct KafkaReader {
 impl KafkaReader {
     async fn partition(&mut self) -> Result<&PartitionClient> {
         if self.client.is_none() {
-            let s = &self.shared;
-            let c = s
-                .client()
-                .await?
-                .partition_client(s.topic.clone(), self.partition, UnknownTopicHandling::Error)
-                .await
-                .map_err(|e| s.failed(&format!("partition {}", self.partition), e))?;
-            self.client = Some(c);
+            self.client = Some(self.shared.conn.partition(self.partition).await?);
         }
         Ok(self.client.as_ref().expect("just set"))
     }
@@ -295,7 +315,7 @@ impl KafkaReader {
             .await?
             .get_offset(at)
             .await
-            .map_err(|e| shared.failed(&format!("offset of partition {p}"), e))
+            .map_err(|e| shared.conn.failed(&format!("offset of partition {p}"), e))
     }
 
     /// The offset after the partition's last record: the high watermark a
@@ -310,7 +330,7 @@ impl KafkaReader {
             .await?
             .fetch_records(start, 1..2, 0)
             .await
-            .map_err(|e| shared.failed(&format!("end of partition {p}"), e))?;
+            .map_err(|e| shared.conn.failed(&format!("end of partition {p}"), e))?;
         Ok(high_watermark)
     }
 
@@ -374,12 +394,16 @@ impl SplitReader for KafkaReader {
             .await?
             .fetch_records(offset, 1..shared.fetch_max_bytes, FETCH_WAIT_MS)
             .await
-            .map_err(|e| shared.failed(&format!("reading partition {partition} at {offset}"), e))?;
+            .map_err(|e| {
+                shared
+                    .conn
+                    .failed(&format!("reading partition {partition} at {offset}"), e)
+            })?;
         if records.is_empty() && offset < high_watermark && !self.warned {
             // Kafka answers a fetch from inside a record batch with that
             // batch; a broker that answers nothing leaves the split stuck.
             tracing::warn!(
-                topic = %shared.topic,
+                topic = %shared.conn.topic,
                 partition,
                 offset,
                 high_watermark,
@@ -407,7 +431,7 @@ impl SplitReader for KafkaReader {
         let (data, errors) = shared.decoder.decode(&values)?;
         for e in &errors {
             tracing::warn!(
-                topic = %shared.topic,
+                topic = %shared.conn.topic,
                 partition,
                 offset = records[e.index].offset,
                 error = %e.message,

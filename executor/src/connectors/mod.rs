@@ -13,7 +13,7 @@
 
 mod datagen;
 mod file;
-mod kafka;
+pub(crate) mod kafka;
 mod nexmark;
 mod options;
 

@@ -87,6 +87,11 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
                 "a source is a task head, not a chained operator".into(),
             ));
         }
+        OperatorSpec::Sink { .. } => {
+            return Err(ExecError::Protocol(
+                "a sink ends its task (sinks::CommittingSink), it is not a chained operator".into(),
+            ));
+        }
     })
 }
 
@@ -189,6 +194,7 @@ pub(crate) mod test_util {
             parallelism: 1,
             key_groups: 0..128,
             state,
+            restored_from: None,
         }
     }
 }

@@ -101,6 +101,42 @@ impl Broker {
     }
 }
 
+/// A record as a test reads it back: partition, key, value.
+pub type Fetched = (i32, Option<Vec<u8>>, Option<Vec<u8>>);
+
+impl Broker {
+    /// Every record of `topic`'s `partitions`, as (partition, key, value),
+    /// in offset order per partition.
+    pub async fn records(&self, topic: &str, partitions: i32) -> Vec<Fetched> {
+        let mut out = Vec::new();
+        for p in 0..partitions {
+            let client = self
+                .client
+                .partition_client(topic, p, UnknownTopicHandling::Retry)
+                .await
+                .expect("partition client");
+            let mut offset = 0;
+            loop {
+                let (records, high_watermark) = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    client.fetch_records(offset, 1..10_000_000, 100),
+                )
+                .await
+                .expect("fetch in time")
+                .expect("fetch");
+                for r in &records {
+                    out.push((p, r.record.key.clone(), r.record.value.clone()));
+                    offset = r.offset + 1;
+                }
+                if offset >= high_watermark || records.is_empty() {
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();

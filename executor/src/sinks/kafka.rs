@@ -1,0 +1,269 @@
+//! `connector = 'kafka'` as a sink: each change becomes a record of a
+//! topic.
+//!
+//! - `FORMAT UPSERT ENCODE JSON` (with `primary_key`): the record's key is
+//!   the JSON object of the key columns; an insert's value is the row, a
+//!   delete's is empty (a tombstone). A compacted topic, or any consumer
+//!   that keeps the last value per key, holds the sink's query's result.
+//! - `FORMAT PLAIN ENCODE JSON | CSV`: one record per inserted row (the
+//!   query must be append-only, or `force_append_only` drops the rest),
+//!   keyed by `primary_key` if it is given.
+//!
+//! Records with a key go to partition `murmur2(key) mod partitions`, as
+//! Kafka's Java producer places them, so every change of a key is in one
+//! partition, in order; records without one are spread round-robin.
+//!
+//! Guarantee: *at least once*. Every write waits for the brokers'
+//! acknowledgement, so a barrier passes only once everything before it is
+//! in the topic; after a failure, the changes since the last completed
+//! checkpoint are written again. The client (rskafka) has no Kafka
+//! transactions, so a consumer can see those changes twice; with UPSERT
+//! the last value per key is still the query's result.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use planner::spec::ConnectorSpec;
+use rskafka::client::partition::{Compression, PartitionClient};
+use rskafka::record::Record;
+use storage::chunk::{Chunk, Op};
+
+use super::{Encoder, SinkConnector, SinkContext, SinkWriter, inserts, plain_needs_append_only};
+use crate::connectors::Options;
+use crate::connectors::kafka::Connection;
+use crate::{ExecError, Result};
+
+const OPTIONS: &[&str] = &[
+    "topic",
+    "properties.bootstrap.server",
+    "properties.client.id",
+    "primary_key",
+    "force_append_only",
+];
+/// Records a produce request carries at most.
+const BATCH: usize = 500;
+
+#[derive(Clone, Copy)]
+enum Format {
+    Plain,
+    Upsert,
+}
+
+pub(super) struct KafkaSink {
+    conn: Arc<Connection>,
+    format: Format,
+    encoder: Encoder,
+}
+
+impl KafkaSink {
+    pub(super) fn new(spec: &ConnectorSpec, ctx: &SinkContext) -> Result<Self> {
+        let mut o = Options::new("kafka", &spec.options);
+        let conn = Connection::new(&mut o)?;
+        let force = o.flag("force_append_only")?.unwrap_or(false);
+        o.finish(OPTIONS)?;
+        let (format, encoder) = match spec.format.as_deref() {
+            Some("PLAIN") => {
+                let encoder = Encoder::new(spec, &["JSON", "CSV"])?;
+                plain_needs_append_only(spec, ctx, force)?;
+                (Format::Plain, encoder)
+            }
+            Some("UPSERT") => {
+                let encoder = Encoder::new(spec, &["JSON"])?;
+                if ctx.key.is_empty() {
+                    return Err(ExecError::InvalidOption(
+                        "sink connector kafka with FORMAT UPSERT needs primary_key = 'column[,column…]'"
+                            .into(),
+                    ));
+                }
+                (Format::Upsert, encoder)
+            }
+            other => {
+                return Err(ExecError::InvalidOption(format!(
+                    "sink connector kafka needs FORMAT PLAIN | UPSERT ENCODE …{}",
+                    other
+                        .map(|f| format!(", not FORMAT {f}"))
+                        .unwrap_or_default()
+                )));
+            }
+        };
+        Ok(Self {
+            conn: Arc::new(conn),
+            format,
+            encoder,
+        })
+    }
+}
+
+#[async_trait]
+impl SinkConnector for KafkaSink {
+    async fn check(&self) -> Result<()> {
+        self.conn.partitions().await.map(|_| ())
+    }
+
+    fn writer(&self, ctx: &SinkContext) -> Result<Box<dyn SinkWriter>> {
+        Ok(Box::new(KafkaWriter {
+            conn: self.conn.clone(),
+            format: self.format,
+            encoder: self.encoder,
+            key: ctx.key.clone(),
+            partitions: Vec::new(),
+            next: ctx.subtask,
+        }))
+    }
+}
+
+/// A record's key and value (`None`: a tombstone).
+type KeyValue = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+struct KafkaWriter {
+    conn: Arc<Connection>,
+    format: Format,
+    encoder: Encoder,
+    key: Vec<usize>,
+    /// A client per partition, opened on the first write.
+    partitions: Vec<PartitionClient>,
+    /// Round-robin position for records without a key.
+    next: usize,
+}
+
+impl KafkaWriter {
+    /// The JSON key of each row of `batch`, if the sink has a key.
+    fn keys(&self, batch: &RecordBatch) -> Result<Option<Vec<Vec<u8>>>> {
+        if self.key.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Encoder::Json.records(&batch.project(&self.key)?)?))
+    }
+
+    /// The records of `chunk`, in order.
+    fn records(&self, chunk: &Chunk) -> Result<Vec<KeyValue>> {
+        let batch = match self.format {
+            Format::Plain => match inserts(chunk)? {
+                Some(b) => b,
+                None => return Ok(Vec::new()),
+            },
+            Format::Upsert => chunk.data().clone(),
+        };
+        let values = self.encoder.records(&batch)?;
+        let keys = self.keys(&batch)?;
+        Ok(values
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| {
+                let key = keys.as_ref().map(|k| k[i].clone());
+                let value = match self.format {
+                    Format::Upsert if chunk.op(i) == Op::Delete => None,
+                    _ => Some(value),
+                };
+                (key, value)
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl SinkWriter for KafkaWriter {
+    async fn write(&mut self, chunk: &Chunk) -> Result<()> {
+        let records = self.records(chunk)?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        if self.partitions.is_empty() {
+            let n = self.conn.partitions().await?;
+            for p in 0..n {
+                self.partitions.push(self.conn.partition(p as i32).await?);
+            }
+        }
+        let n = self.partitions.len();
+        let mut by_partition: Vec<Vec<Record>> = (0..n).map(|_| Vec::new()).collect();
+        let timestamp = chrono::Utc::now();
+        for (key, value) in records {
+            let p = match &key {
+                Some(k) => (murmur2(k) & 0x7fff_ffff) as usize % n,
+                None => {
+                    self.next = self.next.wrapping_add(1);
+                    self.next % n
+                }
+            };
+            by_partition[p].push(Record {
+                key,
+                value,
+                headers: Default::default(),
+                timestamp,
+            });
+        }
+        for (p, records) in by_partition.into_iter().enumerate() {
+            let mut records = records.into_iter().peekable();
+            while records.peek().is_some() {
+                let batch: Vec<Record> = records.by_ref().take(BATCH).collect();
+                self.partitions[p]
+                    .produce(batch, Compression::NoCompression)
+                    .await
+                    .map_err(|e| self.conn.failed(&format!("writing partition {p}"), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn prepare(&mut self, _checkpoint: u64) -> Result<Option<Vec<u8>>> {
+        // Every write was acknowledged before it returned.
+        Ok(None)
+    }
+
+    async fn commit(&mut self, _checkpoint: u64, _committable: &[u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Kafka's `Utils.murmur2`, which its default partitioner hashes keys
+/// with.
+fn murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h = SEED ^ data.len() as u32;
+    let mut words = data.chunks_exact(4);
+    for w in words.by_ref() {
+        let mut k = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = words.remainder();
+    if tail.len() == 3 {
+        h ^= (tail[2] as u32) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= (tail[1] as u32) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= tail[0] as u32;
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::murmur2;
+
+    /// The cases of Kafka's own `UtilsTest.testMurmur2`.
+    #[test]
+    fn murmur2_is_kafkas() {
+        assert_eq!(murmur2(b"21"), -973932308);
+        assert_eq!(murmur2(b"foobar"), -790332482);
+        assert_eq!(murmur2(b"a-little-bit-long-string"), -985981536);
+        assert_eq!(murmur2(b"a-little-bit-longer-string"), -1486304829);
+        assert_eq!(
+            murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8"),
+            -58897971
+        );
+        assert_eq!(murmur2(b"abc"), 479470107);
+    }
+}

@@ -1,0 +1,339 @@
+//! Sinks: how a job's changes reach a system outside Weir, exactly once.
+//!
+//! Flink's two-phase commit (FLIP-143's `SinkWriter` and `Committer`),
+//! kept small. A [`SinkWriter`] writes the changes as they come, invisibly
+//! (a hidden file, rows held back). At a checkpoint's barrier it
+//! *prepares*: makes what it wrote durable and returns a *committable*,
+//! the few bytes that say how to make it visible (a file to rename). The
+//! committable is state of the checkpoint. When the checkpoint completes,
+//! the writer *commits* it. So what a sink shows is exactly what the
+//! completed checkpoints cover: after a failure the job restarts from the
+//! last completed checkpoint, whose committables are committed again (a
+//! commit must be idempotent: the notice of completion may have been lost
+//! or the commit half done), and what the failed attempt wrote after it is
+//! discarded.
+//!
+//! [`CommittingSink`] runs that protocol around any writer at the end of a
+//! subtask's chain. Each subtask keeps its pending committables under its
+//! own key in the first key group it owns, so after a rescale every old
+//! subtask's entry is restored by exactly one new subtask, which commits
+//! it and cleans up after that writer.
+
+mod blackhole;
+mod encode;
+mod file;
+mod kafka;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use planner::spec::{ConnectorSpec, OperatorSpec};
+use storage::chunk::Chunk;
+use storage::state::StateWrite;
+
+use crate::operator::OperatorContext;
+use crate::{ExecError, Result};
+
+pub use encode::Encoder;
+
+/// The sink connectors Weir has, as `connector = '…'` names them.
+pub const SINK_CONNECTORS: &[&str] = &["blackhole", "file", "kafka"];
+
+/// What a sink's writer knows about the rows it gets.
+#[derive(Debug, Clone)]
+pub struct SinkContext {
+    pub sink_id: u64,
+    pub subtask: usize,
+    /// The sink's columns.
+    pub schema: SchemaRef,
+    /// `primary_key`, by column position.
+    pub key: Vec<usize>,
+    /// Whether the sink's query only ever inserts.
+    pub append_only_input: bool,
+}
+
+/// A sink's connector: checks its options and target, opens writers.
+#[async_trait]
+pub trait SinkConnector: Send + Sync {
+    /// Checks that the target is there and can take the rows (at
+    /// `CREATE SINK`).
+    async fn check(&self) -> Result<()>;
+    /// A writer for one subtask.
+    fn writer(&self, ctx: &SinkContext) -> Result<Box<dyn SinkWriter>>;
+}
+
+/// Writes one subtask's changes; see the module documentation.
+#[async_trait]
+pub trait SinkWriter: Send {
+    /// Discards what writers `writers` wrote that no completed checkpoint
+    /// covers: everything not prepared, and what was prepared for a
+    /// checkpoint after `restored` (the checkpoint the job restarted from;
+    /// `None` on a fresh start). `writers` is this subtask's index, and
+    /// those of the subtasks that no longer exist whose state this one
+    /// restored. Called once, before any write, after the restored
+    /// committables are committed.
+    async fn clean_up(&mut self, _writers: &[usize], _restored: Option<u64>) -> Result<()> {
+        Ok(())
+    }
+    /// Writes changes, not yet visible.
+    async fn write(&mut self, chunk: &Chunk) -> Result<()>;
+    /// The barrier of `checkpoint`: what was written since the last
+    /// prepare, made durable; `None` when there is nothing to commit.
+    async fn prepare(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>>;
+    /// Makes a prepared committable visible. Idempotent.
+    async fn commit(&mut self, checkpoint: u64, committable: &[u8]) -> Result<()>;
+}
+
+/// The connector of a sink whose rows have `ctx`'s columns, its options
+/// checked.
+pub fn sink(spec: &ConnectorSpec, ctx: &SinkContext) -> Result<Box<dyn SinkConnector>> {
+    match spec.connector.as_str() {
+        "blackhole" => Ok(Box::new(blackhole::Blackhole::new(spec)?)),
+        "file" => Ok(Box::new(file::FileSink::new(spec, ctx)?)),
+        "kafka" => Ok(Box::new(kafka::KafkaSink::new(spec, ctx)?)),
+        other => Err(ExecError::InvalidOption(format!(
+            "unknown sink connector \"{other}\"; sink connectors are: {}",
+            SINK_CONNECTORS.join(", ")
+        ))),
+    }
+}
+
+/// What a writer of the sink of `spec` (an [`OperatorSpec::Sink`]) knows,
+/// with the sink's connector, name and state table.
+fn context(
+    spec: &OperatorSpec,
+    schema: SchemaRef,
+    subtask: usize,
+) -> Result<(SinkContext, &ConnectorSpec, &str, u64)> {
+    let OperatorSpec::Sink {
+        sink_id,
+        sink_name,
+        connector,
+        key,
+        append_only_input,
+        state_table,
+    } = spec
+    else {
+        return Err(ExecError::Protocol(format!(
+            "{} is not a sink",
+            spec.name()
+        )));
+    };
+    let ctx = SinkContext {
+        sink_id: *sink_id,
+        subtask,
+        schema,
+        key: key.clone(),
+        append_only_input: *append_only_input,
+    };
+    Ok((ctx, connector, sink_name, *state_table))
+}
+
+/// Checks the options of the sink of `spec` (whose rows have `schema`)
+/// and that its target is there: at `CREATE SINK`.
+pub async fn check(spec: &OperatorSpec, schema: SchemaRef) -> Result<()> {
+    let (ctx, connector, _, _) = context(spec, schema, 0)?;
+    sink(connector, &ctx)?.check().await
+}
+
+/// `FORMAT PLAIN` over a query that updates or deletes: the changes other
+/// than inserts would be lost, so the user must say so.
+pub(crate) fn plain_needs_append_only(
+    spec: &ConnectorSpec,
+    ctx: &SinkContext,
+    force_append_only: bool,
+) -> Result<()> {
+    if ctx.append_only_input || force_append_only {
+        return Ok(());
+    }
+    Err(ExecError::InvalidOption(format!(
+        "connector {} with FORMAT PLAIN writes inserts only, but the sink's query also \
+         updates or deletes rows; add force_append_only = 'true' to drop those changes",
+        spec.connector
+    )))
+}
+
+/// The inserts of `chunk` (deletes dropped: `FORMAT PLAIN`).
+pub(crate) fn inserts(chunk: &Chunk) -> Result<Option<datafusion::arrow::array::RecordBatch>> {
+    use datafusion::arrow::array::{BooleanArray, Int8Array};
+    use storage::chunk::Op;
+    let ops: &Int8Array = chunk.ops();
+    if ops.values().iter().all(|o| *o == Op::Insert as i8) {
+        return Ok((!chunk.is_empty()).then(|| chunk.data().clone()));
+    }
+    let mask: BooleanArray = ops
+        .values()
+        .iter()
+        .map(|o| Some(*o == Op::Insert as i8))
+        .collect();
+    let kept = datafusion::arrow::compute::filter_record_batch(chunk.data(), &mask)?;
+    Ok((kept.num_rows() > 0).then_some(kept))
+}
+
+/// The state key under which writer `subtask` keeps its pending
+/// committables.
+fn writer_key(subtask: usize) -> Vec<u8> {
+    (subtask as u32).to_be_bytes().to_vec()
+}
+
+fn encode_pending(pending: &BTreeMap<u64, Vec<u8>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (checkpoint, c) in pending {
+        out.extend_from_slice(&checkpoint.to_be_bytes());
+        out.extend_from_slice(&(c.len() as u32).to_be_bytes());
+        out.extend_from_slice(c);
+    }
+    out
+}
+
+fn decode_pending(mut bytes: &[u8]) -> Result<BTreeMap<u64, Vec<u8>>> {
+    let corrupt = || ExecError::Protocol("corrupt sink state".into());
+    let mut out = BTreeMap::new();
+    while !bytes.is_empty() {
+        let checkpoint =
+            u64::from_be_bytes(bytes.get(..8).ok_or_else(corrupt)?.try_into().unwrap());
+        let len = u32::from_be_bytes(bytes.get(8..12).ok_or_else(corrupt)?.try_into().unwrap());
+        let end = 12 + len as usize;
+        out.insert(checkpoint, bytes.get(12..end).ok_or_else(corrupt)?.to_vec());
+        bytes = &bytes[end..];
+    }
+    Ok(out)
+}
+
+/// The last step of a sink's subtasks: a writer, and the committables it
+/// prepared that no completed checkpoint is known to have committed.
+pub struct CommittingSink {
+    sink_name: String,
+    writer: Box<dyn SinkWriter>,
+    state_table: u64,
+    subtask: usize,
+    /// Where this subtask's entry lives: its first key group.
+    home: u16,
+    pending: BTreeMap<u64, Vec<u8>>,
+    /// Entries of other writers restored here, deleted at the next
+    /// checkpoint (their committables are committed by then).
+    restored: Vec<(u16, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for CommittingSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommittingSink")
+            .field("sink", &self.sink_name)
+            .field("subtask", &self.subtask)
+            .finish()
+    }
+}
+
+impl CommittingSink {
+    /// The sink of `spec` (an [`OperatorSpec::Sink`]) whose rows have
+    /// `schema`, for subtask `subtask`.
+    pub fn new(spec: &OperatorSpec, schema: SchemaRef, subtask: usize) -> Result<Self> {
+        let (ctx, connector, sink_name, state_table) = context(spec, schema, subtask)?;
+        Ok(Self {
+            sink_name: sink_name.to_string(),
+            writer: sink(connector, &ctx)?.writer(&ctx)?,
+            state_table,
+            subtask,
+            home: 0,
+            pending: BTreeMap::new(),
+            restored: Vec::new(),
+        })
+    }
+
+    /// Restores: commits the committables of the checkpoint restored from
+    /// (and any earlier ones never known committed), then lets the writer
+    /// discard the rest.
+    pub async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.home = ctx.key_groups.start;
+        let mut committables = BTreeMap::new();
+        let mut writers = vec![self.subtask];
+        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
+            let writer = u32::from_be_bytes(
+                e.key
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| ExecError::Protocol("corrupt sink state key".into()))?,
+            ) as usize;
+            for (checkpoint, c) in decode_pending(&e.value)? {
+                committables.insert((checkpoint, writer), c);
+            }
+            // A writer that still exists cleans up after itself.
+            if writer >= ctx.parallelism {
+                writers.push(writer);
+            }
+            if (e.key_group, &e.key) != (self.home, &writer_key(self.subtask)) {
+                self.restored.push((e.key_group, e.key));
+            }
+        }
+        for ((checkpoint, _), c) in &committables {
+            self.writer.commit(*checkpoint, c).await?;
+        }
+        if !committables.is_empty() {
+            tracing::info!(sink = %self.sink_name, subtask = self.subtask, committed = committables.len(), "sink committed restored checkpoints");
+        }
+        self.writer.clean_up(&writers, ctx.restored_from).await
+    }
+
+    pub async fn write(&mut self, chunk: &Chunk) -> Result<()> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        self.writer.write(chunk).await
+    }
+
+    /// The barrier of `checkpoint`: prepare, and keep what is pending.
+    pub async fn checkpoint(
+        &mut self,
+        checkpoint: u64,
+        writes: &mut Vec<StateWrite>,
+    ) -> Result<()> {
+        if let Some(c) = self.writer.prepare(checkpoint).await? {
+            self.pending.insert(checkpoint, c);
+        }
+        for (key_group, key) in self.restored.drain(..) {
+            writes.push(StateWrite {
+                table: self.state_table,
+                key_group,
+                key,
+                value: None,
+            });
+        }
+        // Written every time, even empty: after a rescale the entry tells
+        // the new owner of this key group which writer to clean up after.
+        writes.push(StateWrite {
+            table: self.state_table,
+            key_group: self.home,
+            key: writer_key(self.subtask),
+            value: Some(encode_pending(&self.pending)),
+        });
+        Ok(())
+    }
+
+    /// Checkpoint `checkpoint` completed: commit what it (and any earlier
+    /// one) prepared.
+    pub async fn commit(&mut self, checkpoint: u64) -> Result<()> {
+        let later = self.pending.split_off(&(checkpoint + 1));
+        let due = std::mem::replace(&mut self.pending, later);
+        for (id, c) in &due {
+            self.writer.commit(*id, c).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_committables_round_trip() {
+        let mut p = BTreeMap::new();
+        assert!(decode_pending(&encode_pending(&p)).unwrap().is_empty());
+        p.insert(3, b"a".to_vec());
+        p.insert(7, Vec::new());
+        p.insert(9, b"file\0name".to_vec());
+        assert_eq!(decode_pending(&encode_pending(&p)).unwrap(), p);
+        assert!(decode_pending(&[0, 1, 2]).is_err());
+    }
+}
