@@ -23,13 +23,16 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::compute::take_record_batch;
 use planner::spec::ConnectorSpec;
 use rskafka::client::partition::{Compression, PartitionClient};
 use rskafka::record::Record;
-use storage::chunk::{Chunk, Op};
+use storage::chunk::Chunk;
 
-use super::{Encoder, SinkConnector, SinkContext, SinkWriter, inserts, plain_needs_append_only};
+use super::{
+    Encoder, SinkConnector, SinkContext, SinkWriter, inserts, plain_needs_append_only, upserts,
+};
 use crate::connectors::Options;
 use crate::connectors::kafka::Connection;
 use crate::{ExecError, Result};
@@ -136,27 +139,33 @@ impl KafkaWriter {
         Ok(Some(Encoder::Json.records(&batch.project(&self.key)?)?))
     }
 
-    /// The records of `chunk`, in order.
+    /// The records of `chunk`: in order (PLAIN), or per key its net
+    /// change (UPSERT).
     fn records(&self, chunk: &Chunk) -> Result<Vec<KeyValue>> {
-        let batch = match self.format {
+        let (batch, present) = match self.format {
             Format::Plain => match inserts(chunk)? {
-                Some(b) => b,
+                Some(b) => {
+                    let n = b.num_rows();
+                    (b, vec![true; n])
+                }
                 None => return Ok(Vec::new()),
             },
-            Format::Upsert => chunk.data().clone(),
+            Format::Upsert => {
+                let changes = upserts(chunk, &self.key)?;
+                let indices: UInt32Array = changes.iter().map(|(i, _)| *i as u32).collect();
+                let batch = take_record_batch(chunk.data(), &indices)?;
+                (batch, changes.into_iter().map(|(_, p)| p).collect())
+            }
         };
         let values = self.encoder.records(&batch)?;
         let keys = self.keys(&batch)?;
         Ok(values
             .into_iter()
+            .zip(present)
             .enumerate()
-            .map(|(i, value)| {
+            .map(|(i, (value, present))| {
                 let key = keys.as_ref().map(|k| k[i].clone());
-                let value = match self.format {
-                    Format::Upsert if chunk.op(i) == Op::Delete => None,
-                    _ => Some(value),
-                };
-                (key, value)
+                (key, present.then_some(value))
             })
             .collect())
     }

@@ -23,6 +23,7 @@ mod blackhole;
 mod encode;
 mod file;
 mod kafka;
+mod postgres;
 
 use std::collections::BTreeMap;
 
@@ -38,7 +39,7 @@ use crate::{ExecError, Result};
 pub use encode::Encoder;
 
 /// The sink connectors Weir has, as `connector = '…'` names them.
-pub const SINK_CONNECTORS: &[&str] = &["blackhole", "file", "kafka"];
+pub const SINK_CONNECTORS: &[&str] = &["blackhole", "file", "kafka", "postgres"];
 
 /// What a sink's writer knows about the rows it gets.
 #[derive(Debug, Clone)]
@@ -92,6 +93,7 @@ pub fn sink(spec: &ConnectorSpec, ctx: &SinkContext) -> Result<Box<dyn SinkConne
         "blackhole" => Ok(Box::new(blackhole::Blackhole::new(spec)?)),
         "file" => Ok(Box::new(file::FileSink::new(spec, ctx)?)),
         "kafka" => Ok(Box::new(kafka::KafkaSink::new(spec, ctx)?)),
+        "postgres" => Ok(Box::new(postgres::PostgresSink::new(spec, ctx)?)),
         other => Err(ExecError::InvalidOption(format!(
             "unknown sink connector \"{other}\"; sink connectors are: {}",
             SINK_CONNECTORS.join(", ")
@@ -154,21 +156,72 @@ pub(crate) fn plain_needs_append_only(
     )))
 }
 
-/// The inserts of `chunk` (deletes dropped: `FORMAT PLAIN`).
+/// The rows of `chunk` that add (`+I`, `+U`); those that retract are
+/// dropped (`FORMAT PLAIN`).
 pub(crate) fn inserts(chunk: &Chunk) -> Result<Option<datafusion::arrow::array::RecordBatch>> {
-    use datafusion::arrow::array::{BooleanArray, Int8Array};
-    use storage::chunk::Op;
-    let ops: &Int8Array = chunk.ops();
-    if ops.values().iter().all(|o| *o == Op::Insert as i8) {
+    use datafusion::arrow::array::BooleanArray;
+    if chunk.signs().all(|s| s > 0) {
         return Ok((!chunk.is_empty()).then(|| chunk.data().clone()));
     }
-    let mask: BooleanArray = ops
-        .values()
-        .iter()
-        .map(|o| Some(*o == Op::Insert as i8))
-        .collect();
+    let mask: BooleanArray = chunk.signs().map(|s| Some(s > 0)).collect();
     let kept = datafusion::arrow::compute::filter_record_batch(chunk.data(), &mask)?;
     Ok((kept.num_rows() > 0).then_some(kept))
+}
+
+/// What `chunk` does to a result keyed by the columns `key`, whatever the
+/// order of its rows: per key (in the order keys first appear), the row
+/// the key now has (`true`), or a row of the key that is gone (`false`).
+/// A row added and retracted in the chunk cancels out.
+pub(crate) fn upserts(chunk: &Chunk, key: &[usize]) -> Result<Vec<(usize, bool)>> {
+    use std::collections::HashMap;
+
+    use datafusion::arrow::row::{RowConverter, SortField};
+    let batch = chunk.data();
+    let rows_of = |columns: &[usize]| -> Result<datafusion::arrow::row::Rows> {
+        let fields = columns
+            .iter()
+            .map(|c| SortField::new(batch.schema().field(*c).data_type().clone()))
+            .collect();
+        let arrays: Vec<_> = columns.iter().map(|c| batch.column(*c).clone()).collect();
+        Ok(RowConverter::new(fields)?.convert_columns(&arrays)?)
+    };
+    let all: Vec<usize> = (0..batch.num_columns()).collect();
+    let (rows, keys) = (rows_of(&all)?, rows_of(key)?);
+    // Net count of each whole row, and a row index where it occurs.
+    let mut net: HashMap<&[u8], (i64, usize)> = HashMap::new();
+    for (i, sign) in chunk.signs().enumerate() {
+        let e = net.entry(rows.row(i).data()).or_insert((0, i));
+        e.0 += sign;
+    }
+    // Per key: the row it has now, else a row it lost.
+    let mut order: Vec<&[u8]> = Vec::new();
+    let mut by_key: HashMap<&[u8], (Option<usize>, Option<usize>)> = HashMap::new();
+    for i in 0..chunk.num_rows() {
+        let Some(&(count, first)) = net.get(rows.row(i).data()) else {
+            continue;
+        };
+        if first != i || count == 0 {
+            continue;
+        }
+        let k = keys.row(i).data();
+        let e = by_key.entry(k).or_insert_with(|| {
+            order.push(k);
+            (None, None)
+        });
+        if count > 0 {
+            e.0 = Some(i);
+        } else {
+            e.1 = Some(i);
+        }
+    }
+    Ok(order
+        .into_iter()
+        .filter_map(|k| match by_key[k] {
+            (Some(now), _) => Some((now, true)),
+            (None, Some(gone)) => Some((gone, false)),
+            (None, None) => None,
+        })
+        .collect())
 }
 
 /// The state key under which writer `subtask` keeps its pending
@@ -325,6 +378,44 @@ impl CommittingSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upserts_do_not_depend_on_the_order_of_a_chunks_rows() {
+        use std::sync::Arc;
+
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use storage::chunk::Op;
+        let chunk = |ops: &[Op], k: &[i64], v: &[i64]| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int64, false),
+                Field::new("v", DataType::Int64, false),
+            ]));
+            let data = RecordBatch::try_new(
+                schema,
+                vec![
+                    Arc::new(Int64Array::from(k.to_vec())),
+                    Arc::new(Int64Array::from(v.to_vec())),
+                ],
+            )
+            .unwrap();
+            Chunk::with_ops(ops, data)
+        };
+        use Op::*;
+        // Key 1 updated (new image first), key 2 deleted, key 3 inserted
+        // and deleted again, key 4 inserted.
+        let c = chunk(
+            &[UpdateInsert, Delete, Insert, UpdateDelete, Delete, Insert],
+            &[1, 2, 3, 1, 3, 4],
+            &[11, 20, 30, 10, 30, 40],
+        );
+        assert_eq!(
+            upserts(&c, &[0]).unwrap(),
+            vec![(0, true), (1, false), (5, true)]
+        );
+        let plain = inserts(&c).unwrap().unwrap();
+        assert_eq!(plain.num_rows(), 3);
+    }
 
     #[test]
     fn pending_committables_round_trip() {
