@@ -6,6 +6,11 @@
 //! when that fails are the records decoded one by one, so that a record
 //! that cannot be decoded is skipped (and reported) without losing its
 //! neighbours.
+//!
+//! `FORMAT DEBEZIUM ENCODE JSON` reads a changelog: each record is a
+//! Debezium change event (`op`, `before`, `after`, alone or inside a
+//! `payload`), which becomes an insert, an update (its before and after
+//! images) or a delete of a row.
 
 use datafusion::arrow::array::{BinaryArray, RecordBatch};
 use datafusion::arrow::compute::concat_batches;
@@ -13,6 +18,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::{csv, json};
 use planner::spec::ConnectorSpec;
+use storage::chunk::Op;
 
 use crate::{ExecError, Result};
 
@@ -53,11 +59,22 @@ pub struct DecodeError {
     pub message: String,
 }
 
+/// What a batch of records decoded into.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    pub rows: RecordBatch,
+    /// The change each row is; `None`: every row is an insert.
+    pub ops: Option<Vec<Op>>,
+    pub errors: Vec<DecodeError>,
+}
+
 /// Decodes records into rows of a source's columns.
 #[derive(Debug, Clone)]
 pub struct Decoder {
     schema: SchemaRef,
     encode: Encode,
+    /// `FORMAT DEBEZIUM`: the records are change events.
+    debezium: bool,
 }
 
 impl Decoder {
@@ -66,6 +83,20 @@ impl Decoder {
     /// lines of files (which may start with a CSV header).
     pub fn new(spec: &ConnectorSpec, schema: &SchemaRef, files: bool) -> Result<Self> {
         let connector = &spec.connector;
+        let debezium = match spec.format.as_deref() {
+            None | Some("PLAIN") => false,
+            Some("DEBEZIUM") if spec.encode.as_deref() == Some("JSON") => true,
+            Some("DEBEZIUM") => {
+                return Err(ExecError::InvalidOption(format!(
+                    "connector {connector} takes FORMAT DEBEZIUM with ENCODE JSON only"
+                )));
+            }
+            Some(other) => {
+                return Err(ExecError::InvalidOption(format!(
+                    "connector {connector} takes FORMAT PLAIN or DEBEZIUM, not FORMAT {other}"
+                )));
+            }
+        };
         let Some(encode) = spec.encode.as_deref() else {
             return Err(ExecError::InvalidOption(format!(
                 "connector {connector} needs FORMAT PLAIN ENCODE {}",
@@ -122,6 +153,81 @@ impl Decoder {
         Ok(Self {
             schema: schema.clone(),
             encode,
+            debezium,
+        })
+    }
+
+    /// Whether the records are changes (inserts, updates, deletes) rather
+    /// than rows.
+    pub fn changelog(&self) -> bool {
+        self.debezium
+    }
+
+    /// The rows (or changes) of `records`, in order, and the records that
+    /// could not be decoded.
+    pub fn decode(&self, records: &[&[u8]]) -> Result<Decoded> {
+        if !self.debezium {
+            let (rows, errors) = self.decode_rows(records)?;
+            return Ok(Decoded {
+                rows,
+                ops: None,
+                errors,
+            });
+        }
+        let mut images = Vec::new();
+        let mut ops = Vec::new();
+        let mut origin = Vec::new();
+        let mut errors = Vec::new();
+        for (index, record) in records.iter().enumerate() {
+            if record.is_empty() {
+                continue;
+            }
+            match debezium_images(record) {
+                Ok(list) => {
+                    for (op, image) in list {
+                        images.push(image);
+                        ops.push(op);
+                        origin.push(index);
+                    }
+                }
+                Err(message) => errors.push(DecodeError { index, message }),
+            }
+        }
+        let refs: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+        let (rows, bad) = self.decode_rows(&refs)?;
+        // An update whose before image decodes but whose after image does
+        // not is dropped whole.
+        let bad_records: std::collections::BTreeSet<usize> =
+            bad.iter().map(|e| origin[e.index]).collect();
+        let bad_images: std::collections::BTreeSet<usize> = bad.iter().map(|e| e.index).collect();
+        let decoded: Vec<usize> = (0..images.len())
+            .filter(|i| !bad_images.contains(i))
+            .collect();
+        let keep: datafusion::arrow::array::BooleanArray = decoded
+            .iter()
+            .map(|i| Some(!bad_records.contains(&origin[*i])))
+            .collect();
+        let rows = datafusion::arrow::compute::filter_record_batch(&rows, &keep)?;
+        let ops = decoded
+            .iter()
+            .filter(|i| !bad_records.contains(&origin[**i]))
+            .map(|i| ops[*i])
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for e in bad {
+            let index = origin[e.index];
+            if seen.insert(index) {
+                errors.push(DecodeError {
+                    index,
+                    message: e.message,
+                });
+            }
+        }
+        errors.sort_by_key(|e| e.index);
+        Ok(Decoded {
+            rows,
+            ops: Some(ops),
+            errors,
         })
     }
 
@@ -132,7 +238,7 @@ impl Decoder {
 
     /// The rows of `records`, in order, and the records that could not be
     /// decoded. An empty record (a Kafka tombstone) is no row and no error.
-    pub fn decode(&self, records: &[&[u8]]) -> Result<(RecordBatch, Vec<DecodeError>)> {
+    fn decode_rows(&self, records: &[&[u8]]) -> Result<(RecordBatch, Vec<DecodeError>)> {
         let records: Vec<(usize, &[u8])> = records
             .iter()
             .enumerate()
@@ -243,6 +349,42 @@ impl Incremental for csv::reader::Decoder {
     }
 }
 
+/// A Debezium change event's row images, as JSON objects, with the change
+/// each is: `c` and `r` (snapshot) insert `after`, `u` retracts `before`
+/// and adds `after`, `d` deletes `before`. The event may be wrapped in a
+/// `payload` (with a `schema`, as Kafka Connect's JSON converter writes).
+fn debezium_images(record: &[u8]) -> std::result::Result<Vec<(Op, Vec<u8>)>, String> {
+    let v: serde_json::Value = serde_json::from_slice(record).map_err(|e| e.to_string())?;
+    let event = match v.get("payload") {
+        Some(p) if p.is_object() && v.get("op").is_none() => p,
+        _ => &v,
+    };
+    let op = event
+        .get("op")
+        .and_then(|o| o.as_str())
+        .ok_or_else(|| "no \"op\": not a Debezium change event".to_string())?;
+    let image = |name: &str| match event.get(name) {
+        Some(row) if row.is_object() => Ok(row.to_string().into_bytes()),
+        _ => Err(format!(
+            "a Debezium \"{op}\" event without \"{name}\"{}",
+            if name == "before" {
+                " (the table needs REPLICA IDENTITY FULL)"
+            } else {
+                ""
+            }
+        )),
+    };
+    Ok(match op {
+        "c" | "r" => vec![(Op::Insert, image("after")?)],
+        "u" => vec![
+            (Op::UpdateDelete, image("before")?),
+            (Op::UpdateInsert, image("after")?),
+        ],
+        "d" => vec![(Op::Delete, image("before")?)],
+        other => return Err(format!("Debezium op \"{other}\" is not a row change")),
+    })
+}
+
 /// An arrow decoding error without its "Json error: " prefixes.
 fn describe(e: &ArrowError) -> String {
     match e {
@@ -297,7 +439,11 @@ mod tests {
     #[test]
     fn json_records_become_rows_and_bad_ones_are_reported() {
         let d = Decoder::new(&spec("JSON"), &schema(), false).unwrap();
-        let (batch, errors) = d
+        let Decoded {
+            rows: batch,
+            errors,
+            ..
+        } = d
             .decode(&[
                 br#"{"id": 1, "name": "a", "extra": true}"#,
                 b"",
@@ -321,7 +467,11 @@ mod tests {
         let mut s = spec("CSV");
         s.encode_options.insert("delimiter".into(), "|".into());
         let d = Decoder::new(&s, &schema(), false).unwrap();
-        let (batch, errors) = d.decode(&[b"1|a", b"2|b\n", b"x|c"]).unwrap();
+        let Decoded {
+            rows: batch,
+            errors,
+            ..
+        } = d.decode(&[b"1|a", b"2|b\n", b"x|c"]).unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(batch.column(1).as_string::<i32>().value(1), "b");
         assert_eq!(errors.len(), 1);
@@ -333,9 +483,41 @@ mod tests {
         assert!(Decoder::new(&spec("BYTES"), &schema(), false).is_err());
         let one = Arc::new(Schema::new(vec![Field::new("v", DataType::Binary, true)]));
         let d = Decoder::new(&spec("BYTES"), &one, false).unwrap();
-        let (batch, _) = d.decode(&[b"ab", b"", b"c"]).unwrap();
+        let batch = d.decode(&[b"ab", b"", b"c"]).unwrap().rows;
         assert_eq!(batch.num_rows(), 2);
         assert!(!batch.column(0).is_null(1));
+    }
+
+    #[test]
+    fn debezium_events_become_changes() {
+        let mut s = spec("JSON");
+        s.format = Some("DEBEZIUM".into());
+        let d = Decoder::new(&s, &schema(), false).unwrap();
+        assert!(d.changelog());
+        let got = d
+            .decode(&[
+                br#"{"op": "r", "before": null, "after": {"id": 1, "name": "a"}}"#,
+                br#"{"schema": {}, "payload": {"op": "u", "before": {"id": 1, "name": "a"}, "after": {"id": 1, "name": "b"}}}"#,
+                br#"{"op": "u", "before": null, "after": {"id": 2, "name": "c"}}"#,
+                br#"{"op": "u", "before": {"id": 1}, "after": {"id": "x"}}"#,
+                b"",
+                br#"{"op": "d", "before": {"id": 1, "name": "b"}, "after": null}"#,
+                br#"{"id": 7}"#,
+            ])
+            .unwrap();
+        assert_eq!(
+            got.ops.unwrap(),
+            vec![Op::Insert, Op::UpdateDelete, Op::UpdateInsert, Op::Delete]
+        );
+        assert_eq!(got.rows.num_rows(), 4);
+        assert_eq!(got.rows.column(1).as_string::<i32>().value(2), "b");
+        assert_eq!(
+            got.errors.iter().map(|e| e.index).collect::<Vec<_>>(),
+            vec![2, 3, 6]
+        );
+        assert!(got.errors[0].message.contains("REPLICA IDENTITY FULL"));
+        s.encode = Some("CSV".into());
+        assert!(Decoder::new(&s, &schema(), false).is_err());
     }
 
     #[test]

@@ -1113,8 +1113,11 @@ impl Lowering<'_> {
         let inputs: Vec<usize> = self.graph.in_edges(node).map(|e| e.from).collect();
         match &self.graph.nodes[node].spec {
             OperatorSpec::TableSource { append_only, .. } => *append_only,
-            // Sources read with FORMAT PLAIN: every record is an insert.
-            OperatorSpec::ConnectorSource { .. } => true,
+            // Sources read with FORMAT PLAIN: every record is an insert
+            // (FORMAT DEBEZIUM records are changes).
+            OperatorSpec::ConnectorSource { connector, .. } => {
+                connector.format.as_deref().is_none_or(|f| f == "PLAIN")
+            }
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
             | OperatorSpec::Expand { .. }

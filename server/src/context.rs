@@ -260,18 +260,31 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
             name: name.clone(),
             watermark: source_watermark(watermark.as_ref(), &schema)?,
             schema,
-            append_only: true,
+            append_only: connector.format.as_deref().is_none_or(|f| f == "PLAIN"),
             versioned: false,
             connector: Some(connector.clone()),
         }),
         Mode::Batch | Mode::Dml(_) => {
             let source = executor::connectors::source(connector, &schema)?;
-            if !source.batch_readable() {
-                return Err(ServerError::unsupported(format!(
+            // Refused when read, not when planned: a view's query is
+            // planned as a batch query first, to check it.
+            let refused = if source.changelog() {
+                Some(format!(
+                    "SELECT from source \"{name}\", whose records are changes (FORMAT {}): create a materialized view over it",
+                    connector.format.as_deref().unwrap_or_default()
+                ))
+            } else if !source.batch_readable() {
+                Some(format!(
                     "SELECT from source \"{name}\", which has no end: create a materialized view over it"
-                )));
-            }
-            Arc::new(SourceRows { source, schema })
+                ))
+            } else {
+                None
+            };
+            Arc::new(SourceRows {
+                source,
+                schema,
+                refused,
+            })
         }
     })
 }
@@ -281,6 +294,8 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
 struct SourceRows {
     source: Arc<dyn executor::connectors::SourceConnector>,
     schema: SchemaRef,
+    /// Why a batch cannot read it (an endless source, a changelog).
+    refused: Option<String>,
 }
 
 impl std::fmt::Debug for SourceRows {
@@ -306,6 +321,11 @@ impl TableProvider for SourceRows {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if let Some(what) = &self.refused {
+            return Err(DataFusionError::External(Box::new(
+                ServerError::unsupported(what.clone()),
+            )));
+        }
         let external = |e: executor::ExecError| DataFusionError::External(Box::new(e));
         let mut batches = Vec::new();
         for split in 0..self.source.splits().await.map_err(external)? {

@@ -383,3 +383,100 @@ async fn kafka_sinks_upsert_by_key_and_append() {
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_changes_keep_views_current() {
+    let broker = Broker::start().await;
+    broker.create_topic("cdc", 2).await;
+    let event = |op: &str, before: &str, after: &str| {
+        format!(r#"{{"payload": {{"op": "{op}", "before": {before}, "after": {after}}}}}"#)
+            .into_bytes()
+    };
+    let row = |id: i64, name: &str, amount: i64| {
+        format!(r#"{{"id": {id}, "name": "{name}", "amount": {amount}}}"#)
+    };
+    // Each key's changes in one partition, as Debezium writes them.
+    broker
+        .produce(
+            "cdc",
+            0,
+            &[
+                event("r", "null", &row(1, "a", 10)),
+                event("u", &row(1, "a", 10), &row(1, "a", 15)),
+                // An update without its before image cannot be applied.
+                event("u", "null", &row(1, "a", 99)),
+            ],
+            1_000,
+        )
+        .await;
+    broker
+        .produce(
+            "cdc",
+            1,
+            &[
+                event("c", "null", &row(2, "b", 20)),
+                event("c", "null", &row(3, "b", 30)),
+                event("d", &row(2, "b", 20), "null"),
+                Vec::new(),
+            ],
+            1_000,
+        )
+        .await;
+    let server = Server::start();
+    let client = server.client().await;
+    rows(
+        &client,
+        &format!(
+            "CREATE SOURCE cdc (id bigint, name varchar, amount bigint) WITH (connector = 'kafka', \
+             topic = 'cdc', properties.bootstrap.server = '{}') FORMAT DEBEZIUM ENCODE JSON",
+            broker.address()
+        ),
+    )
+    .await;
+    for sql in [
+        "CREATE MATERIALIZED VIEW by_name AS SELECT name, count(*) AS n, sum(amount) AS amount FROM cdc GROUP BY name",
+        "CREATE MATERIALIZED VIEW top AS SELECT max(amount) AS m FROM cdc",
+        "FLUSH",
+    ] {
+        rows(&client, sql).await;
+    }
+    let by_name = "SELECT name, n, amount FROM by_name ORDER BY name";
+    assert_eq!(
+        rows(&client, by_name).await,
+        vec![vec!["a", "1", "15"], vec!["b", "1", "30"]]
+    );
+    broker
+        .produce(
+            "cdc",
+            1,
+            &[event("u", &row(3, "b", 30), &row(3, "a", 5))],
+            2_000,
+        )
+        .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(rows(&client, by_name).await, vec![vec!["a", "2", "20"]]);
+    // max over a changelog retracts: 30 is gone.
+    assert_eq!(one(&client, "SELECT m FROM top").await, "15");
+    assert!(server.log_text().contains("REPLICA IDENTITY FULL"));
+
+    let (code, message) = error_of(&client, "SELECT * FROM cdc").await;
+    assert_eq!(code, "0A000");
+    assert!(
+        message.contains("whose records are changes (FORMAT DEBEZIUM)"),
+        "{message}"
+    );
+    let (code, message) = error_of(
+        &client,
+        &format!(
+            "CREATE SOURCE s (id int) WITH (connector = 'kafka', topic = 'cdc', \
+             properties.bootstrap.server = '{}') FORMAT DEBEZIUM ENCODE CSV",
+            broker.address()
+        ),
+    )
+    .await;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("FORMAT DEBEZIUM with ENCODE JSON only"),
+        "{message}"
+    );
+}

@@ -323,6 +323,7 @@ impl SplitReader for DatagenReader {
             || self.paced && !self.pacer.is_due(self.next)
             || !self.paced && !self.source.bounded();
         Ok(Some(ReadBatch {
+            ops: None,
             data: self.source.batch(&indices)?,
             position: count_position(self.next),
             caught_up,

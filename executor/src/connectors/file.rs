@@ -56,6 +56,11 @@ impl Files {
                 ));
             }
             Some("PARQUET") => {
+                if spec.format.as_deref().is_some_and(|f| f != "PLAIN") {
+                    return Err(ExecError::InvalidOption(
+                        "ENCODE PARQUET takes FORMAT PLAIN".into(),
+                    ));
+                }
                 if let Some(name) = spec.encode_options.keys().next() {
                     return Err(ExecError::InvalidOption(format!(
                         "unknown option {name} for ENCODE PARQUET; it takes none"
@@ -141,6 +146,10 @@ impl SourceConnector for Files {
     fn bounded(&self) -> bool {
         true
     }
+
+    fn changelog(&self) -> bool {
+        matches!(&self.content, Content::Lines(d) if d.changelog())
+    }
 }
 
 /// A position: the offset (8 bytes) and the file's name.
@@ -199,8 +208,8 @@ impl SplitReader for FileReader {
             .split(|b| *b == b'\n')
             .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
             .collect();
-        let (batch, errors) = self.decoder.decode(&lines)?;
-        for e in &errors {
+        let decoded = self.decoder.decode(&lines)?;
+        for e in &decoded.errors {
             tracing::warn!(
                 file = %self.path.display(),
                 line_in_batch = e.index,
@@ -210,7 +219,8 @@ impl SplitReader for FileReader {
         }
         self.offset = end as u64;
         Ok(Some(ReadBatch {
-            data: batch,
+            data: decoded.rows,
+            ops: decoded.ops,
             position: encode_position(self.offset, &self.path),
             caught_up: true,
             as_of: std::time::Instant::now(),
@@ -298,6 +308,7 @@ impl SplitReader for ParquetReader {
         self.rows += data.num_rows() as u64;
         Ok(Some(ReadBatch {
             data,
+            ops: None,
             position: encode_position(self.rows, &self.path),
             caught_up: true,
             as_of: std::time::Instant::now(),

@@ -279,8 +279,12 @@ impl SourceConnector for Kafka {
         false
     }
 
+    fn changelog(&self) -> bool {
+        self.shared.decoder.changelog()
+    }
+
     fn batch_readable(&self) -> bool {
-        true
+        !self.changelog()
     }
 }
 
@@ -428,8 +432,8 @@ impl SplitReader for KafkaReader {
             .iter()
             .map(|r| r.record.value.as_deref().unwrap_or_default())
             .collect();
-        let (data, errors) = shared.decoder.decode(&values)?;
-        for e in &errors {
+        let decoded = shared.decoder.decode(&values)?;
+        for e in &decoded.errors {
             tracing::warn!(
                 topic = %shared.conn.topic,
                 partition,
@@ -440,7 +444,8 @@ impl SplitReader for KafkaReader {
         }
         self.offset = Some(next);
         Ok(Some(ReadBatch {
-            data,
+            data: decoded.rows,
+            ops: decoded.ops,
             position: next.to_be_bytes().to_vec(),
             caught_up: next >= high_watermark,
             as_of,

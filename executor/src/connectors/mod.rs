@@ -35,6 +35,8 @@ pub use options::Options;
 pub struct ReadBatch {
     /// In the source's columns.
     pub data: RecordBatch,
+    /// The change each row is (`FORMAT DEBEZIUM`); `None`: inserts.
+    pub ops: Option<Vec<storage::chunk::Op>>,
     /// Where the split's next read starts: what a checkpoint keeps.
     pub position: Vec<u8>,
     /// Nothing more was available after these rows (the generator is
@@ -77,10 +79,15 @@ pub trait SourceConnector: Send + Sync {
     ) -> Result<Box<dyn SplitReader>>;
     /// Whether every split ends.
     fn bounded(&self) -> bool;
+    /// Whether its records are changes (`FORMAT DEBEZIUM`), not rows.
+    fn changelog(&self) -> bool {
+        false
+    }
     /// Whether a batch `SELECT` can read it: a bounded source, or one whose
-    /// [`Pace::Unlimited`] readers stop at the end of what is there now.
+    /// [`Pace::Unlimited`] readers stop at the end of what is there now;
+    /// never a changelog, whose changes only a view can apply.
     fn batch_readable(&self) -> bool {
-        self.bounded()
+        self.bounded() && !self.changelog()
     }
 }
 
@@ -90,7 +97,9 @@ pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "file", "kafka", "nexmark"];
 /// The connector of a source with `schema` (its declared columns), its
 /// options checked.
 pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn SourceConnector>> {
-    if spec.format.as_deref().is_some_and(|f| f != "PLAIN") {
+    // Connectors whose records are bytes check their FORMAT with ENCODE.
+    let decodes = matches!(spec.connector.as_str(), "kafka" | "file");
+    if !decodes && spec.format.as_deref().is_some_and(|f| f != "PLAIN") {
         return Err(ExecError::InvalidOption(format!(
             "connector {} takes FORMAT PLAIN, not FORMAT {}",
             spec.connector,

@@ -417,6 +417,7 @@ impl SplitReader for NexmarkReader {
         // nothing to catch up with.
         let caught_up = self.ended() || paced && !self.due() || !paced && !self.source.bounded();
         Ok(Some(ReadBatch {
+            ops: None,
             data: self.source.batch(&events)?,
             position: count_position(self.generator.offset()),
             caught_up,

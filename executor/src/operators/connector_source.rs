@@ -212,7 +212,10 @@ impl ConnectorSource {
                 self.event_time.observe(&batch.data)?;
                 let data = batch.data.project(&self.projection)?;
                 let data = expr::batch(&self.schema, data.columns().to_vec(), data.num_rows())?;
-                Ok(Some(Chunk::inserts(data)))
+                Ok(Some(match &batch.ops {
+                    Some(ops) => Chunk::with_ops(ops, data),
+                    None => Chunk::inserts(data),
+                }))
             }
         }
     }
