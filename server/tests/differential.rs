@@ -35,6 +35,8 @@ fn for_postgres(sql: &str) -> Option<String> {
         "set checkpoint_mode",
         "create savepoint",
         "drop savepoint",
+        "create sink",
+        "drop sink",
         "restore ",
         "show ",
         "explain ",
