@@ -75,6 +75,9 @@ pub struct Decoder {
     encode: Encode,
     /// `FORMAT DEBEZIUM`: the records are change events.
     debezium: bool,
+    /// `ignore_parse_errors = 'false'`: a record that cannot be decoded
+    /// fails the job rather than being skipped.
+    fail_fast: bool,
 }
 
 impl Decoder {
@@ -104,6 +107,16 @@ impl Decoder {
             )));
         };
         let mut options = spec.encode_options.clone();
+        let fail_fast = match options.remove("ignore_parse_errors").as_deref() {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("true") => false,
+            Some(v) if v.eq_ignore_ascii_case("false") => true,
+            Some(v) => {
+                return Err(ExecError::InvalidOption(format!(
+                    "ENCODE option ignore_parse_errors must be true or false, not '{v}'"
+                )));
+            }
+        };
         let encode = match encode {
             "JSON" => Encode::Json,
             "CSV" => {
@@ -154,7 +167,21 @@ impl Decoder {
             schema: schema.clone(),
             encode,
             debezium,
+            fail_fast,
         })
+    }
+
+    /// Checks a decoded batch: with `ignore_parse_errors = 'false'`, its
+    /// first bad record (at `where_`, which names it) fails the job.
+    pub fn check(&self, decoded: &Decoded, where_: impl Fn(usize) -> String) -> Result<()> {
+        match decoded.errors.first() {
+            Some(e) if self.fail_fast => Err(ExecError::Connector(format!(
+                "{} cannot be decoded ({}), and ignore_parse_errors is false",
+                where_(e.index),
+                e.message
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Whether the records are changes (inserts, updates, deletes) rather

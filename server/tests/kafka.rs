@@ -239,6 +239,37 @@ async fn kafka_errors_name_the_problem() {
             "PLAIN CSV (delimiter = ',')".into()
         ]
     );
+
+    // Fail-fast: the same bad record fails the view's job (after its
+    // restarts): FLUSH reports it, naming the record.
+    rows(
+        &client,
+        &format!(
+            "CREATE SOURCE strict (id int, name text) WITH (connector = 'kafka', topic = 't', \
+             properties.bootstrap.server = '{}') FORMAT PLAIN ENCODE CSV (ignore_parse_errors = 'false')",
+            broker.address()
+        ),
+    )
+    .await;
+    let created = client
+        .simple_query("CREATE MATERIALIZED VIEW strict_n AS SELECT count(*) AS n FROM strict")
+        .await;
+    let failed = match created {
+        Err(e) => e,
+        Ok(_) => client
+            .simple_query("FLUSH")
+            .await
+            .expect_err("FLUSH of a failed job"),
+    };
+    let db = failed.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "22P02", "{}", db.message());
+    assert!(
+        db.message()
+            .contains("kafka topic t partition 0 offset 1 cannot be decoded")
+            && db.message().contains("ignore_parse_errors is false"),
+        "{}",
+        db.message()
+    );
 }
 
 /// The last value of each key of an upsert topic (a tombstone removes it).

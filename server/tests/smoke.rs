@@ -61,6 +61,13 @@ async fn compare(
     client.simple_query("FLUSH").await.expect("flush");
     let mut compared = 0;
     for (name, query) in views.iter().filter(|(_, q)| !arrival_dependent(q)) {
+        // A view over an endless source has no batch recomputation.
+        if let Err(e) = client.simple_query(query).await
+            && e.as_db_error()
+                .is_some_and(|d| d.message().contains("which has no end"))
+        {
+            continue;
+        }
         let mut view = rows(client, &format!("SELECT * FROM {name}")).await;
         let mut expected = rows(client, query).await;
         view.sort();

@@ -209,6 +209,9 @@ impl SplitReader for FileReader {
             .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
             .collect();
         let decoded = self.decoder.decode(&lines)?;
+        self.decoder.check(&decoded, |i| {
+            format!("a line of {} (line {i} of a batch)", self.path.display())
+        })?;
         for e in &decoded.errors {
             tracing::warn!(
                 file = %self.path.display(),

@@ -433,6 +433,12 @@ impl SplitReader for KafkaReader {
             .map(|r| r.record.value.as_deref().unwrap_or_default())
             .collect();
         let decoded = shared.decoder.decode(&values)?;
+        shared.decoder.check(&decoded, |i| {
+            format!(
+                "kafka topic {} partition {partition} offset {}",
+                shared.conn.topic, records[i].offset
+            )
+        })?;
         for e in &decoded.errors {
             tracing::warn!(
                 topic = %shared.conn.topic,
