@@ -613,8 +613,8 @@ pub async fn create_view(
     Ok(QueryResult::command(tag))
 }
 
-/// `ALTER MATERIALIZED VIEW name SET PARALLELISM = n`: rescales the view's
-/// job. It stops at a checkpoint taken for the purpose, is planned again at
+/// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM = n`: rescales the
+/// view's (or sink's) job. It stops at a checkpoint taken for the purpose, is planned again at
 /// the new parallelism (the same operators, so the same state tables) and
 /// resumes, each new subtask restoring the key groups it now owns.
 pub async fn set_parallelism(
@@ -632,13 +632,11 @@ pub async fn set_parallelism(
     let entry = db.catalog.by_name(view).ok_or_else(|| {
         ServerError::UndefinedTable(format!("materialized view \"{view}\" does not exist"))
     })?;
-    if !matches!(entry, Entry::MaterializedView { .. }) {
-        return Err(ServerError::WrongObjectType(format!(
-            "\"{view}\" is not a materialized view"
-        )));
-    }
     let (id, sql, mut options) = JobOptions::of_job(&entry)?;
-    let tag = QueryResult::command("ALTER MATERIALIZED VIEW");
+    let tag = QueryResult::command(match entry {
+        Entry::Sink { .. } => "ALTER SINK",
+        _ => "ALTER MATERIALIZED VIEW",
+    });
     let parallelism = parallelism as usize;
     if parallelism == options.parallelism {
         return Ok(tag);
@@ -652,6 +650,10 @@ pub async fn set_parallelism(
         .map_err(|e| db.job_error(e))?;
     let mut updated = entry;
     if let Entry::MaterializedView {
+        parallelism: current,
+        ..
+    }
+    | Entry::Sink {
         parallelism: current,
         ..
     } = &mut updated

@@ -28,8 +28,8 @@ pub enum Stmt {
     ShowMaterializedViews,
     ShowViews,
     ShowJobs,
-    /// `ALTER MATERIALIZED VIEW name SET PARALLELISM [=|TO] n`: rescale the
-    /// view's job.
+    /// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM [=|TO] n`:
+    /// rescale the view's or the sink's job.
     SetParallelism {
         view: String,
         parallelism: u64,
@@ -221,7 +221,11 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             for _ in 0..3 {
                 parser.next_token();
             }
-            set_parallelism(&mut parser)?
+            set_parallelism(&mut parser, "ALTER MATERIALIZED VIEW")?
+        } else if is_word(&a, "alter") && is_word(&b, "sink") {
+            parser.next_token();
+            parser.next_token();
+            set_parallelism(&mut parser, "ALTER SINK")?
         } else if is_word(&a, "create") || is_word(&a, "explain") {
             emit_on_window_close(&mut parser)?
         } else if is_word(&a, "select") || is_word(&a, "with") || a == Token::LParen {
@@ -638,13 +642,13 @@ fn expect_words(parser: &mut Parser<'_>, words: &[&str]) -> Result<()> {
 }
 
 /// The rest of `ALTER MATERIALIZED VIEW`: `name SET PARALLELISM [=|TO] n`.
-fn set_parallelism(parser: &mut Parser<'_>) -> Result<Stmt> {
+fn set_parallelism(parser: &mut Parser<'_>, statement: &str) -> Result<Stmt> {
     let view = object_name(&parser.parse_object_name(false)?)?;
     let set = parser.next_token().token;
     let what = parser.next_token().token;
     if !is_word(&set, "set") || !is_word(&what, "parallelism") {
         return Err(ServerError::unsupported(format!(
-            "ALTER MATERIALIZED VIEW … {set} {what} (only SET PARALLELISM = n)"
+            "{statement} … {set} {what} (only SET PARALLELISM = n)"
         )));
     }
     if !parser.consume_token(&Token::Eq) {

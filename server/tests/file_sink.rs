@@ -1,6 +1,6 @@
 //! The `file` sink through pgwire: a sink's rows appear in its directory
-//! only as checkpoints complete, and exactly once across a SIGKILL in the
-//! middle of the stream. The files are read back with the file source,
+//! only as checkpoints complete, and exactly once across a SIGKILL and a
+//! rescale in the middle of the stream. The files are read back with the file source,
 //! which skips the sink's hidden staging files.
 
 mod common;
@@ -97,6 +97,10 @@ async fn sink_files_hold_every_row_once_across_a_crash() {
         )
         .await;
     }
+    // A rescale mid-stream: the old subtasks' prepared files are committed
+    // by the new ones, and nothing is lost or written twice.
+    rows(&client, "ALTER SINK to_csv SET PARALLELISM = 3").await;
+    rows(&client, "ALTER SINK to_json SET PARALLELISM = 1").await;
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (n, distinct) = committed(&client, "back_csv").await;
