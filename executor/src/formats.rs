@@ -65,6 +65,8 @@ pub struct Decoded {
     pub rows: RecordBatch,
     /// The change each row is; `None`: every row is an insert.
     pub ops: Option<Vec<Op>>,
+    /// The index of the record each row came from.
+    pub origin: Vec<usize>,
     pub errors: Vec<DecodeError>,
 }
 
@@ -195,9 +197,14 @@ impl Decoder {
     pub fn decode(&self, records: &[&[u8]]) -> Result<Decoded> {
         if !self.debezium {
             let (rows, errors) = self.decode_rows(records)?;
+            let bad: std::collections::BTreeSet<usize> = errors.iter().map(|e| e.index).collect();
+            let origin = (0..records.len())
+                .filter(|i| !records[*i].is_empty() && !bad.contains(i))
+                .collect();
             return Ok(Decoded {
                 rows,
                 ops: None,
+                origin,
                 errors,
             });
         }
@@ -235,11 +242,13 @@ impl Decoder {
             .map(|i| Some(!bad_records.contains(&origin[*i])))
             .collect();
         let rows = datafusion::arrow::compute::filter_record_batch(&rows, &keep)?;
-        let ops = decoded
+        let kept: Vec<usize> = decoded
             .iter()
-            .filter(|i| !bad_records.contains(&origin[**i]))
-            .map(|i| ops[*i])
+            .copied()
+            .filter(|i| !bad_records.contains(&origin[*i]))
             .collect();
+        let ops = kept.iter().map(|i| ops[*i]).collect();
+        let rows_origin = kept.iter().map(|i| origin[*i]).collect();
         let mut seen = std::collections::BTreeSet::new();
         for e in bad {
             let index = origin[e.index];
@@ -254,6 +263,7 @@ impl Decoder {
         Ok(Decoded {
             rows,
             ops: Some(ops),
+            origin: rows_origin,
             errors,
         })
     }

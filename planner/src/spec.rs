@@ -650,6 +650,19 @@ pub struct ConnectorSpec {
     /// The options after `ENCODE …`, by name.
     #[serde(default)]
     pub encode_options: std::collections::BTreeMap<String, String>,
+    /// `INCLUDE what AS column`: what the connector knows of each record
+    /// beyond its value (a Kafka key, partition, offset, timestamp), as
+    /// the source's last columns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<IncludeColumn>,
+}
+
+/// One `INCLUDE what [AS column]` of a source.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IncludeColumn {
+    /// `key`, `partition`, `offset` or `timestamp`.
+    pub what: String,
+    pub column: String,
 }
 
 /// How a source derives watermarks: event time is complete up to the

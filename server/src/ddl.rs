@@ -221,6 +221,22 @@ async fn create_source(
             c.name
         )));
     }
+    let mut columns = columns;
+    for inc in &connector.include {
+        let sql_type = executor::connectors::include_type(&connector.connector, &inc.what)?;
+        if columns.iter().any(|c| c.name == inc.column) {
+            return Err(ServerError::DuplicateColumn(format!(
+                "column \"{}\" specified more than once",
+                inc.column
+            )));
+        }
+        columns.push(Column {
+            name: inc.column.clone(),
+            sql_type: sql_type.into(),
+            not_null: false,
+            default: None,
+        });
+    }
     executor::connectors::complete(&mut connector);
     // The connector checks its options, and that what it reads is there
     // (a Kafka topic on its brokers).

@@ -489,6 +489,48 @@ fn source_clauses(tokens: &mut Vec<Token>, what: &str) -> Result<planner::spec::
     Ok(spec)
 }
 
+/// Takes a source's `INCLUDE what [AS column]` clauses (RisingWave's,
+/// after the column list) out of `tokens`.
+fn include_clauses(tokens: &mut Vec<Token>) -> Result<Vec<planner::spec::IncludeColumn>> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut i = 0;
+    while i < tokens.len() {
+        match &tokens[i] {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 0 && is_word(t, "include") => {
+                let what = match tokens.get(i + 1) {
+                    Some(Token::Word(w)) => w.value.to_lowercase(),
+                    t => {
+                        return Err(ServerError::Syntax(format!(
+                            "syntax error at or near \"{}\": expected INCLUDE key | partition | offset | timestamp [AS name]",
+                            t.map(|t| t.to_string()).unwrap_or_default()
+                        )));
+                    }
+                };
+                let (column, end) = match (tokens.get(i + 2), tokens.get(i + 3)) {
+                    (Some(a), Some(Token::Word(name))) if is_word(a, "as") => (
+                        if name.quote_style.is_some() {
+                            name.value.clone()
+                        } else {
+                            name.value.to_lowercase()
+                        },
+                        i + 4,
+                    ),
+                    _ => (format!("_weir_{what}"), i + 2),
+                };
+                tokens.drain(i..end);
+                out.push(planner::spec::IncludeColumn { what, column });
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
 /// `CREATE SINK …`.
 fn create_sink(parser: &mut Parser<'_>) -> Result<Stmt> {
     parser.next_token();
@@ -546,7 +588,9 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
     } else if tokens.get(1).is_some_and(|t| is_word(t, "source")) {
         tokens[1] = Token::make_keyword("TABLE");
         options.append_only = true;
-        options.source = Some(source_clauses(&mut tokens, "CREATE SOURCE")?);
+        let mut spec = source_clauses(&mut tokens, "CREATE SOURCE")?;
+        spec.include = include_clauses(&mut tokens)?;
+        options.source = Some(spec);
     }
     // WATERMARK FOR … inside the column list.
     let mut depth = 0;

@@ -511,3 +511,80 @@ async fn debezium_changes_keep_views_current() {
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn included_columns_carry_key_partition_offset_and_timestamp() {
+    let broker = Broker::start().await;
+    broker.create_topic("keyed", 2).await;
+    broker
+        .produce_keyed(
+            "keyed",
+            1,
+            &[
+                (Some(b"k1".to_vec()), br#"{"v": 1}"#.to_vec()),
+                (None, br#"{"v": 2}"#.to_vec()),
+                (Some(b"k3".to_vec()), b"{bad".to_vec()),
+                (Some(b"k4".to_vec()), br#"{"v": 4}"#.to_vec()),
+            ],
+            1_767_225_600_000,
+        )
+        .await;
+    let server = Server::start();
+    let client = server.client().await;
+    rows(
+        &client,
+        &format!(
+            "CREATE SOURCE keyed (v int) INCLUDE key AS k INCLUDE partition AS p \
+             INCLUDE offset AS o INCLUDE timestamp AS ts \
+             WITH (connector = 'kafka', topic = 'keyed', properties.bootstrap.server = '{}') \
+             FORMAT PLAIN ENCODE JSON",
+            broker.address()
+        ),
+    )
+    .await;
+    // The undecodable record is skipped; the others keep their own
+    // offsets.
+    assert_eq!(
+        rows(
+            &client,
+            "SELECT v, encode(k, 'hex'), p, o, ts FROM keyed ORDER BY o"
+        )
+        .await,
+        vec![
+            vec!["1", "6b31", "1", "0", "2026-01-01 00:00:00+00"],
+            vec!["2", "NULL", "1", "1", "2026-01-01 00:00:00+00"],
+            vec!["4", "6b34", "1", "3", "2026-01-01 00:00:00+00"],
+        ]
+    );
+    rows(
+        &client,
+        "CREATE MATERIALIZED VIEW per_partition AS SELECT p, count(*) AS n, max(o) AS last FROM keyed GROUP BY p",
+    )
+    .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT p, n, last FROM per_partition").await,
+        vec![vec!["1", "3", "3"]]
+    );
+    let (code, message) = error_of(
+        &client,
+        "CREATE SOURCE g (id int) INCLUDE key AS k WITH (connector = 'datagen')",
+    )
+    .await;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("connector datagen has nothing to INCLUDE"),
+        "{message}"
+    );
+    let (code, message) = error_of(
+        &client,
+        &format!(
+            "CREATE SOURCE s (v int) INCLUDE header AS h WITH (connector = 'kafka', topic = 'keyed', \
+             properties.bootstrap.server = '{}') FORMAT PLAIN ENCODE JSON",
+            broker.address()
+        ),
+    )
+    .await;
+    assert_eq!(code, "22023");
+    assert!(message.contains("cannot INCLUDE header"), "{message}");
+}

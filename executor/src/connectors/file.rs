@@ -347,6 +347,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ..Default::default()
         };
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),

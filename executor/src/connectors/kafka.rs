@@ -20,10 +20,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use planner::spec::ConnectorSpec;
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
+use rskafka::record::RecordAndOffset;
 use rskafka::{BackoffConfig, chrono};
 use tokio::sync::OnceCell;
 
@@ -68,6 +70,9 @@ struct Shared {
     fetch_max_bytes: i32,
     startup: Startup,
     decoder: Decoder,
+    /// The source's columns: the decoded ones, then `INCLUDE`d ones.
+    schema: SchemaRef,
+    include: Vec<String>,
 }
 
 /// A topic on a Kafka cluster: `topic`, `properties.bootstrap.server` and
@@ -212,16 +217,63 @@ impl Kafka {
             }
         };
         o.finish(OPTIONS)?;
-        let decoder = Decoder::new(spec, schema, false)?;
+        // The record's value fills the columns before the INCLUDEd ones.
+        let include: Vec<String> = spec.include.iter().map(|i| i.what.clone()).collect();
+        let decoded = schema.fields().len().saturating_sub(include.len());
+        let value_schema = Arc::new(datafusion::arrow::datatypes::Schema::new(
+            schema.fields()[..decoded].to_vec(),
+        ));
+        let decoder = Decoder::new(spec, &value_schema, false)?;
         Ok(Self {
             shared: Arc::new(Shared {
                 conn,
                 fetch_max_bytes,
                 startup,
                 decoder,
+                schema: schema.clone(),
+                include,
             }),
         })
     }
+}
+
+/// The decoded rows with the `INCLUDE`d columns after them, from the
+/// record each row came from.
+fn with_included(
+    shared: &Shared,
+    partition: i32,
+    records: &[RecordAndOffset],
+    decoded: &crate::formats::Decoded,
+) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{
+        ArrayRef, BinaryArray, Int32Array, Int64Array, TimestampMillisecondArray,
+    };
+    let mut columns = decoded.rows.columns().to_vec();
+    let of = |i: &usize| &records[*i];
+    let first = columns.len();
+    for (n, what) in shared.include.iter().enumerate() {
+        let array: ArrayRef = match what.as_str() {
+            "key" => Arc::new(BinaryArray::from_iter(
+                decoded.origin.iter().map(|i| of(i).record.key.clone()),
+            )),
+            "partition" => Arc::new(Int32Array::from(vec![partition; decoded.origin.len()])),
+            "offset" => Arc::new(Int64Array::from_iter_values(
+                decoded.origin.iter().map(|i| of(i).offset),
+            )),
+            _ => Arc::new(
+                TimestampMillisecondArray::from_iter_values(
+                    decoded
+                        .origin
+                        .iter()
+                        .map(|i| of(i).record.timestamp.timestamp_millis()),
+                )
+                .with_timezone("UTC"),
+            ),
+        };
+        let target = shared.schema.field(first + n).data_type();
+        columns.push(datafusion::arrow::compute::cast(&array, target)?);
+    }
+    Ok(RecordBatch::try_new(shared.schema.clone(), columns)?)
 }
 
 pub(crate) fn missing(option: &str) -> ExecError {
@@ -449,8 +501,13 @@ impl SplitReader for KafkaReader {
             );
         }
         self.offset = Some(next);
+        let data = if shared.include.is_empty() {
+            decoded.rows
+        } else {
+            with_included(&shared, partition, &records, &decoded)?
+        };
         Ok(Some(ReadBatch {
-            data: decoded.rows,
+            data,
             ops: decoded.ops,
             position: next.to_be_bytes().to_vec(),
             caught_up: next >= high_watermark,

@@ -118,6 +118,26 @@ pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn Source
     }
 }
 
+/// The SQL type of `INCLUDE what` for `connector`: the Kafka record's
+/// `key` (bytea), `partition` (int), `offset` (bigint) or `timestamp`
+/// (timestamptz).
+pub fn include_type(connector: &str, what: &str) -> Result<&'static str> {
+    if connector != "kafka" {
+        return Err(ExecError::InvalidOption(format!(
+            "connector {connector} has nothing to INCLUDE (only kafka has)"
+        )));
+    }
+    match what {
+        "key" => Ok("bytea"),
+        "partition" => Ok("int"),
+        "offset" => Ok("bigint"),
+        "timestamp" => Ok("timestamptz"),
+        other => Err(ExecError::InvalidOption(format!(
+            "connector kafka cannot INCLUDE {other}; it includes key, partition, offset and timestamp"
+        ))),
+    }
+}
+
 /// Fills in what must be fixed when a source is created so that every job
 /// reading it, and every restart of one, reads the same rows (a generator's
 /// base time).

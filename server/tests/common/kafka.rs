@@ -75,6 +75,21 @@ impl Broker {
         values: &[Vec<u8>],
         timestamp_ms: i64,
     ) {
+        let records: Vec<(Option<Vec<u8>>, Vec<u8>)> =
+            values.iter().map(|v| (None, v.clone())).collect();
+        self.produce_keyed(topic, partition, &records, timestamp_ms)
+            .await;
+    }
+
+    /// Writes `(key, value)` records to `partition` of `topic`, stamped
+    /// `timestamp_ms`.
+    pub async fn produce_keyed(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: &[(Option<Vec<u8>>, Vec<u8>)],
+        timestamp_ms: i64,
+    ) {
         let client = self
             .client
             .partition_client(topic, partition, UnknownTopicHandling::Retry)
@@ -82,10 +97,10 @@ impl Broker {
             .expect("partition client");
         let timestamp =
             rskafka::chrono::DateTime::from_timestamp_millis(timestamp_ms).expect("time");
-        let records = values
+        let records = records
             .iter()
-            .map(|v| Record {
-                key: None,
+            .map(|(k, v)| Record {
+                key: k.clone(),
                 value: Some(v.clone()),
                 headers: Default::default(),
                 timestamp,
