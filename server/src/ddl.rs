@@ -604,7 +604,7 @@ pub async fn create_view(
     }
     let options = JobOptions::of_session(session, emit_on_window_close);
     let graph = job_graph(db, &sql, id, &options).await?;
-    db.catalog.add(Entry::MaterializedView {
+    let entry = Entry::MaterializedView {
         id,
         name,
         sql,
@@ -614,19 +614,28 @@ pub async fn create_view(
         emit_on_window_close,
         state_ttl_us: options.state_ttl_us,
         depends_on,
-    })?;
+    };
+    start_job(db, entry, graph).await?;
+    Ok(QueryResult::command(tag))
+}
+
+/// Adds the entry of a new materialized view or sink and starts its job;
+/// returns once the job holds the tables' current contents (a checkpoint
+/// triggered now includes everything written before). On failure nothing
+/// is left behind.
+pub(crate) async fn start_job(db: &Arc<Database>, entry: Entry, graph: JobGraph) -> Result<()> {
+    let id = entry.id();
+    db.catalog.add(entry)?;
     if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
         db.catalog.remove(&[id])?;
         return Err(e.into());
     }
-    // Return once the view holds the tables' current contents: a
-    // checkpoint triggered now includes everything written before.
     if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
         db.catalog.remove(&[id])?;
         let _ = db.cluster.job_manager.cancel_job(id, true).await;
         return Err(db.job_error(e));
     }
-    Ok(QueryResult::command(tag))
+    Ok(())
 }
 
 /// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM = n`: rescales the

@@ -9,7 +9,7 @@ use datafusion::sql::sqlparser::ast::Query;
 use planner::spec::{ConnectorSpec, OperatorSpec};
 
 use crate::catalog::Entry;
-use crate::ddl::{JobOptions, already_exists, check_query, dependencies, job_graph};
+use crate::ddl::{JobOptions, already_exists, check_query, dependencies, job_graph, start_job};
 use crate::engine::{Database, QueryResult};
 use crate::error::Result;
 use crate::session::Session;
@@ -59,7 +59,7 @@ pub async fn create(
     {
         executor::sinks::check(&node.spec, Arc::new(node.schema.as_arrow().clone())).await?;
     }
-    db.catalog.add(Entry::Sink {
+    let entry = Entry::Sink {
         id,
         name,
         sql,
@@ -70,18 +70,10 @@ pub async fn create(
         checkpoint_mode: options.checkpoint_mode,
         state_ttl_us: options.state_ttl_us,
         depends_on,
-    })?;
-    if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
-        db.catalog.remove(&[id])?;
-        return Err(e.into());
-    }
-    // As CREATE MATERIALIZED VIEW: return once what the tables held is in
-    // a checkpoint, so committed to the sink.
-    if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
-        db.catalog.remove(&[id])?;
-        let _ = db.cluster.job_manager.cancel_job(id, true).await;
-        return Err(db.job_error(e));
-    }
+    };
+    // As CREATE MATERIALIZED VIEW: what the tables held is then in a
+    // checkpoint, so committed to the sink.
+    start_job(db, entry, graph).await?;
     Ok(tag)
 }
 
