@@ -37,6 +37,23 @@ enum Encode {
     Bytes,
 }
 
+/// A `true`/`false` ENCODE option, taken from `options`.
+pub(crate) fn encode_flag(
+    options: &mut std::collections::BTreeMap<String, String>,
+    name: &str,
+) -> Result<Option<bool>> {
+    match options.remove(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "true" => Ok(Some(true)),
+            "false" => Ok(Some(false)),
+            _ => Err(ExecError::InvalidOption(format!(
+                "ENCODE option {name} must be true or false, not '{v}'"
+            ))),
+        },
+    }
+}
+
 /// `ENCODE CSV (delimiter = '…')`, taken from `options`: one character,
 /// a comma if not given.
 pub(crate) fn csv_delimiter(
@@ -109,37 +126,17 @@ impl Decoder {
             )));
         };
         let mut options = spec.encode_options.clone();
-        let fail_fast = match options.remove("ignore_parse_errors").as_deref() {
-            None => false,
-            Some(v) if v.eq_ignore_ascii_case("true") => false,
-            Some(v) if v.eq_ignore_ascii_case("false") => true,
-            Some(v) => {
-                return Err(ExecError::InvalidOption(format!(
-                    "ENCODE option ignore_parse_errors must be true or false, not '{v}'"
-                )));
-            }
-        };
+        let fail_fast = encode_flag(&mut options, "ignore_parse_errors")? == Some(false);
         let encode = match encode {
             "JSON" => Encode::Json,
             "CSV" => {
                 let delimiter = csv_delimiter(&mut options)?;
-                let header = match options.remove("without_header") {
-                    None => files,
-                    Some(_) if !files => {
-                        return Err(ExecError::InvalidOption(format!(
-                            "ENCODE CSV option without_header is for files; {connector} records have no header"
-                        )));
-                    }
-                    Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                        "true" => false,
-                        "false" => true,
-                        _ => {
-                            return Err(ExecError::InvalidOption(format!(
-                                "ENCODE CSV option without_header must be true or false, not '{v}'"
-                            )));
-                        }
-                    },
-                };
+                if !files && options.contains_key("without_header") {
+                    return Err(ExecError::InvalidOption(format!(
+                        "ENCODE CSV option without_header is for files; {connector} records have no header"
+                    )));
+                }
+                let header = files && encode_flag(&mut options, "without_header")? != Some(true);
                 Encode::Csv { delimiter, header }
             }
             "BYTES" => {

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::postgres::Postgres;
-use common::{Server, rows};
+use common::{Server, expect_error, rows};
 
 /// Waits until `pg` answers `sql` as `want`.
 async fn until_equal(pg: &tokio_postgres::Client, sql: &str, want: &[Vec<String>]) {
@@ -24,12 +24,6 @@ async fn until_equal(pg: &tokio_postgres::Client, sql: &str, want: &[Vec<String>
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-async fn error_of(client: &tokio_postgres::Client, sql: &str) -> (String, String) {
-    let e = client.simple_query(sql).await.expect_err(sql);
-    let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
-    (db.code().code().to_string(), db.message().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,8 +175,6 @@ async fn postgres_sinks_upsert_and_append_exactly_once() {
             "cannot connect to PostgreSQL",
         ),
     ] {
-        let (got_code, got) = error_of(&client, &sql).await;
-        assert_eq!(got_code, code, "{sql}: {got}");
-        assert!(got.contains(message), "{sql}: {got}");
+        expect_error(&client, &sql, code, message).await;
     }
 }

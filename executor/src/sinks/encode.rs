@@ -6,7 +6,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::{csv, json};
 use planner::spec::ConnectorSpec;
 
-use crate::formats::csv_delimiter;
+use crate::formats::{csv_delimiter, encode_flag};
 use crate::{ExecError, Result};
 
 /// How a sink encodes its rows.
@@ -43,16 +43,7 @@ impl Encoder {
             "PARQUET" => Encoder::Parquet,
             _ => {
                 let delimiter = csv_delimiter(&mut options)?;
-                let header = match options.remove("without_header") {
-                    None => true,
-                    Some(v) if v.eq_ignore_ascii_case("true") => false,
-                    Some(v) if v.eq_ignore_ascii_case("false") => true,
-                    Some(v) => {
-                        return Err(ExecError::InvalidOption(format!(
-                            "ENCODE CSV option without_header must be true or false, not '{v}'"
-                        )));
-                    }
-                };
+                let header = encode_flag(&mut options, "without_header")? != Some(true);
                 Encoder::Csv { delimiter, header }
             }
         };

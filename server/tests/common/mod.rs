@@ -158,6 +158,20 @@ pub async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<String>
     out
 }
 
+/// The SQLSTATE and message of the error `sql` must fail with.
+pub async fn error_of(client: &tokio_postgres::Client, sql: &str) -> (String, String) {
+    let e = client.simple_query(sql).await.expect_err(sql);
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+    (db.code().code().to_string(), db.message().to_string())
+}
+
+/// `sql` fails with SQLSTATE `code` and a message containing `fragment`.
+pub async fn expect_error(client: &tokio_postgres::Client, sql: &str, code: &str, fragment: &str) {
+    let (got, message) = error_of(client, sql).await;
+    assert_eq!(got, code, "{sql}: {message}");
+    assert!(message.contains(fragment), "{sql}: {message}");
+}
+
 /// The first value of the first row of `sql`'s answer.
 pub async fn one(client: &tokio_postgres::Client, sql: &str) -> String {
     rows(client, sql).await.remove(0).remove(0)
