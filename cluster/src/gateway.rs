@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
+use executor::operators::changelog::Changes;
 use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 
@@ -167,6 +168,17 @@ pub trait TaskExecutorGateway: Send + Sync {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
     ) -> Result<Vec<RecordBatch>>;
+
+    /// Reads a view's changes after epoch `since` in `key_groups` from its
+    /// changelog table, at the checkpoint this TaskManager committed last
+    /// (what `SUBSCRIBE` follows).
+    async fn scan_changes(
+        &self,
+        changelog_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+        since: u64,
+    ) -> Result<Changes>;
 }
 
 /// A JobMaster, as TaskManagers call it. Acknowledgements and state

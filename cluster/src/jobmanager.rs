@@ -8,10 +8,12 @@ use std::sync::{Arc, Mutex, Weak};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use executor::operators::changelog::Changes;
 use planner::execution_graph::{ExecutionGraph, ExecutionState};
 use planner::job_graph::JobGraph;
 use storage::checkpoint_storage::{CheckpointMetadata, CheckpointStorage, FORMAT_VERSION};
 use storage::savepoint::SavepointMetadata;
+use tokio::sync::watch;
 
 use crate::checkpoint::CompletedCheckpoint;
 use crate::config::ClusterConfig;
@@ -191,6 +193,45 @@ impl JobManager {
             Some(jm) => jm.read_view(state_table, schema).await,
             None => Err(ClusterError::UnknownJob(job)),
         }
+    }
+
+    /// [`JobManager::read_view`], with the id of the checkpoint read (0
+    /// before the first).
+    pub async fn read_view_at(
+        &self,
+        job: u64,
+        state_table: u64,
+        schema: SchemaRef,
+    ) -> Result<(u64, Vec<RecordBatch>)> {
+        self.master(job)?.read_view_at(state_table, schema).await
+    }
+
+    /// A view's changes after epoch `since`, from its changelog table at
+    /// the job's latest completed checkpoint, with that checkpoint's id.
+    pub async fn read_changes(
+        &self,
+        job: u64,
+        changelog_table: u64,
+        schema: SchemaRef,
+        since: u64,
+    ) -> Result<(u64, Changes)> {
+        self.master(job)?
+            .read_changes(changelog_table, schema, since)
+            .await
+    }
+
+    /// Follows `job`'s completed checkpoints.
+    pub fn completed_checkpoints(&self, job: u64) -> Result<watch::Receiver<CompletedCheckpoint>> {
+        Ok(self.master(job)?.completed())
+    }
+
+    fn master(&self, job: u64) -> Result<Arc<JobMaster>> {
+        self.jobs
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&job)
+            .cloned()
+            .ok_or(ClusterError::UnknownJob(job))
     }
 
     /// Restarts `job` with `graph` — the same operators at other

@@ -39,6 +39,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
+use executor::operators::changelog::{self, Changes};
 use executor::task::{CheckpointAck, TaskDeployment, TaskId, TaskRestore};
 use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
@@ -1081,31 +1082,114 @@ impl JobMaster {
         state_table: u64,
         schema: SchemaRef,
     ) -> Result<Vec<RecordBatch>> {
+        Ok(self.read_view_at(state_table, schema).await?.1)
+    }
+
+    /// [`JobMaster::read_view`], with the id of the checkpoint read (0
+    /// before the first).
+    pub(crate) async fn read_view_at(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+    ) -> Result<(u64, Vec<RecordBatch>)> {
+        let (at, read) = self.read_state(state_table, schema, None).await?;
+        match read {
+            StateRead::Rows(rows) => Ok((at, rows)),
+            StateRead::Changes(_) => Err(ClusterError::Internal("read rows, got changes".into())),
+        }
+    }
+
+    /// A view's changes after epoch `since` from its changelog table at
+    /// the latest completed checkpoint, with that checkpoint's id.
+    pub(crate) async fn read_changes(
+        &self,
+        changelog_table: u64,
+        schema: SchemaRef,
+        since: u64,
+    ) -> Result<(u64, Changes)> {
+        let (at, read) = self
+            .read_state(changelog_table, schema, Some(since))
+            .await?;
+        match read {
+            StateRead::Changes(changes) => Ok((at, changes)),
+            StateRead::Rows(_) => Err(ClusterError::Internal("read changes, got rows".into())),
+        }
+    }
+
+    /// Reads a view's rows (`since: None`) or changes after `since` at the
+    /// latest completed checkpoint; no checkpoint completes meanwhile.
+    async fn read_state(
+        &self,
+        table: u64,
+        schema: SchemaRef,
+        since: Option<u64>,
+    ) -> Result<(u64, StateRead)> {
         let _commit = self.commit.read().await;
-        if let Some(targets) = self.scan_targets(state_table) {
-            let mut out = Vec::new();
+        let latest = self.lock()?.retained.back().cloned();
+        let at = latest.as_ref().map_or(0, |m| m.id);
+        if let Some(targets) = self.scan_targets(table) {
+            let mut rows = Vec::new();
+            let mut changes = Changes {
+                horizon: 0,
+                batches: Vec::new(),
+            };
             let mut complete = true;
             for (tm, key_groups) in targets {
-                match tm.scan_view(state_table, schema.clone(), key_groups).await {
-                    Ok(batches) => out.extend(batches),
-                    Err(e) => {
-                        tracing::warn!(job = self.job, error = %e, "view scan on a task manager failed; reading checkpoint storage");
-                        complete = false;
-                        break;
-                    }
+                let part = match since {
+                    None => tm
+                        .scan_view(table, schema.clone(), key_groups)
+                        .await
+                        .map(|b| rows.extend(b)),
+                    Some(since) => tm
+                        .scan_changes(table, schema.clone(), key_groups, since)
+                        .await
+                        .map(|c| {
+                            changes.horizon = changes.horizon.max(c.horizon);
+                            changes.batches.extend(c.batches);
+                        }),
+                };
+                if let Err(e) = part {
+                    tracing::warn!(job = self.job, error = %e, "view scan on a task manager failed; reading checkpoint storage");
+                    complete = false;
+                    break;
                 }
             }
             if complete {
-                return Ok(out);
+                return Ok(match since {
+                    None => (at, StateRead::Rows(rows)),
+                    Some(_) => {
+                        // Parts came from several TaskManagers: epochs in order.
+                        changes.batches = sort_by_epoch(changes.batches)?;
+                        (at, StateRead::Changes(changes))
+                    }
+                });
             }
         }
-        let latest = self.lock()?.retained.back().cloned();
-        match latest {
-            Some(meta) => {
-                read_stored_view(&self.storage, &self.scratch, &meta, state_table, schema).await
-            }
-            None => Ok(Vec::new()),
-        }
+        let Some(meta) = latest else {
+            return Ok(match since {
+                None => (0, StateRead::Rows(Vec::new())),
+                Some(_) => (
+                    0,
+                    StateRead::Changes(Changes {
+                        horizon: 0,
+                        batches: Vec::new(),
+                    }),
+                ),
+            });
+        };
+        let entries = read_stored_entries(&self.storage, &self.scratch, &meta, table).await?;
+        Ok(match since {
+            None => (
+                at,
+                StateRead::Rows(executor::operators::materialize::rows_from_entries(
+                    &entries, &schema,
+                )?),
+            ),
+            Some(since) => (
+                at,
+                StateRead::Changes(changelog::changes_from_entries(&entries, &schema, since)?),
+            ),
+        })
     }
 
     /// Where the oldest retained checkpoint left the job's sources: the
@@ -1148,31 +1232,42 @@ impl JobMaster {
     }
 }
 
-/// A view's rows at checkpoint `meta`, read from checkpoint storage.
-pub(crate) async fn read_stored_view(
+/// A state table's entries in a stored checkpoint, in all key groups.
+async fn read_stored_entries(
     storage: &CheckpointStorage,
     scratch: &std::path::Path,
     meta: &CheckpointMetadata,
-    state_table: u64,
-    schema: SchemaRef,
-) -> Result<Vec<RecordBatch>> {
+    table: u64,
+) -> Result<Vec<storage::state::StateEntry>> {
     let dir = scratch.join(format!("read-{}", SCRATCH.fetch_add(1, Ordering::Relaxed)));
-    let entries = storage::backend::read_handles(
-        storage,
-        &meta.handles,
-        state_table,
-        0..MAX_PARALLELISM,
-        &dir,
-    )
-    .await;
+    let entries =
+        storage::backend::read_handles(storage, &meta.handles, table, 0..MAX_PARALLELISM, &dir)
+            .await;
     let _ = std::fs::remove_dir_all(&dir);
-    let entries = entries.map_err(|e| match e {
+    entries.map_err(|e| match e {
         StorageError::Corrupt(why) => ClusterError::CorruptCheckpoint(why),
         e => e.into(),
-    })?;
-    Ok(executor::operators::materialize::rows_from_entries(
-        &entries, &schema,
-    )?)
+    })
+}
+
+/// What [`JobMaster::read_state`] read.
+enum StateRead {
+    Rows(Vec<RecordBatch>),
+    Changes(Changes),
+}
+
+/// Change batches from several readers, merged into one epoch order.
+fn sort_by_epoch(batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(batches);
+    };
+    let all = datafusion::arrow::compute::concat_batches(&first.schema(), &batches)
+        .map_err(|e| ClusterError::Internal(e.to_string()))?;
+    let order = datafusion::arrow::compute::sort_to_indices(all.column(0), None, None)
+        .map_err(|e| ClusterError::Internal(e.to_string()))?;
+    let sorted = datafusion::arrow::compute::take_record_batch(&all, &order)
+        .map_err(|e| ClusterError::Internal(e.to_string()))?;
+    Ok(vec![sorted])
 }
 
 #[async_trait]

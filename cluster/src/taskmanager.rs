@@ -33,6 +33,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use executor::exchange::LocalShuffle;
 use executor::message::Barrier;
 use executor::operator::StateReader;
+use executor::operators::changelog::{self, Changes};
 use executor::task::{
     CheckpointAck, RemoteChannels, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
     TaskReporter, build_task,
@@ -75,6 +76,19 @@ impl StateReader for BackendReader {
     ) -> executor::Result<Vec<StateEntry>> {
         match &self.0 {
             Some(b) => Ok(b.scan_state(table, key_groups)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn scan_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        limit: usize,
+    ) -> executor::Result<Vec<StateEntry>> {
+        match &self.0 {
+            Some(b) => Ok(b.scan_state_from(table, key_group, from, limit)?),
             None => Ok(Vec::new()),
         }
     }
@@ -170,6 +184,28 @@ impl TaskExecutor {
     }
 
     /// Drops `job`'s state backends, deleting their local state.
+    /// The backends holding `table` in (part of) `key_groups`, each with
+    /// its part.
+    #[allow(clippy::type_complexity)]
+    fn holders(
+        &self,
+        table: u64,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<Vec<(Arc<KeyedStateBackend>, std::ops::Range<u16>)>> {
+        Ok(self
+            .backends
+            .lock()
+            .map_err(|_| poisoned())?
+            .values()
+            .filter_map(|b| {
+                let t = b.tables().iter().find(|t| t.table == table)?;
+                let from = t.key_groups.start.max(key_groups.start);
+                let to = t.key_groups.end.min(key_groups.end);
+                (from < to).then(|| (b.clone(), from..to))
+            })
+            .collect())
+    }
+
     fn drop_backends(&self, job: u64) -> Result<()> {
         let dropped: Vec<_> = {
             let mut backends = self.backends.lock().map_err(|_| poisoned())?;
@@ -643,19 +679,7 @@ impl TaskExecutorGateway for TaskExecutor {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
     ) -> Result<Vec<RecordBatch>> {
-        // The backends holding the table in these key groups.
-        let backends: Vec<(Arc<KeyedStateBackend>, std::ops::Range<u16>)> = self
-            .backends
-            .lock()
-            .map_err(|_| poisoned())?
-            .values()
-            .filter_map(|b| {
-                let t = b.tables().iter().find(|t| t.table == state_table)?;
-                let from = t.key_groups.start.max(key_groups.start);
-                let to = t.key_groups.end.min(key_groups.end);
-                (from < to).then(|| (b.clone(), from..to))
-            })
-            .collect();
+        let backends = self.holders(state_table, key_groups)?;
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             for (backend, range) in backends {
@@ -667,6 +691,34 @@ impl TaskExecutorGateway for TaskExecutor {
                         &schema,
                         range,
                     )?);
+                }
+            }
+            Ok::<_, executor::ExecError>(out)
+        })
+        .await
+        .map_err(|e| ClusterError::Internal(e.to_string()))?
+        .map_err(Into::into)
+    }
+
+    async fn scan_changes(
+        &self,
+        changelog_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+        since: u64,
+    ) -> Result<Changes> {
+        let backends = self.holders(changelog_table, key_groups)?;
+        tokio::task::spawn_blocking(move || {
+            let mut out = Changes {
+                horizon: 0,
+                batches: Vec::new(),
+            };
+            for (backend, range) in backends {
+                if let Some(view) = backend.read_view()? {
+                    let part =
+                        changelog::read_changes(&*view, changelog_table, &schema, range, since)?;
+                    out.horizon = out.horizon.max(part.horizon);
+                    out.batches.extend(part.batches);
                 }
             }
             Ok::<_, executor::ExecError>(out)

@@ -36,14 +36,20 @@ pub struct Barrier {
     pub checkpoint_id: u64,
     pub kind: BarrierKind,
     pub mutation: Mutation,
+    /// When the coordinator triggered it (milliseconds since the Unix
+    /// epoch), as Flink's barrier carries: one clock for every subtask, so
+    /// decisions by time (a view's changelog retention) agree across them.
+    pub timestamp_ms: u64,
 }
 
 impl Barrier {
+    /// A checkpoint barrier stamped with this machine's clock.
     pub fn checkpoint(checkpoint_id: u64) -> Self {
         Self {
             checkpoint_id,
             kind: BarrierKind::Checkpoint,
             mutation: Mutation::None,
+            timestamp_ms: (crate::operator::processing_time_us() / 1000).max(0) as u64,
         }
     }
 }

@@ -18,6 +18,17 @@ use crate::message::{Barrier, Watermark};
 pub trait StateReader: Send + Sync {
     /// The committed entries of `table` in `key_groups`.
     fn scan(&self, table: u64, key_groups: Range<u16>) -> Result<Vec<StateEntry>>;
+
+    /// At most `limit` committed entries of `table` in `key_group` from key
+    /// `from` on. Unlike [`StateReader::scan`], also used while the task
+    /// runs, to find what a barrier should delete.
+    fn scan_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>>;
 }
 
 /// What an operator knows about where it runs.

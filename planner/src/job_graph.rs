@@ -208,6 +208,7 @@ mod tests {
             OperatorSpec::Materialize {
                 view_id: 1,
                 state_table: 3,
+                changelog: None,
             },
             agg_parallelism,
             schema(),
@@ -273,6 +274,7 @@ mod tests {
             OperatorSpec::Materialize {
                 view_id: 1,
                 state_table: 3,
+                changelog: None,
             },
             1,
             schema(),

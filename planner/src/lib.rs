@@ -24,5 +24,5 @@ pub mod wire;
 pub use error::{PlanError, Result};
 pub use lower::{
     SinkTarget, StreamPlanOptions, check_deterministic, late_rows_state_table, lower,
-    view_state_table,
+    view_changelog_table, view_state_table,
 };

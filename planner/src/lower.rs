@@ -48,6 +48,9 @@ pub struct StreamPlanOptions {
     pub state_ttl_us: Option<i64>,
     /// A sink's job ends in a Sink node rather than a Materialize node.
     pub sink: Option<SinkTarget>,
+    /// `retain_history`: how long (ms) a view keeps its changelog for
+    /// `SUBSCRIBE`; `None` keeps none.
+    pub retain_history_ms: Option<u64>,
 }
 
 /// Where a sink's job writes (`CREATE SINK`).
@@ -63,6 +66,12 @@ pub struct SinkTarget {
 /// its rows: what `SELECT` reads.
 pub fn view_state_table(view_id: u64) -> u64 {
     view_id << 16
+}
+
+/// Where the Materialize operator of view `view_id` keeps the view's
+/// changes per epoch (`SUBSCRIBE`).
+pub fn view_changelog_table(view_id: u64) -> u64 {
+    view_state_table(view_id) + 0xFFFE
 }
 
 /// Where the `EMIT ON WINDOW CLOSE` aggregate of view `view_id` counts the
@@ -125,6 +134,12 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
             OperatorSpec::Materialize {
                 view_id: opts.view_id,
                 state_table: view_state_table(opts.view_id),
+                changelog: opts
+                    .retain_history_ms
+                    .map(|retain_ms| crate::spec::ChangelogSpec {
+                        table: view_changelog_table(opts.view_id),
+                        retain_ms,
+                    }),
             },
             if p > 1 {
                 whole_row(plan)
@@ -1189,6 +1204,7 @@ mod tests {
             state_ttl_us: None,
             view_id: 5,
             sink: None,
+            retain_history_ms: Some(60_000),
         }
     }
 

@@ -201,8 +201,14 @@ pub enum OperatorSpec {
     },
     /// `UNION ALL` of `inputs` inputs of the same column types.
     Union { inputs: usize },
-    /// Keeps the view's rows (with multiplicities) in state for `SELECT`.
-    Materialize { view_id: u64, state_table: u64 },
+    /// Keeps the view's rows (with multiplicities) in state for `SELECT`,
+    /// and their changes per epoch for `SUBSCRIBE`.
+    Materialize {
+        view_id: u64,
+        state_table: u64,
+        #[serde(default)]
+        changelog: Option<ChangelogSpec>,
+    },
     /// `CREATE SINK`: the job's changes go to a system outside Weir, made
     /// visible there when the checkpoint that covers them completes. Its
     /// state (`state_table`) holds what is prepared but not yet committed.
@@ -280,8 +286,14 @@ impl OperatorSpec {
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }
             | OperatorSpec::TemporalFilter { state_table, .. }
-            | OperatorSpec::Materialize { state_table, .. }
             | OperatorSpec::Sink { state_table, .. } => vec![*state_table],
+            OperatorSpec::Materialize {
+                state_table,
+                changelog,
+                ..
+            } => std::iter::once(*state_table)
+                .chain(changelog.as_ref().map(|c| c.table))
+                .collect(),
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
             | OperatorSpec::Union { .. }
@@ -522,6 +534,15 @@ impl fmt::Display for OperatorSpec {
 
 /// `right.ts ∈ [left.ts - before, left.ts + after]`, as column positions
 /// in each side's rows and microseconds.
+/// A view's changelog (`SUBSCRIBE`): where the Materialize operator keeps
+/// each epoch's changes, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChangelogSpec {
+    pub table: u64,
+    /// `retain_history`, in milliseconds of barrier time.
+    pub retain_ms: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IntervalBounds {
     pub left_time: usize,

@@ -14,6 +14,14 @@ use crate::error::{Result, ServerError};
 use crate::types;
 
 /// A table column.
+/// How long a materialized view keeps its changes unless told otherwise:
+/// long enough for a subscriber to reconnect and resume.
+pub const DEFAULT_RETAIN_HISTORY_MS: u64 = 10 * 60 * 1000;
+
+fn default_retain_history_ms() -> u64 {
+    DEFAULT_RETAIN_HISTORY_MS
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Column {
     pub name: String,
@@ -85,6 +93,10 @@ pub enum Entry {
         /// `streaming_state_ttl` when it was created (microseconds).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state_ttl_us: Option<i64>,
+        /// `WITH (retain_history = …)`: how long the view keeps its
+        /// changes for `SUBSCRIBE` (milliseconds; 0: none).
+        #[serde(default = "default_retain_history_ms")]
+        retain_history_ms: u64,
         depends_on: Vec<u64>,
     },
     /// `CREATE SINK`: a job like a materialized view's, whose changes go

@@ -128,6 +128,16 @@ impl TableProvider for ViewRows {
     }
 }
 
+/// The columns a materialized view's rows were written with: those of its
+/// query after type coercion (a UNION widens its inputs), which the
+/// analyzer applies.
+pub(crate) async fn view_schema(db: &Arc<Database>, sql: &str) -> Result<SchemaRef> {
+    let ctx = context(db, Mode::Batch);
+    let plan = plan_query(&ctx, sql).await?;
+    let plan = ctx.state().optimize(&plan)?;
+    Ok(executor::expr::output_schema(plan.schema()))
+}
+
 /// A fresh DataFusion context.
 pub fn new_context() -> SessionContext {
     let mut config = SessionConfig::new()
@@ -374,19 +384,15 @@ impl CatalogSchema {
                 )));
             }
             Entry::MaterializedView { id, sql, .. } => {
-                let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
                 if self.mode == Mode::Stream {
+                    let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
                     Arc::new(ViewTable::new(plan, Some(sql.clone())))
                 } else {
-                    // The types the view's rows were written with are those
-                    // after type coercion (a UNION widens its inputs), which
-                    // the analyzer applies.
-                    let plan = context(db, self.mode).state().optimize(&plan)?;
                     Arc::new(ViewRows {
                         db: db.clone(),
                         job: *id,
                         state_table: planner::view_state_table(*id),
-                        schema: executor::expr::output_schema(plan.schema()),
+                        schema: Box::pin(view_schema(db, sql)).await?,
                     })
                 }
             }

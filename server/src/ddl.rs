@@ -253,6 +253,44 @@ async fn create_source(
     Ok(QueryResult::command("CREATE SOURCE"))
 }
 
+/// A materialized view's `WITH (retain_history = '10 minutes' | 'off')`.
+fn retain_history_option(options: &CreateTableOptions) -> Result<Option<u64>> {
+    let list = match options {
+        CreateTableOptions::None => return Ok(None),
+        CreateTableOptions::With(list) => list,
+        other => return Err(ServerError::unsupported(format!("view options {other}"))),
+    };
+    let mut retain = None;
+    for option in list {
+        let SqlOption::KeyValue { key, value } = option else {
+            return Err(ServerError::unsupported(format!("view option {option}")));
+        };
+        let name = ident(key);
+        if name != "retain_history" {
+            return Err(ServerError::InvalidParameter(format!(
+                "unrecognized parameter \"{name}\" (materialized views take retain_history)"
+            )));
+        }
+        let text = match value {
+            SqlExpr::Value(v) => v.value.clone().into_string(),
+            _ => None,
+        };
+        let parsed = text
+            .as_deref()
+            .and_then(crate::session::parse_duration_us)
+            .map(|us| us.map_or(0, |us| (us / 1000) as u64));
+        match parsed {
+            Some(ms) => retain = Some(ms),
+            None => {
+                return Err(ServerError::InvalidParameter(format!(
+                    "retain_history takes a duration in quotes ('10 minutes', '1 hour') or 'off', not {value}"
+                )));
+            }
+        }
+    }
+    Ok(retain)
+}
+
 /// `WITH (late_rows = 'name')`, the only table option there is.
 fn late_rows_option(options: &CreateTableOptions) -> Result<Option<String>> {
     let list = match options {
@@ -437,6 +475,8 @@ pub(crate) struct JobOptions {
     pub(crate) state_ttl_us: Option<i64>,
     /// A sink's job ends in the sink.
     pub(crate) sink: Option<planner::SinkTarget>,
+    /// A view's changelog retention (ms; 0: none).
+    pub(crate) retain_history_ms: u64,
 }
 
 impl JobOptions {
@@ -448,6 +488,7 @@ impl JobOptions {
             emit_on_window_close,
             state_ttl_us: session.state_ttl_us,
             sink: None,
+            retain_history_ms: crate::catalog::DEFAULT_RETAIN_HISTORY_MS,
         }
     }
 
@@ -462,6 +503,7 @@ impl JobOptions {
                 checkpoint_mode,
                 emit_on_window_close,
                 state_ttl_us,
+                retain_history_ms,
                 ..
             } => Ok((
                 *id,
@@ -473,6 +515,7 @@ impl JobOptions {
                     emit_on_window_close: *emit_on_window_close,
                     state_ttl_us: *state_ttl_us,
                     sink: None,
+                    retain_history_ms: *retain_history_ms,
                 },
             )),
             Entry::Sink {
@@ -500,6 +543,7 @@ impl JobOptions {
                         connector: connector.clone(),
                         key: key.clone(),
                     }),
+                    retain_history_ms: 0,
                 },
             )),
             _ => Err(ServerError::WrongObjectType(format!(
@@ -540,6 +584,7 @@ pub(crate) async fn job_graph(
             view_id: id,
             state_ttl_us: o.state_ttl_us,
             sink: o.sink.clone(),
+            retain_history_ms: (o.retain_history_ms > 0).then_some(o.retain_history_ms),
         },
     )?;
     for node in &stream.nodes {
@@ -602,7 +647,10 @@ pub async fn create_view(
         })?;
         return Ok(QueryResult::command(tag));
     }
-    let options = JobOptions::of_session(session, emit_on_window_close);
+    let mut options = JobOptions::of_session(session, emit_on_window_close);
+    if let Some(ms) = retain_history_option(&cv.options)? {
+        options.retain_history_ms = ms;
+    }
     let graph = job_graph(db, &sql, id, &options).await?;
     let entry = Entry::MaterializedView {
         id,
@@ -613,6 +661,7 @@ pub async fn create_view(
         checkpoint_mode: options.checkpoint_mode,
         emit_on_window_close,
         state_ttl_us: options.state_ttl_us,
+        retain_history_ms: options.retain_history_ms,
         depends_on,
     };
     start_job(db, entry, graph).await?;

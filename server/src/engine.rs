@@ -17,6 +17,7 @@ use crate::catalog::{Catalog, Entry, table_desc};
 use crate::error::{Result, ServerError};
 use crate::session::Session;
 use crate::stmt::Stmt;
+use crate::subscribe::Subscription;
 use crate::{ddl, dml, query, savepoint};
 
 /// How often table change logs are trimmed.
@@ -33,6 +34,9 @@ pub enum QueryResult {
         tag: String,
         rows: Option<usize>,
     },
+    /// `SUBSCRIBE`: rows sent as they come, for as long as the client
+    /// stays.
+    Subscribe(Box<Subscription>),
 }
 
 impl QueryResult {
@@ -216,6 +220,51 @@ impl Database {
             Stmt::CreateTable { table, options } => match *table {
                 Statement::CreateTable(ct) => ddl::create_table(self, ct, options).await,
                 other => Err(ServerError::Internal(format!("not CREATE TABLE: {other}"))),
+            },
+            Stmt::Subscribe(s) => Ok(QueryResult::Subscribe(Box::new(
+                Subscription::open(self, &s).await?,
+            ))),
+            Stmt::DeclareSubscribe { name, subscribe } => {
+                if session.cursors.contains_key(&name) {
+                    return Err(ServerError::DuplicateCursor(format!(
+                        "cursor \"{name}\" already exists"
+                    )));
+                }
+                let sub = Subscription::open(self, &subscribe).await?;
+                session.cursors.insert(name, sub);
+                Ok(QueryResult::command("DECLARE CURSOR"))
+            }
+            Stmt::Fetch {
+                cursor,
+                count,
+                timeout,
+            } => {
+                let sub = session.cursors.get_mut(&cursor).ok_or_else(|| {
+                    ServerError::InvalidCursorName(format!("cursor \"{cursor}\" does not exist"))
+                })?;
+                let max = count.map_or(usize::MAX, |n| n as usize);
+                let batches = if max == 0 {
+                    Vec::new()
+                } else {
+                    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+                    sub.fetch(max, deadline).await?
+                };
+                Ok(QueryResult::Rows {
+                    schema: sub.schema(),
+                    batches,
+                })
+            }
+            Stmt::Close { cursor: None } => {
+                session.cursors.clear();
+                Ok(QueryResult::command("CLOSE CURSOR ALL"))
+            }
+            Stmt::Close {
+                cursor: Some(cursor),
+            } => match session.cursors.remove(&cursor) {
+                Some(_) => Ok(QueryResult::command("CLOSE CURSOR")),
+                None => Err(ServerError::InvalidCursorName(format!(
+                    "cursor \"{cursor}\" does not exist"
+                ))),
             },
             Stmt::Sql(s) => self.execute_sql(session, *s).await,
         }

@@ -71,6 +71,14 @@ pub enum ServerError {
     InvalidTableDefinition(String),
     #[error("{0}")]
     InvalidObjectDefinition(String),
+    /// What was asked for is no longer, or not yet, there (a view's
+    /// history before its horizon).
+    #[error("{0}")]
+    NotInPrerequisiteState(String),
+    #[error("{0}")]
+    InvalidCursorName(String),
+    #[error("{0}")]
+    DuplicateCursor(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -110,6 +118,9 @@ impl ServerError {
             ServerError::InvalidDatabase(_) => "3D000",
             ServerError::InvalidRole(_) => "28000",
             ServerError::WrongObjectType(_) => "42809",
+            ServerError::NotInPrerequisiteState(_) => "55000",
+            ServerError::InvalidCursorName(_) => "34000",
+            ServerError::DuplicateCursor(_) => "42P03",
             ServerError::Internal(_) => "XX000",
         }
     }
@@ -247,6 +258,12 @@ fn classify_execution(m: &str) -> ServerError {
         ServerError::InvalidText(m.to_string())
     } else {
         ServerError::Internal(m.to_string())
+    }
+}
+
+impl From<datafusion::arrow::error::ArrowError> for ServerError {
+    fn from(e: datafusion::arrow::error::ArrowError) -> Self {
+        DataFusionError::from(e).into()
     }
 }
 

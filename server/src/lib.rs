@@ -17,6 +17,7 @@ pub mod savepoint;
 pub mod session;
 pub mod sinks;
 pub mod stmt;
+pub mod subscribe;
 pub mod system;
 pub mod types;
 pub mod windows;

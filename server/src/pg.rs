@@ -13,7 +13,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
-use futures::{FutureExt, Sink, stream};
+use futures::{FutureExt, Sink, SinkExt, stream};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -23,7 +23,7 @@ use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
 use pgwire::error::{PgWireError, PgWireResult};
-use pgwire::messages::data::DataRow;
+use pgwire::messages::data::{DataRow, RowDescription};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
@@ -33,6 +33,7 @@ use crate::error::{Result, ServerError};
 use crate::params;
 use crate::session::Session;
 use crate::stmt::{self, Stmt};
+use crate::subscribe::Subscription;
 
 /// The user and the database clients connect as.
 pub const USER: &str = "weir";
@@ -52,6 +53,8 @@ pub struct Prepared {
 #[derive(Debug)]
 pub struct Parser {
     db: Arc<Database>,
+    /// The connection's session: `FETCH` is described by its cursor.
+    session: Arc<tokio::sync::Mutex<Session>>,
 }
 
 impl Parser {
@@ -67,6 +70,21 @@ impl Parser {
         };
         let mut param_types = Vec::new();
         let mut schema = None;
+        match &stmt {
+            Stmt::Subscribe(s) => {
+                schema = Some(Subscription::open(&self.db, s).await?.schema());
+            }
+            Stmt::Fetch { cursor, .. } => {
+                schema = self
+                    .session
+                    .lock()
+                    .await
+                    .cursors
+                    .get(cursor)
+                    .map(Subscription::schema);
+            }
+            _ => {}
+        }
         if let Stmt::Sql(s) = &stmt {
             let names = stmt::placeholders(s);
             let planned = match s.as_ref() {
@@ -169,17 +187,22 @@ impl QueryParser for Parser {
 #[derive(Debug)]
 pub struct Connection {
     db: Arc<Database>,
-    session: tokio::sync::Mutex<Session>,
+    session: Arc<tokio::sync::Mutex<Session>>,
     parser: Arc<Parser>,
 }
 
 impl Connection {
     pub fn new(db: Arc<Database>) -> Self {
-        let session = Session::new(db.default_parallelism);
+        let session = Arc::new(tokio::sync::Mutex::new(Session::new(
+            db.default_parallelism,
+        )));
         Self {
-            parser: Arc::new(Parser { db: db.clone() }),
+            parser: Arc::new(Parser {
+                db: db.clone(),
+                session: session.clone(),
+            }),
             db,
-            session: tokio::sync::Mutex::new(session),
+            session,
         }
     }
 
@@ -199,6 +222,40 @@ impl Connection {
                 Err(ServerError::Internal(format!("internal error: {msg}")))
             }
         }
+    }
+}
+
+/// Sends a subscription's rows as they come, each batch flushed at once
+/// (a query response would hold them back until it ends), until the client
+/// goes or the subscription fails.
+async fn stream_subscription<C>(
+    client: &mut C,
+    mut sub: Box<Subscription>,
+    format: &Format,
+    describe: bool,
+) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let fields = Arc::new(fields(&sub.schema(), format)?);
+    if describe {
+        let description = RowDescription::new(fields.iter().map(Into::into).collect());
+        client
+            .send(PgWireBackendMessage::RowDescription(description))
+            .await?;
+    }
+    loop {
+        let batches = sub.fetch(usize::MAX, None).await?;
+        let mut rows = Vec::new();
+        for batch in &batches {
+            encode_rows(&fields, batch, &mut rows);
+        }
+        for row in rows {
+            client.feed(PgWireBackendMessage::DataRow(row?)).await?;
+        }
+        client.flush().await?;
     }
 }
 
@@ -290,6 +347,9 @@ fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
                 stream::iter(rows),
             )))
         }
+        QueryResult::Subscribe(_) => {
+            Err(ServerError::Internal("a subscription is streamed, not answered".into()).into())
+        }
         QueryResult::Command { tag, rows } => {
             let t = match tag.as_str() {
                 "BEGIN" => return Ok(Response::TransactionStart(Tag::new("BEGIN"))),
@@ -338,7 +398,7 @@ impl NoopStartupHandler for Connection {
 
 #[async_trait]
 impl SimpleQueryHandler for Connection {
-    async fn do_query<C>(&self, _client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
@@ -349,9 +409,18 @@ impl SimpleQueryHandler for Connection {
             Ok(s) => s,
             Err(e) => return Ok(vec![Response::Error(Box::new(e.into_error_info()))]),
         };
+        if stmts.len() > 1 && stmts.iter().any(|s| matches!(s, Stmt::Subscribe(_))) {
+            let e = ServerError::unsupported(
+                "SUBSCRIBE with other statements in one query string (send it alone)",
+            );
+            return Ok(vec![Response::Error(Box::new(e.into_error_info()))]);
+        }
         let mut out = Vec::with_capacity(stmts.len());
         for s in stmts {
             match self.run(s).await {
+                Ok(QueryResult::Subscribe(sub)) => {
+                    stream_subscription(client, sub, &Format::UnifiedText, true).await?;
+                }
                 Ok(r) => out.push(to_response(r, &Format::UnifiedText)?),
                 Err(e) => {
                     // Postgres stops at the first failing statement.
@@ -375,7 +444,7 @@ impl ExtendedQueryHandler for Connection {
 
     async fn do_query<C>(
         &self,
-        _client: &mut C,
+        client: &mut C,
         portal: &Portal<Prepared>,
         _max_rows: usize,
     ) -> PgWireResult<Response>
@@ -394,8 +463,13 @@ impl ExtendedQueryHandler for Connection {
             }
             stmt::bind(s, &values)?;
         }
-        let result = self.run(stmt).await?;
-        to_response(result, &portal.result_column_format)
+        match self.run(stmt).await? {
+            QueryResult::Subscribe(sub) => {
+                stream_subscription(client, sub, &portal.result_column_format, false).await?;
+                Ok(Response::EmptyQuery)
+            }
+            result => to_response(result, &portal.result_column_format),
+        }
     }
 }
 

@@ -1,11 +1,12 @@
 //! Per-connection settings.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Result, ServerError};
+use crate::subscribe::Subscription;
 
-/// What `SET` changes for one connection.
-#[derive(Debug, Clone)]
+/// What `SET` changes for one connection, and its cursors.
+#[derive(Debug)]
 pub struct Session {
     /// Parallelism of the stateful operators of views created later.
     pub streaming_parallelism: usize,
@@ -18,6 +19,9 @@ pub struct Session {
     pub state_ttl_us: Option<i64>,
     /// Other settings, kept so that `SHOW` answers what `SET` said.
     pub vars: BTreeMap<String, String>,
+    /// `DECLARE … CURSOR FOR SUBSCRIBE`: open until `CLOSE` or the end of
+    /// the connection (transactions do not close them).
+    pub cursors: HashMap<String, Subscription>,
 }
 
 impl Session {
@@ -44,6 +48,7 @@ impl Session {
             checkpoint_mode: Default::default(),
             state_ttl_us: None,
             vars,
+            cursors: HashMap::new(),
         }
     }
 
@@ -110,7 +115,7 @@ impl Session {
 
 /// `off` or `0` (no TTL), or a number and a unit (`90 s`, `30 min`, `1 hour`,
 /// `2 days`; seconds without one): `Some(None)` or `Some(Some(µs))`.
-fn parse_duration_us(v: &str) -> Option<Option<i64>> {
+pub(crate) fn parse_duration_us(v: &str) -> Option<Option<i64>> {
     let v = v.trim().to_lowercase();
     if v == "off" || v == "0" {
         return Some(None);

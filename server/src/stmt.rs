@@ -87,6 +87,36 @@ pub enum Stmt {
         table: Box<Statement>,
         options: TableOptions,
     },
+    /// `SUBSCRIBE …`: the view's changes, streamed until the client goes.
+    Subscribe(Subscribe),
+    /// `DECLARE name [NO SCROLL] CURSOR [WITH[OUT] HOLD] FOR SUBSCRIBE …`.
+    DeclareSubscribe {
+        name: String,
+        subscribe: Subscribe,
+    },
+    /// `FETCH [FORWARD] [n | NEXT | ALL] [FROM | IN] cursor [WITH (timeout
+    /// = '…')]` (Materialize's timeout).
+    Fetch {
+        cursor: String,
+        /// `None`: ALL.
+        count: Option<u64>,
+        timeout: Option<std::time::Duration>,
+    },
+    /// `CLOSE name | ALL`.
+    Close {
+        cursor: Option<String>,
+    },
+}
+
+/// `SUBSCRIBE [TO] view [SINCE epoch] [WITH (progress [= true])]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscribe {
+    pub view: String,
+    /// Resume: the changes of the epochs after this one, without a
+    /// snapshot. `None`: the view's rows first, then its changes.
+    pub since: Option<u64>,
+    /// Also a row for every epoch that completes, changes or not.
+    pub progress: bool,
 }
 
 /// What `CREATE STREAM` and the clauses Postgres lacks add to a table.
@@ -226,6 +256,22 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             parser.next_token();
             parser.next_token();
             set_parallelism(&mut parser, "ALTER SINK")?
+        } else if is_word(&a, "subscribe") {
+            parser.next_token();
+            Stmt::Subscribe(subscribe(&mut parser)?)
+        } else if is_word(&a, "declare") {
+            declare(&mut parser)?
+        } else if is_word(&a, "fetch") {
+            parser.next_token();
+            fetch(&mut parser)?
+        } else if is_word(&a, "close") {
+            parser.next_token();
+            let cursor = if parser.parse_keyword(Keyword::ALL) {
+                None
+            } else {
+                Some(ident(&parser.parse_identifier()?))
+            };
+            Stmt::Close { cursor }
         } else if is_word(&a, "create") || is_word(&a, "explain") {
             emit_on_window_close(&mut parser)?
         } else if is_word(&a, "select") || is_word(&a, "with") || a == Token::LParen {
@@ -672,6 +718,211 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
 }
 
 /// Consumes `words`, or fails with a syntax error at the first other token.
+/// After `SUBSCRIBE`: `[TO] view [SINCE epoch] [WITH (…)]`.
+fn subscribe(parser: &mut Parser<'_>) -> Result<Subscribe> {
+    if is_word(&parser.peek_token().token, "to") {
+        parser.next_token();
+    }
+    if parser.peek_token().token == Token::LParen {
+        return Err(ServerError::unsupported(
+            "SUBSCRIBE to a query (subscribe to a materialized view)",
+        ));
+    }
+    let view = object_name(&parser.parse_object_name(false)?)?;
+    let mut since = None;
+    if is_word(&parser.peek_token().token, "since") {
+        parser.next_token();
+        since = Some(parser.parse_literal_uint()?);
+    }
+    let mut progress = false;
+    if parser.parse_keyword(Keyword::WITH) {
+        for (name, value) in paren_options(parser)? {
+            match name.as_str() {
+                "progress" => {
+                    progress = match value.as_deref().map(str::to_lowercase).as_deref() {
+                        None | Some("true") | Some("on") => true,
+                        Some("false") | Some("off") => false,
+                        Some(v) => {
+                            return Err(ServerError::InvalidParameter(format!(
+                                "progress takes true or false, not {v}"
+                            )));
+                        }
+                    }
+                }
+                other => {
+                    return Err(ServerError::InvalidParameter(format!(
+                        "unrecognized SUBSCRIBE option \"{other}\" (SUBSCRIBE takes progress)"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(Subscribe {
+        view,
+        since,
+        progress,
+    })
+}
+
+/// `(name [= value], …)`: the values as written (quotes taken off).
+fn paren_options(parser: &mut Parser<'_>) -> Result<Vec<(String, Option<String>)>> {
+    parser.expect_token(&Token::LParen)?;
+    let mut out = Vec::new();
+    loop {
+        let name = ident(&parser.parse_identifier()?);
+        let value = if parser.consume_token(&Token::Eq) {
+            Some(match parser.next_token().token {
+                Token::SingleQuotedString(v) => v,
+                Token::Number(v, _) => v,
+                Token::Word(w) => w.value,
+                t => {
+                    return Err(ServerError::Syntax(format!(
+                        "syntax error at or near \"{t}\": expected a value for {name}"
+                    )));
+                }
+            })
+        } else {
+            None
+        };
+        out.push((name, value));
+        if !parser.consume_token(&Token::Comma) {
+            break;
+        }
+    }
+    parser.expect_token(&Token::RParen)?;
+    Ok(out)
+}
+
+/// `DECLARE name … CURSOR … FOR SUBSCRIBE …`; any other `DECLARE` goes to
+/// sqlparser.
+fn declare(parser: &mut Parser<'_>) -> Result<Stmt> {
+    let tokens = statement_tokens(parser);
+    let words: Vec<&Token> = tokens
+        .iter()
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .collect();
+    let for_subscribe = words
+        .windows(2)
+        .position(|w| is_word(w[0], "for") && is_word(w[1], "subscribe"));
+    let Some(at) = for_subscribe else {
+        return Ok(Stmt::Sql(Box::new(parse_tokens(tokens)?)));
+    };
+    let head = &words[..at];
+    let name = match head.get(1) {
+        Some(Token::Word(w)) => {
+            if w.quote_style.is_some() {
+                w.value.clone()
+            } else {
+                w.value.to_lowercase()
+            }
+        }
+        _ => return Err(ServerError::Syntax("DECLARE needs a cursor name".into())),
+    };
+    if !head.iter().any(|t| is_word(t, "cursor")) {
+        return Err(ServerError::Syntax(
+            "syntax error in DECLARE: expected CURSOR".into(),
+        ));
+    }
+    if head.iter().any(|t| is_word(t, "binary")) {
+        return Err(ServerError::unsupported("BINARY cursors"));
+    }
+    if head.iter().any(|t| is_word(t, "scroll"))
+        && !head
+            .windows(2)
+            .any(|w| is_word(w[0], "no") && is_word(w[1], "scroll"))
+    {
+        return Err(ServerError::unsupported(
+            "SCROLL cursors over SUBSCRIBE (a subscription only moves forward)",
+        ));
+    }
+    let tail: Vec<Token> = words[at + 2..].iter().map(|t| (*t).clone()).collect();
+    let mut sub = Parser::new(&PostgreSqlDialect {}).with_tokens(tail);
+    let subscribe = subscribe(&mut sub)?;
+    let next = sub.peek_token().token;
+    if next != Token::EOF {
+        return Err(ServerError::Syntax(format!(
+            "syntax error at or near \"{next}\""
+        )));
+    }
+    Ok(Stmt::DeclareSubscribe { name, subscribe })
+}
+
+/// After `FETCH`: `[FORWARD] [n | NEXT | ALL] [FROM | IN] cursor [WITH
+/// (timeout = '…')]`.
+fn fetch(parser: &mut Parser<'_>) -> Result<Stmt> {
+    if is_word(&parser.peek_token().token, "forward") {
+        parser.next_token();
+    }
+    let mut count = Some(1);
+    match parser.peek_token().token {
+        Token::Number(n, _) => {
+            parser.next_token();
+            count =
+                Some(n.parse::<u64>().map_err(|_| {
+                    ServerError::Syntax(format!("FETCH takes a row count, not {n}"))
+                })?);
+        }
+        ref t if is_word(t, "all") => {
+            parser.next_token();
+            count = None;
+        }
+        ref t if is_word(t, "next") => {
+            parser.next_token();
+        }
+        ref t
+            if ["prior", "first", "last", "absolute", "relative", "backward"]
+                .iter()
+                .any(|w| is_word(t, w)) =>
+        {
+            return Err(ServerError::unsupported(format!(
+                "FETCH {t} (cursors here only move forward)"
+            )));
+        }
+        _ => {}
+    }
+    let t = parser.peek_token().token;
+    if is_word(&t, "from") || is_word(&t, "in") {
+        parser.next_token();
+    }
+    let cursor = ident(&parser.parse_identifier()?);
+    let mut timeout = None;
+    if parser.parse_keyword(Keyword::WITH) {
+        for (name, value) in paren_options(parser)? {
+            if name != "timeout" {
+                return Err(ServerError::InvalidParameter(format!(
+                    "unrecognized FETCH option \"{name}\" (FETCH takes timeout)"
+                )));
+            }
+            let us = value.as_deref().and_then(parse_timeout_us).ok_or_else(|| {
+                ServerError::InvalidParameter(format!(
+                    "timeout takes a duration ('1s', '500ms', '0'), not {}",
+                    value.unwrap_or_default()
+                ))
+            })?;
+            timeout = Some(std::time::Duration::from_micros(us));
+        }
+    }
+    Ok(Stmt::Fetch {
+        cursor,
+        count,
+        timeout,
+    })
+}
+
+/// `0`, `500ms`, `2s`, `1 minute`: microseconds.
+fn parse_timeout_us(v: &str) -> Option<u64> {
+    let v = v.trim().to_lowercase();
+    if let Some(ms) = v.strip_suffix("ms") {
+        return ms.trim().parse::<u64>().ok()?.checked_mul(1000);
+    }
+    if v == "0" {
+        return Some(0);
+    }
+    crate::session::parse_duration_us(&v)
+        .flatten()
+        .map(|us| us as u64)
+}
+
 fn expect_words(parser: &mut Parser<'_>, words: &[&str]) -> Result<()> {
     for w in words {
         let t = parser.next_token().token;

@@ -302,6 +302,16 @@ impl StateScan for KeyedStateBackend {
     fn scan_state(&self, table: u64, key_groups: std::ops::Range<u16>) -> Result<Vec<StateEntry>> {
         self.kv()?.scan_state(table, key_groups)
     }
+
+    fn scan_state_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        self.kv()?.scan_state_from(table, key_group, from, limit)
+    }
 }
 
 impl Drop for KeyedStateBackend {

@@ -28,6 +28,16 @@ pub struct StateEntry {
 pub trait StateScan {
     /// The entries of `table` in `key_groups`, in key order.
     fn scan_state(&self, table: u64, key_groups: std::ops::Range<u16>) -> Result<Vec<StateEntry>>;
+
+    /// At most `limit` entries of `table` in one key group, in key order,
+    /// from key `from` on: a page of a range that may be large.
+    fn scan_state_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>>;
 }
 
 impl KvStore {
@@ -68,6 +78,29 @@ impl StateScan for KvStore {
             })
             .collect())
     }
+
+    fn scan_state_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        let start = keys::state_key(table, key_group, from);
+        let (_, end) = keys::state_range(table, key_group..key_group + 1);
+        Ok(self
+            .scan(&start, &end, limit)?
+            .into_iter()
+            .map(|(k, v)| {
+                let (key_group, key) = keys::split_state_key(&k);
+                StateEntry {
+                    key_group,
+                    key: key.to_vec(),
+                    value: v,
+                }
+            })
+            .collect())
+    }
 }
 
 #[cfg(test)]
@@ -95,7 +128,18 @@ mod tests {
         .unwrap();
         assert_eq!(kv.scan_state(7, 0..128).unwrap().len(), 2);
         assert_eq!(kv.scan_state(7, 64..128).unwrap()[0].key, b"b");
-        kv.write_state(vec![w(7, 3, "a", None)]).unwrap();
+        kv.write_state(vec![w(7, 3, "c", Some("2")), w(7, 4, "d", Some("3"))])
+            .unwrap();
+        let page = kv.scan_state_from(7, 3, b"b", 10).unwrap();
+        assert_eq!(page.len(), 1, "from b in key group 3: only c");
+        assert_eq!(page[0].key, b"c");
+        assert_eq!(kv.scan_state_from(7, 3, b"", 1).unwrap()[0].key, b"a");
+        kv.write_state(vec![
+            w(7, 3, "a", None),
+            w(7, 3, "c", None),
+            w(7, 4, "d", None),
+        ])
+        .unwrap();
         assert_eq!(kv.scan_state(7, 0..64).unwrap().len(), 0);
     }
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
+use executor::operators::changelog::Changes;
 use executor::task::{CheckpointAck, TableLog, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
@@ -316,6 +317,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
             schema: super::batch_to_ipc(RecordBatch::new_empty(schema))?,
             key_group_start: key_groups.start as u32,
             key_group_end: key_groups.end as u32,
+            since: 0,
         };
         let mut parts = self
             .client()
@@ -326,6 +328,39 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         let mut out = Vec::new();
         while let Some(part) = parts.message().await.map_err(rpc)? {
             out.push(super::batch_from_ipc(&part.batch)?);
+        }
+        Ok(out)
+    }
+
+    async fn scan_changes(
+        &self,
+        changelog_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+        since: u64,
+    ) -> Result<Changes> {
+        let request = pb::ScanRequest {
+            state_table: changelog_table,
+            schema: super::batch_to_ipc(RecordBatch::new_empty(schema))?,
+            key_group_start: key_groups.start as u32,
+            key_group_end: key_groups.end as u32,
+            since,
+        };
+        let mut parts = self
+            .client()
+            .scan_changes(request)
+            .await
+            .map_err(rpc)?
+            .into_inner();
+        let mut out = Changes {
+            horizon: 0,
+            batches: Vec::new(),
+        };
+        while let Some(part) = parts.message().await.map_err(rpc)? {
+            out.horizon = out.horizon.max(part.horizon);
+            if !part.batch.is_empty() {
+                out.batches.push(super::batch_from_ipc(&part.batch)?);
+            }
         }
         Ok(out)
     }

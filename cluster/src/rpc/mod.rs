@@ -180,6 +180,7 @@ impl From<Barrier> for pb::Barrier {
                 Mutation::Pause => 2,
                 Mutation::Resume => 3,
             },
+            timestamp_ms: b.timestamp_ms,
         }
     }
 }
@@ -199,6 +200,7 @@ impl From<pb::Barrier> for Barrier {
                 3 => Mutation::Resume,
                 _ => Mutation::None,
             },
+            timestamp_ms: b.timestamp_ms,
         }
     }
 }

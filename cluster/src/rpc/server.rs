@@ -448,7 +448,46 @@ impl TaskExecutorService for TaskManagerServices {
         tokio::spawn(async move {
             for b in batches {
                 let part = super::batch_to_ipc(b)
-                    .map(|batch| pb::ScanPart { batch })
+                    .map(|batch| pb::ScanPart { batch, horizon: 0 })
+                    .map_err(status);
+                if tx.send(part).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream_of(rx)))
+    }
+
+    type ScanChangesStream = RpcStream<pb::ScanPart>;
+
+    async fn scan_changes(
+        &self,
+        request: Request<pb::ScanRequest>,
+    ) -> Result<Response<Self::ScanChangesStream>, Status> {
+        let r = request.into_inner();
+        let schema = super::batch_from_ipc(&r.schema).map_err(status)?.schema();
+        let changes = self
+            .te
+            .scan_changes(
+                r.state_table,
+                schema,
+                r.key_group_start as u16..r.key_group_end as u16,
+                r.since,
+            )
+            .await
+            .map_err(status)?;
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let first = pb::ScanPart {
+                batch: Vec::new(),
+                horizon: changes.horizon,
+            };
+            if tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            for b in changes.batches {
+                let part = super::batch_to_ipc(b)
+                    .map(|batch| pb::ScanPart { batch, horizon: 0 })
                     .map_err(status);
                 if tx.send(part).await.is_err() {
                     return;

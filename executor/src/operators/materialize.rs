@@ -1,7 +1,8 @@
 //! Materialize: the last operator of every view's job. It keeps the view's
 //! rows as a multiset (row → count) and writes the changed rows at every
 //! checkpoint; the committed state table *is* the view that `SELECT` reads
-//! (see [`read_view`]).
+//! (see [`read_view`]). With a changelog it also records each row's net
+//! change per checkpoint epoch, for `SUBSCRIBE` (see [`super::changelog`]).
 
 use std::collections::HashMap;
 
@@ -13,6 +14,7 @@ use storage::chunk::Chunk;
 use storage::codec::RowCodec;
 use storage::state::{StateEntry, StateScan, StateWrite};
 
+use super::changelog::{Change, Changelog};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{Result, expr};
@@ -22,7 +24,9 @@ pub struct Materialize {
     state_table: u64,
     /// Row → (key group, count).
     rows: HashMap<Vec<u8>, (u16, i64)>,
-    dirty: HashMap<Vec<u8>, u16>,
+    /// Rows changed since the last barrier → (key group, count then).
+    dirty: HashMap<Vec<u8>, (u16, i64)>,
+    changelog: Option<Changelog>,
 }
 
 fn codec_for(schema: &SchemaRef) -> Result<RowCodec> {
@@ -36,12 +40,13 @@ fn codec_for(schema: &SchemaRef) -> Result<RowCodec> {
 }
 
 impl Materialize {
-    pub fn new(schema: &DFSchema, state_table: u64) -> Result<Self> {
+    pub fn new(schema: &DFSchema, state_table: u64, changelog: Option<Changelog>) -> Result<Self> {
         Ok(Self {
             codec: codec_for(&expr::output_schema(schema))?,
             state_table,
             rows: HashMap::new(),
             dirty: HashMap::new(),
+            changelog,
         })
     }
 }
@@ -52,10 +57,15 @@ impl Operator for Materialize {
     }
 
     fn tables(&self) -> Vec<u64> {
-        vec![self.state_table]
+        let mut tables = vec![self.state_table];
+        tables.extend(self.changelog.as_ref().map(Changelog::table));
+        tables
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        if let Some(log) = &mut self.changelog {
+            log.start(ctx);
+        }
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             let count = i64::from_be_bytes(
                 e.value
@@ -75,6 +85,7 @@ impl Operator for Materialize {
         for (r, row) in encoded.into_iter().enumerate() {
             let sign = chunk.op(r).sign();
             let entry = self.rows.entry(row.clone()).or_insert((key_groups[r], 0));
+            let before = entry.1;
             entry.1 += sign;
             // A count may dip below zero for a while: a row's insert and
             // delete can come from different upstream subtasks, in either
@@ -83,24 +94,31 @@ impl Operator for Materialize {
             if entry.1 == 0 {
                 self.rows.remove(&row);
             }
-            self.dirty.insert(row, key_groups[r]);
+            self.dirty.entry(row).or_insert((key_groups[r], before));
         }
         Ok(())
     }
 
-    fn handle_checkpoint(
-        &mut self,
-        _barrier: &Barrier,
-        writes: &mut Vec<StateWrite>,
-    ) -> Result<()> {
-        for (key, key_group) in self.dirty.drain() {
-            let value = self.rows.get(&key).map(|(_, c)| c.to_be_bytes().to_vec());
+    fn handle_checkpoint(&mut self, barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
+        let mut changes = Vec::new();
+        for (key, (key_group, before)) in self.dirty.drain() {
+            let now = self.rows.get(&key).map(|(_, c)| *c);
+            if self.changelog.is_some() && now.unwrap_or(0) != before {
+                changes.push(Change {
+                    key_group,
+                    row: key.clone(),
+                    diff: now.unwrap_or(0) - before,
+                });
+            }
             writes.push(StateWrite {
                 table: self.state_table,
                 key_group,
                 key,
-                value,
+                value: now.map(|c| c.to_be_bytes().to_vec()),
             });
+        }
+        if let Some(log) = &mut self.changelog {
+            log.checkpoint(barrier, changes, writes)?;
         }
         Ok(())
     }
@@ -156,7 +174,7 @@ mod tests {
     #[test]
     fn keeps_a_multiset_and_writes_only_changed_rows() {
         let schema = int_schema(&["a"]);
-        let mut m = Materialize::new(&schema, 9).unwrap();
+        let mut m = Materialize::new(&schema, 9, None).unwrap();
         feed(&mut m, &[Op::Insert, Op::Insert, Op::Insert], &[1, 1, 2]);
         let mut writes = vec![];
         m.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
@@ -174,7 +192,7 @@ mod tests {
         // Restore from the committed writes and read the view back.
         writes.extend(more);
         let state = Arc::new(MemState(std::sync::Mutex::new(writes.clone())));
-        let mut restored = Materialize::new(&schema, 9).unwrap();
+        let mut restored = Materialize::new(&schema, 9, None).unwrap();
         restored.on_start(&ctx(state), &mut vec![]).unwrap();
         assert_eq!(
             restored.rows.values().map(|(_, c)| *c).collect::<Vec<_>>(),
@@ -193,5 +211,40 @@ mod tests {
         .unwrap();
         let n: usize = batches.iter().map(|b| b.num_rows()).sum();
         assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn the_changelog_holds_each_epochs_net_change_per_row() {
+        let schema = int_schema(&["a"]);
+        let mut m = Materialize::new(&schema, 9, Some(Changelog::new(10, 60_000))).unwrap();
+        m.on_start(&ctx(Arc::new(MemState::default())), &mut vec![])
+            .unwrap();
+        feed(&mut m, &[Op::Insert, Op::Insert, Op::Insert], &[1, 1, 2]);
+        let mut writes = vec![];
+        m.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        let diffs = |writes: &[StateWrite]| -> Vec<(u64, i64)> {
+            let mut d: Vec<(u64, i64)> = writes
+                .iter()
+                .filter(|w| w.table == 10)
+                .map(|w| {
+                    let v = w.value.as_ref().unwrap();
+                    (
+                        u64::from_be_bytes(w.key[..8].try_into().unwrap()),
+                        i64::from_be_bytes(v[8..16].try_into().unwrap()),
+                    )
+                })
+                .collect();
+            d.sort();
+            d
+        };
+        assert_eq!(diffs(&writes), vec![(1, 1), (1, 2)]);
+        // Row 3 comes and goes within the epoch: no change for it.
+        feed(&mut m, &[Op::Insert, Op::Delete, Op::Delete], &[3, 3, 1]);
+        let mut more = vec![];
+        m.handle_checkpoint(&Barrier::checkpoint(2), &mut more)
+            .unwrap();
+        assert_eq!(diffs(&more), vec![(2, -1)]);
+        assert_eq!(m.tables(), vec![9, 10]);
     }
 }

@@ -2,6 +2,7 @@
 //! operator for one subtask.
 
 mod accumulator;
+pub mod changelog;
 pub mod connector_source;
 mod event_time;
 mod expand;
@@ -79,9 +80,17 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             sets,
             input_schema,
         } => Box::new(Expand::new(group_exprs, sets, input_schema, &node.schema)?),
-        OperatorSpec::Materialize { state_table, .. } => {
-            Box::new(Materialize::new(&node.schema, *state_table)?)
-        }
+        OperatorSpec::Materialize {
+            state_table,
+            changelog,
+            ..
+        } => Box::new(Materialize::new(
+            &node.schema,
+            *state_table,
+            changelog
+                .as_ref()
+                .map(|c| changelog::Changelog::new(c.table, c.retain_ms)),
+        )?),
         OperatorSpec::TableSource { .. } | OperatorSpec::ConnectorSource { .. } => {
             return Err(ExecError::Protocol(
                 "a source is a task head, not a chained operator".into(),
@@ -184,6 +193,19 @@ pub(crate) mod test_util {
                     })
                 })
                 .collect())
+        }
+
+        fn scan_from(
+            &self,
+            table: u64,
+            key_group: u16,
+            from: &[u8],
+            limit: usize,
+        ) -> crate::Result<Vec<StateEntry>> {
+            let mut all = self.scan(table, key_group..key_group + 1)?;
+            all.retain(|e| e.key.as_slice() >= from);
+            all.truncate(limit);
+            Ok(all)
         }
     }
 
