@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// nexmark: events in all (persons, auctions and bids).
     #[arg(long, default_value_t = 1_000_000)]
     events: u64,
+    /// nexmark: the view's `retain_history` ('off' keeps no changelog;
+    /// default: the server's).
+    #[arg(long)]
+    retain_history: Option<String>,
 }
 
 /// The Nexmark queries and sources, as tested: the bench runs exactly
@@ -68,7 +72,12 @@ fn nexmark_statements() -> Vec<String> {
 /// `events` events in `splits` splits per source, generated as fast as
 /// they can be (the benchmark's own event rate, 10,000 per second of
 /// event time).
-fn nexmark_setup(query: &str, events: u64, splits: usize) -> Result<Vec<String>, String> {
+fn nexmark_setup(
+    query: &str,
+    events: u64,
+    splits: usize,
+    retain_history: Option<&str>,
+) -> Result<Vec<String>, String> {
     let statements = nexmark_statements();
     let view = format!("CREATE VIEW {query}_batch AS\n");
     let sql = statements
@@ -97,7 +106,10 @@ fn nexmark_setup(query: &str, events: u64, splits: usize) -> Result<Vec<String>,
             out.push(s.clone());
         }
     }
-    out.push(format!("CREATE MATERIALIZED VIEW {query} AS {sql}"));
+    let with = retain_history
+        .map(|r| format!(" WITH (retain_history = '{}')", r.replace('\'', "''")))
+        .unwrap_or_default();
+    out.push(format!("CREATE MATERIALIZED VIEW {query}{with} AS {sql}"));
     Ok(out)
 }
 
@@ -108,7 +120,12 @@ async fn run_nexmark(
     session: &mut Session,
     args: &BenchArgs,
 ) -> Result<(), String> {
-    let mut setup = nexmark_setup(&args.query, args.events, args.parallelism)?;
+    let mut setup = nexmark_setup(
+        &args.query,
+        args.events,
+        args.parallelism,
+        args.retain_history.as_deref(),
+    )?;
     let create = setup.pop().unwrap_or_default();
     for s in &setup {
         run_sql(db, session, s).await?;

@@ -35,8 +35,11 @@ pub enum QueryResult {
         rows: Option<usize>,
     },
     /// `SUBSCRIBE`: rows sent as they come, for as long as the client
-    /// stays.
-    Subscribe(Box<Subscription>),
+    /// stays (with `copy`, as `COPY … TO STDOUT` data).
+    Subscribe {
+        sub: Box<Subscription>,
+        copy: bool,
+    },
 }
 
 impl QueryResult {
@@ -221,9 +224,10 @@ impl Database {
                 Statement::CreateTable(ct) => ddl::create_table(self, ct, options).await,
                 other => Err(ServerError::Internal(format!("not CREATE TABLE: {other}"))),
             },
-            Stmt::Subscribe(s) => Ok(QueryResult::Subscribe(Box::new(
-                Subscription::open(self, &s).await?,
-            ))),
+            Stmt::Subscribe { subscribe, copy } => Ok(QueryResult::Subscribe {
+                sub: Box::new(Subscription::open(self, &subscribe).await?),
+                copy,
+            }),
             Stmt::DeclareSubscribe { name, subscribe } => {
                 if session.cursors.contains_key(&name) {
                     return Err(ServerError::DuplicateCursor(format!(

@@ -23,6 +23,7 @@ use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
 use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::copy::{CopyData, CopyOutResponse};
 use pgwire::messages::data::{DataRow, RowDescription};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
@@ -71,8 +72,11 @@ impl Parser {
         let mut param_types = Vec::new();
         let mut schema = None;
         match &stmt {
-            Stmt::Subscribe(s) => {
-                schema = Some(Subscription::open(&self.db, s).await?.schema());
+            Stmt::Subscribe {
+                subscribe,
+                copy: false,
+            } => {
+                schema = Some(Subscription::open(&self.db, subscribe).await?.schema());
             }
             Stmt::Fetch { cursor, .. } => {
                 schema = self
@@ -227,20 +231,29 @@ impl Connection {
 
 /// Sends a subscription's rows as they come, each batch flushed at once
 /// (a query response would hold them back until it ends), until the client
-/// goes or the subscription fails.
+/// goes or the subscription fails. With `copy`, as COPY's text format
+/// (`COPY (SUBSCRIBE …) TO STDOUT`).
 async fn stream_subscription<C>(
     client: &mut C,
     mut sub: Box<Subscription>,
     format: &Format,
     describe: bool,
+    copy: bool,
 ) -> PgWireResult<()>
 where
     C: Sink<PgWireBackendMessage> + Unpin + Send,
     C::Error: Debug,
     PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
 {
+    let format = if copy { &Format::UnifiedText } else { format };
     let fields = Arc::new(fields(&sub.schema(), format)?);
-    if describe {
+    if copy {
+        let n = fields.len();
+        let start = CopyOutResponse::new(0, n as i16, vec![0; n]);
+        client
+            .send(PgWireBackendMessage::CopyOutResponse(start))
+            .await?;
+    } else if describe {
         let description = RowDescription::new(fields.iter().map(Into::into).collect());
         client
             .send(PgWireBackendMessage::RowDescription(description))
@@ -253,10 +266,50 @@ where
             encode_rows(&fields, batch, &mut rows);
         }
         for row in rows {
-            client.feed(PgWireBackendMessage::DataRow(row?)).await?;
+            let row = row?;
+            let message = if copy {
+                PgWireBackendMessage::CopyData(CopyData::new(copy_text(&row).into()))
+            } else {
+                PgWireBackendMessage::DataRow(row)
+            };
+            client.feed(message).await?;
         }
         client.flush().await?;
     }
+}
+
+/// A text-format row as a line of COPY's text format: tab-separated,
+/// `\N` for NULL, backslash escapes.
+fn copy_text(row: &DataRow) -> Vec<u8> {
+    let mut out = Vec::with_capacity(row.data.len() + 1);
+    let mut data = &row.data[..];
+    for i in 0..row.field_count {
+        if i > 0 {
+            out.push(b'\t');
+        }
+        let Some((len, rest)) = data.split_first_chunk::<4>() else {
+            break;
+        };
+        let len = i32::from_be_bytes(*len);
+        data = rest;
+        if len < 0 {
+            out.extend_from_slice(b"\\N");
+            continue;
+        }
+        let (value, rest) = data.split_at((len as usize).min(data.len()));
+        data = rest;
+        for &b in value {
+            match b {
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'\t' => out.extend_from_slice(b"\\t"),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b => out.push(b),
+            }
+        }
+    }
+    out.push(b'\n');
+    out
 }
 
 /// Encodes a batch's rows. NULLs are written here rather than left to
@@ -347,7 +400,7 @@ fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
                 stream::iter(rows),
             )))
         }
-        QueryResult::Subscribe(_) => {
+        QueryResult::Subscribe { .. } => {
             Err(ServerError::Internal("a subscription is streamed, not answered".into()).into())
         }
         QueryResult::Command { tag, rows } => {
@@ -409,7 +462,7 @@ impl SimpleQueryHandler for Connection {
             Ok(s) => s,
             Err(e) => return Ok(vec![Response::Error(Box::new(e.into_error_info()))]),
         };
-        if stmts.len() > 1 && stmts.iter().any(|s| matches!(s, Stmt::Subscribe(_))) {
+        if stmts.len() > 1 && stmts.iter().any(|s| matches!(s, Stmt::Subscribe { .. })) {
             let e = ServerError::unsupported(
                 "SUBSCRIBE with other statements in one query string (send it alone)",
             );
@@ -418,8 +471,8 @@ impl SimpleQueryHandler for Connection {
         let mut out = Vec::with_capacity(stmts.len());
         for s in stmts {
             match self.run(s).await {
-                Ok(QueryResult::Subscribe(sub)) => {
-                    stream_subscription(client, sub, &Format::UnifiedText, true).await?;
+                Ok(QueryResult::Subscribe { sub, copy }) => {
+                    stream_subscription(client, sub, &Format::UnifiedText, true, copy).await?;
                 }
                 Ok(r) => out.push(to_response(r, &Format::UnifiedText)?),
                 Err(e) => {
@@ -464,8 +517,9 @@ impl ExtendedQueryHandler for Connection {
             stmt::bind(s, &values)?;
         }
         match self.run(stmt).await? {
-            QueryResult::Subscribe(sub) => {
-                stream_subscription(client, sub, &portal.result_column_format, false).await?;
+            QueryResult::Subscribe { sub, copy } => {
+                let format = &portal.result_column_format;
+                stream_subscription(client, sub, format, false, copy).await?;
                 Ok(Response::EmptyQuery)
             }
             result => to_response(result, &portal.result_column_format),
@@ -512,5 +566,39 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int32Array, StringArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn copy_text_escapes_and_writes_nulls() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int32, true),
+            Field::new("b", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int32Array::from(vec![Some(1), None])),
+                Arc::new(StringArray::from(vec![
+                    Some("tab\there\\ and\nline"),
+                    Some("x"),
+                ])),
+            ],
+        )
+        .unwrap();
+        let fields = Arc::new(fields(&schema, &Format::UnifiedText).unwrap());
+        let mut rows = Vec::new();
+        encode_rows(&fields, &batch, &mut rows);
+        let lines: Vec<String> = rows
+            .into_iter()
+            .map(|r| String::from_utf8(copy_text(&r.unwrap())).unwrap())
+            .collect();
+        assert_eq!(lines, vec!["1\ttab\\there\\\\ and\\nline\n", "\\N\tx\n"]);
     }
 }

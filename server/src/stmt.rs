@@ -87,8 +87,13 @@ pub enum Stmt {
         table: Box<Statement>,
         options: TableOptions,
     },
-    /// `SUBSCRIBE …`: the view's changes, streamed until the client goes.
-    Subscribe(Subscribe),
+    /// `SUBSCRIBE …`: the view's changes, streamed until the client goes;
+    /// with `copy`, written as `COPY (SUBSCRIBE …) TO STDOUT` (text rows of
+    /// the COPY protocol, which psql prints as they come).
+    Subscribe {
+        subscribe: Subscribe,
+        copy: bool,
+    },
     /// `DECLARE name [NO SCROLL] CURSOR [WITH[OUT] HOLD] FOR SUBSCRIBE …`.
     DeclareSubscribe {
         name: String,
@@ -258,7 +263,27 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             set_parallelism(&mut parser, "ALTER SINK")?
         } else if is_word(&a, "subscribe") {
             parser.next_token();
-            Stmt::Subscribe(subscribe(&mut parser)?)
+            Stmt::Subscribe {
+                subscribe: subscribe(&mut parser)?,
+                copy: false,
+            }
+        } else if is_word(&a, "copy") && b == Token::LParen && is_word(&c, "subscribe") {
+            for _ in 0..3 {
+                parser.next_token();
+            }
+            let subscribe = subscribe(&mut parser)?;
+            parser.expect_token(&Token::RParen)?;
+            expect_words(&mut parser, &["to", "stdout"])?;
+            let next = parser.peek_token().token;
+            if !matches!(next, Token::SemiColon | Token::EOF) {
+                return Err(ServerError::unsupported(format!(
+                    "COPY (SUBSCRIBE …) TO STDOUT {next} … (options: the rows are COPY's text format)"
+                )));
+            }
+            Stmt::Subscribe {
+                subscribe,
+                copy: true,
+            }
         } else if is_word(&a, "declare") {
             declare(&mut parser)?
         } else if is_word(&a, "fetch") {
@@ -1220,5 +1245,44 @@ mod tests {
         );
         bind(&mut s, &values).unwrap();
         assert_eq!(s.to_string(), "SELECT * FROM t WHERE a = 'x' AND b = 1");
+    }
+
+    #[test]
+    fn subscribe_declare_fetch_and_close() {
+        let s = parse(
+            "SUBSCRIBE TO v; COPY (SUBSCRIBE v SINCE 7) TO STDOUT; \
+             DECLARE \"C\" NO SCROLL CURSOR WITH HOLD FOR SUBSCRIBE v WITH (progress = true); \
+             FETCH FORWARD 10 FROM \"C\" WITH (timeout = '250ms'); FETCH c; FETCH ALL IN c; CLOSE ALL",
+        )
+        .unwrap();
+        let v = |since, progress| Subscribe {
+            view: "v".into(),
+            since,
+            progress,
+        };
+        assert!(
+            matches!(&s[0], Stmt::Subscribe { subscribe, copy: false } if *subscribe == v(None, false))
+        );
+        assert!(
+            matches!(&s[1], Stmt::Subscribe { subscribe, copy: true } if *subscribe == v(Some(7), false))
+        );
+        assert!(
+            matches!(&s[2], Stmt::DeclareSubscribe { name, subscribe } if name == "C" && *subscribe == v(None, true))
+        );
+        assert!(matches!(
+            &s[3],
+            Stmt::Fetch { cursor, count: Some(10), timeout: Some(t) }
+                if cursor == "C" && *t == std::time::Duration::from_millis(250)
+        ));
+        assert!(matches!(
+            &s[4],
+            Stmt::Fetch {
+                count: Some(1),
+                timeout: None,
+                ..
+            }
+        ));
+        assert!(matches!(&s[5], Stmt::Fetch { count: None, .. }));
+        assert!(matches!(&s[6], Stmt::Close { cursor: None }));
     }
 }

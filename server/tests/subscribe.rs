@@ -252,6 +252,50 @@ async fn subscribe_streams_rows_as_they_come() {
     );
 }
 
+/// psql prints `COPY (SUBSCRIBE …) TO STDOUT` rows as they come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_follows_a_view_with_copy() {
+    use std::io::{BufRead, BufReader};
+    let server = Server::start();
+    let writer = server.client().await;
+    rows(
+        &writer,
+        "CREATE TABLE w (id int, note text);
+         INSERT INTO w VALUES (1, 'a\tb');
+         CREATE MATERIALIZED VIEW wv AS SELECT id, note FROM w;",
+    )
+    .await;
+    // psql's stdout is line-buffered on a terminal, block-buffered on a
+    // pipe: stdbuf gives the test what a terminal user sees.
+    let mut psql = std::process::Command::new("stdbuf")
+        .args([
+            "-o0",
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port.to_string(),
+        ])
+        .args(["-U", "weir", "-d", "weir", "-X", "-c"])
+        .arg("COPY (SUBSCRIBE wv) TO STDOUT")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql is installed by scripts/test (postgresql-client)");
+    let mut lines = BufReader::new(psql.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let fields: Vec<&str> = first.split('\t').collect();
+    assert_eq!(fields[1..], ["insert", "1", "a\\tb"], "{first}");
+    rows(&writer, "INSERT INTO w VALUES (2, NULL)").await;
+    let second = tokio::task::spawn_blocking(move || lines.next().unwrap().unwrap())
+        .await
+        .unwrap();
+    let fields: Vec<&str> = second.split('\t').collect();
+    assert_eq!(fields[1..], ["insert", "2", "\\N"], "{second}");
+    assert!(fields[0].parse::<u64>().unwrap() > first.split('\t').next().unwrap().parse().unwrap());
+    let _ = psql.kill();
+    let _ = psql.wait();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_errors() {
     let server = Server::start();
@@ -282,6 +326,13 @@ async fn subscribe_errors() {
     )
     .await;
     expect_error(&c, "SUBSCRIBE short; SELECT 1", "0A000", "send it alone").await;
+    expect_error(
+        &c,
+        "COPY (SUBSCRIBE short) TO STDOUT WITH (FORMAT csv)",
+        "0A000",
+        "COPY (SUBSCRIBE …) TO STDOUT",
+    )
+    .await;
     expect_error(
         &c,
         "FETCH ALL nope",
