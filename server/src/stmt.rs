@@ -940,8 +940,12 @@ fn parse_timeout_us(v: &str) -> Option<u64> {
     if let Some(ms) = v.strip_suffix("ms") {
         return ms.trim().parse::<u64>().ok()?.checked_mul(1000);
     }
-    if v == "0" {
-        return Some(0);
+    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    if digits > 0 && v[..digits].bytes().all(|b| b == b'0') {
+        // `0`, `0s`, `0 seconds`: do not wait (the unit must still be one).
+        return crate::session::parse_duration_us(&format!("1{}", &v[digits..]))
+            .flatten()
+            .map(|_| 0);
     }
     crate::session::parse_duration_us(&v)
         .flatten()
@@ -1252,7 +1256,7 @@ mod tests {
         let s = parse(
             "SUBSCRIBE TO v; COPY (SUBSCRIBE v SINCE 7) TO STDOUT; \
              DECLARE \"C\" NO SCROLL CURSOR WITH HOLD FOR SUBSCRIBE v WITH (progress = true); \
-             FETCH FORWARD 10 FROM \"C\" WITH (timeout = '250ms'); FETCH c; FETCH ALL IN c; CLOSE ALL",
+             FETCH FORWARD 10 FROM \"C\" WITH (timeout = '250ms'); FETCH c WITH (timeout = '0s'); FETCH ALL IN c; CLOSE ALL",
         )
         .unwrap();
         let v = |since, progress| Subscribe {
@@ -1278,9 +1282,9 @@ mod tests {
             &s[4],
             Stmt::Fetch {
                 count: Some(1),
-                timeout: None,
+                timeout: Some(t),
                 ..
-            }
+            } if t.is_zero()
         ));
         assert!(matches!(&s[5], Stmt::Fetch { count: None, .. }));
         assert!(matches!(&s[6], Stmt::Close { cursor: None }));
