@@ -1264,7 +1264,13 @@ mod tests {
         assert!(matches!(g.edges[1].partitioner, Partitioner::Hash { .. }));
         assert_eq!(
             g.state_tables(),
-            vec![(5 << 16) + 1, (5 << 16) + 3, 5 << 16]
+            vec![
+                (5 << 16) + 1,
+                (5 << 16) + 3,
+                5 << 16,
+                view_changelog_table(5)
+            ],
+            "the view's rows, then its changelog"
         );
     }
 

@@ -639,6 +639,12 @@ pub async fn create_view(
                 "EMIT ON WINDOW CLOSE ends a CREATE MATERIALIZED VIEW only".into(),
             ));
         }
+        if !matches!(cv.options, CreateTableOptions::None) {
+            return Err(ServerError::unsupported(format!(
+                "options of a view ({}); materialized views take retain_history",
+                cv.options
+            )));
+        }
         db.catalog.add(Entry::View {
             id,
             name,

@@ -360,6 +360,13 @@ async fn subscribe_errors() {
     .await;
     expect_error(
         &c,
+        "CREATE VIEW bad WITH (retain_history = '1 hour') AS SELECT a FROM t",
+        "0A000",
+        "options of a view",
+    )
+    .await;
+    expect_error(
+        &c,
         "CREATE MATERIALIZED VIEW bad WITH (colour = 'red') AS SELECT a FROM t",
         "22023",
         "colour",
