@@ -253,78 +253,69 @@ async fn create_source(
     Ok(QueryResult::command("CREATE SOURCE"))
 }
 
-/// A materialized view's `WITH (retain_history = '10 minutes' | 'off')`.
-fn retain_history_option(options: &CreateTableOptions) -> Result<Option<u64>> {
+/// The value of option `name` in `WITH (…)`, the only option a `kind`
+/// ("table", "materialized view") takes; any other is refused.
+fn only_option<'a>(
+    options: &'a CreateTableOptions,
+    kind: &str,
+    name: &str,
+) -> Result<Option<&'a SqlExpr>> {
     let list = match options {
         CreateTableOptions::None => return Ok(None),
         CreateTableOptions::With(list) => list,
-        other => return Err(ServerError::unsupported(format!("view options {other}"))),
+        other => return Err(ServerError::unsupported(format!("{kind} options {other}"))),
     };
-    let mut retain = None;
+    let mut found = None;
     for option in list {
         let SqlOption::KeyValue { key, value } = option else {
-            return Err(ServerError::unsupported(format!("view option {option}")));
+            return Err(ServerError::unsupported(format!("{kind} option {option}")));
         };
-        let name = ident(key);
-        if name != "retain_history" {
+        let key = ident(key);
+        if key != name {
             return Err(ServerError::InvalidParameter(format!(
-                "unrecognized parameter \"{name}\" (materialized views take retain_history)"
+                "unrecognized parameter \"{key}\" ({kind}s take {name})"
             )));
         }
-        let text = match value {
-            SqlExpr::Value(v) => v.value.clone().into_string(),
-            _ => None,
-        };
-        let parsed = text
-            .as_deref()
-            .and_then(crate::session::parse_duration_us)
-            .map(|us| us.map_or(0, |us| (us / 1000) as u64));
-        match parsed {
-            Some(ms) => retain = Some(ms),
-            None => {
-                return Err(ServerError::InvalidParameter(format!(
-                    "retain_history takes a duration in quotes ('10 minutes', '1 hour') or 'off', not {value}"
-                )));
-            }
-        }
+        found = Some(value);
     }
-    Ok(retain)
+    Ok(found)
+}
+
+/// A string literal's text.
+fn quoted(value: &SqlExpr) -> Option<String> {
+    match value {
+        SqlExpr::Value(v) => v.value.clone().into_string(),
+        _ => None,
+    }
+}
+
+/// A materialized view's `WITH (retain_history = '10 minutes' | 'off')`,
+/// in milliseconds (0: off).
+fn retain_history_option(options: &CreateTableOptions) -> Result<Option<u64>> {
+    let Some(value) = only_option(options, "materialized view", "retain_history")? else {
+        return Ok(None);
+    };
+    quoted(value)
+        .as_deref()
+        .and_then(crate::session::parse_duration_us)
+        .map(|us| Some(us.map_or(0, |us| (us / 1000) as u64)))
+        .ok_or_else(|| {
+            ServerError::InvalidParameter(format!(
+                "retain_history takes a duration in quotes ('10 minutes', '1 hour') or 'off', not {value}"
+            ))
+        })
 }
 
 /// `WITH (late_rows = 'name')`, the only table option there is.
 fn late_rows_option(options: &CreateTableOptions) -> Result<Option<String>> {
-    let list = match options {
-        CreateTableOptions::None => return Ok(None),
-        CreateTableOptions::With(list) => list,
-        other => return Err(ServerError::unsupported(format!("table options {other}"))),
+    let Some(value) = only_option(options, "table", "late_rows")? else {
+        return Ok(None);
     };
-    let mut late = None;
-    for option in list {
-        let SqlOption::KeyValue { key, value } = option else {
-            return Err(ServerError::unsupported(format!("table option {option}")));
-        };
-        match ident(key).as_str() {
-            "late_rows" => {
-                let SqlExpr::Value(v) = value else {
-                    return Err(ServerError::InvalidParameter(format!(
-                        "late_rows takes a stream name in quotes, not {value}"
-                    )));
-                };
-                let Some(name) = v.value.clone().into_string() else {
-                    return Err(ServerError::InvalidParameter(format!(
-                        "late_rows takes a stream name in quotes, not {value}"
-                    )));
-                };
-                late = Some(name);
-            }
-            other => {
-                return Err(ServerError::InvalidParameter(format!(
-                    "unrecognized parameter \"{other}\" (tables take late_rows)"
-                )));
-            }
-        }
-    }
-    Ok(late)
+    quoted(value).map(Some).ok_or_else(|| {
+        ServerError::InvalidParameter(format!(
+            "late_rows takes a stream name in quotes, not {value}"
+        ))
+    })
 }
 
 /// A column's `DEFAULT` as an expression of the column's type: a constant

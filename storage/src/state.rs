@@ -62,21 +62,25 @@ impl KvStore {
     }
 }
 
+/// Raw state keys and values as entries.
+fn entries(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<StateEntry> {
+    pairs
+        .into_iter()
+        .map(|(k, v)| {
+            let (key_group, key) = keys::split_state_key(&k);
+            StateEntry {
+                key_group,
+                key: key.to_vec(),
+                value: v,
+            }
+        })
+        .collect()
+}
+
 impl StateScan for KvStore {
     fn scan_state(&self, table: u64, key_groups: std::ops::Range<u16>) -> Result<Vec<StateEntry>> {
         let (from, to) = keys::state_range(table, key_groups);
-        Ok(self
-            .scan(&from, &to, usize::MAX)?
-            .into_iter()
-            .map(|(k, v)| {
-                let (key_group, key) = keys::split_state_key(&k);
-                StateEntry {
-                    key_group,
-                    key: key.to_vec(),
-                    value: v,
-                }
-            })
-            .collect())
+        Ok(entries(self.scan(&from, &to, usize::MAX)?))
     }
 
     fn scan_state_from(
@@ -88,18 +92,7 @@ impl StateScan for KvStore {
     ) -> Result<Vec<StateEntry>> {
         let start = keys::state_key(table, key_group, from);
         let (_, end) = keys::state_range(table, key_group..key_group + 1);
-        Ok(self
-            .scan(&start, &end, limit)?
-            .into_iter()
-            .map(|(k, v)| {
-                let (key_group, key) = keys::split_state_key(&k);
-                StateEntry {
-                    key_group,
-                    key: key.to_vec(),
-                    value: v,
-                }
-            })
-            .collect())
+        Ok(entries(self.scan(&start, &end, limit)?))
     }
 }
 
