@@ -7,7 +7,8 @@
 //! * `I name` → id counters
 //! * `R table row-key` → a table row
 //! * `L table seq` → a table change-log entry (Arrow IPC)
-//! * `S table` → the table's next hidden row id
+//! * `S table` → the table's last log sequence number and next hidden row id
+//! * `W table writer` → the last checkpoint an ingesting writer applied
 //!
 //! A subtask's state backend:
 //! * `s table key-group key` → operator state
@@ -17,6 +18,7 @@ pub const COUNTER: u8 = b'I';
 pub const TABLE_ROW: u8 = b'R';
 pub const TABLE_LOG: u8 = b'L';
 pub const TABLE_ROW_ID: u8 = b'S';
+pub const TABLE_INGEST: u8 = b'W';
 pub const STATE: u8 = b's';
 
 /// Flink's default maximum parallelism: the number of key groups.

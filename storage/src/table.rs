@@ -9,7 +9,7 @@
 //! the rows and the log position they correspond to, from one RocksDB
 //! snapshot — the starting point of a backfill.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
 use datafusion::arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
@@ -17,8 +17,9 @@ use datafusion::arrow::datatypes::SchemaRef;
 use tokio::sync::watch;
 
 use crate::chunk::Chunk;
+use crate::chunk::Op;
 use crate::codec::RowCodec;
-use crate::keys::{self, TABLE_LOG, TABLE_ROW, TABLE_ROW_ID};
+use crate::keys::{self, TABLE_INGEST, TABLE_LOG, TABLE_ROW, TABLE_ROW_ID};
 use crate::kv::KvWrite;
 use crate::{KvStore, Result, StorageError};
 
@@ -52,6 +53,8 @@ struct TableHandle {
     row_codec: RowCodec,
     writer: Mutex<Counters>,
     seq: watch::Sender<u64>,
+    /// The last checkpoint each ingesting writer applied.
+    ingested: watch::Sender<BTreeMap<u32, u64>>,
 }
 
 impl TableHandle {
@@ -64,6 +67,19 @@ impl TableHandle {
             .collect();
         self.key_codec.encode(&cols)
     }
+}
+
+/// What [`TableStore::ingest`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ingested {
+    /// The log sequence number of the changes; `None` when they changed
+    /// nothing.
+    pub seq: Option<u64>,
+    /// The writer had applied this checkpoint already: nothing was done.
+    pub duplicate: bool,
+    /// Rows dropped because a column that takes no NULL (a key column)
+    /// was NULL.
+    pub null_rows: usize,
 }
 
 /// All tables of the database.
@@ -125,7 +141,21 @@ impl TableStore {
             }
             None => (0, 1),
         };
+        let (from, to) = keys::id_range(TABLE_INGEST, desc.id);
+        let mut ingested = BTreeMap::new();
+        for (k, v) in self.kv.scan(&from, &to, usize::MAX)? {
+            let writer = k.get(9..13).and_then(|b| b.try_into().ok());
+            let checkpoint = v.as_slice().try_into().ok();
+            let (Some(w), Some(c)) = (writer, checkpoint) else {
+                return Err(StorageError::Corrupt(format!(
+                    "ingest marker of table {}",
+                    desc.id
+                )));
+            };
+            ingested.insert(u32::from_be_bytes(w), u64::from_be_bytes(c));
+        }
         let handle = TableHandle {
+            ingested: watch::channel(ingested).0,
             key_codec: RowCodec::new(key_types)?,
             row_codec: RowCodec::new(row_types)?,
             writer: Mutex::new(Counters {
@@ -148,7 +178,7 @@ impl TableStore {
 
     /// Deletes a table's rows, log and counters.
     pub fn drop_table(&self, id: u64) -> Result<()> {
-        for tag in [TABLE_ROW, TABLE_LOG] {
+        for tag in [TABLE_ROW, TABLE_LOG, TABLE_INGEST] {
             let (from, to) = keys::id_range(tag, id);
             self.kv.delete_range(&from, &to, false)?;
         }
@@ -220,6 +250,175 @@ impl TableStore {
             h.seq.send_replace(*seq);
         }
         Ok(seqs)
+    }
+
+    /// Applies what a connector read into a table (`CREATE TABLE … WITH
+    /// (connector = …)`), as the commit of `writer`'s `checkpoint`: once,
+    /// however often it is called (the marker of the last checkpoint each
+    /// writer applied is written with the rows).
+    ///
+    /// The changes are *upserts*, not checked like a statement's: a row
+    /// replaces the row of its key, if any; a retraction removes the row
+    /// of its key, whatever its other columns, or does nothing. A table
+    /// without a key takes inserts only (each gets a hidden row id).
+    /// Rows with a NULL in a column that takes none are dropped.
+    pub fn ingest(
+        &self,
+        id: u64,
+        writer: u32,
+        checkpoint: u64,
+        changes: &Chunk,
+    ) -> Result<Ingested> {
+        let h = self.handle(id)?;
+        let mut counters = h
+            .writer
+            .lock()
+            .map_err(|_| StorageError::Internal("poisoned".into()))?;
+        let marker = keys::with_id_and(TABLE_INGEST, id, &writer.to_be_bytes());
+        if let Some(v) = self.kv.get(&marker)? {
+            let done = v
+                .as_slice()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| StorageError::Corrupt(format!("ingest marker of table {id}")))?;
+            if done >= checkpoint {
+                return Ok(Ingested {
+                    duplicate: true,
+                    ..Default::default()
+                });
+            }
+        }
+        let data = changes.data();
+        let schema = &h.desc.schema;
+        let user_columns = schema.fields().len() - usize::from(h.desc.row_id);
+        if data.num_columns() != user_columns {
+            return Err(StorageError::Internal(format!(
+                "{} columns ingested into table \"{}\" of {user_columns}",
+                data.num_columns(),
+                h.desc.name
+            )));
+        }
+        // A row that adds needs every NOT NULL column; a retraction only
+        // its key (a deletion may name nothing else).
+        let mut keep: Vec<bool> = vec![true; data.num_rows()];
+        for (i, field) in schema.fields().iter().take(user_columns).enumerate() {
+            let col = data.column(i);
+            if !field.is_nullable() && col.null_count() > 0 {
+                let key = h.desc.key_columns.contains(&i);
+                for (r, k) in keep.iter_mut().enumerate() {
+                    if col.is_null(r) && (key || changes.op(r).sign() > 0) {
+                        *k = false;
+                    }
+                }
+            }
+        }
+        let null_rows = keep.iter().filter(|k| !**k).count();
+        let mut writes: Vec<KvWrite> = Vec::new();
+        let mut next_row_id = counters.next_row_id;
+        let log: Option<Chunk> = if h.desc.row_id {
+            // No key to find an earlier row by: inserts only.
+            let mask: datafusion::arrow::array::BooleanArray = keep
+                .iter()
+                .enumerate()
+                .map(|(r, k)| Some(*k && changes.op(r).sign() > 0))
+                .collect();
+            let rows = datafusion::arrow::compute::filter_record_batch(data, &mask)?;
+            let n = rows.num_rows() as i64;
+            let ids: ArrayRef =
+                Arc::new(Int64Array::from_iter_values(next_row_id..next_row_id + n));
+            next_row_id += n;
+            let mut columns = rows.columns().to_vec();
+            columns.push(ids);
+            let stored = RecordBatch::try_new(schema.clone(), columns)?;
+            for (key, row) in h
+                .keys_of(&stored)?
+                .into_iter()
+                .zip(h.row_codec.encode(stored.columns())?)
+            {
+                writes.push((keys::with_id_and(TABLE_ROW, id, &key), Some(row)));
+            }
+            (n > 0).then(|| Chunk::inserts(stored))
+        } else {
+            let row_keys = h.keys_of(data)?;
+            let rows = h.row_codec.encode(data.columns())?;
+            // The row each touched key has now, over what is stored.
+            let mut overlay: HashMap<&[u8], Option<&[u8]>> = HashMap::new();
+            let mut stored: HashMap<&[u8], Option<Vec<u8>>> = HashMap::new();
+            let mut out: Vec<(Op, Vec<u8>)> = Vec::new();
+            for r in (0..data.num_rows()).filter(|r| keep[*r]) {
+                let key = row_keys[r].as_slice();
+                let current: Option<Vec<u8>> = match overlay.get(key) {
+                    Some(v) => v.map(<[u8]>::to_vec),
+                    None => {
+                        let v = self.kv.get(&keys::with_id_and(TABLE_ROW, id, key))?;
+                        stored.insert(key, v.clone());
+                        v
+                    }
+                };
+                if changes.op(r).sign() > 0 {
+                    if current.as_deref() == Some(rows[r].as_slice()) {
+                        continue;
+                    }
+                    match current {
+                        Some(old) => {
+                            out.push((Op::UpdateDelete, old));
+                            out.push((Op::UpdateInsert, rows[r].clone()));
+                        }
+                        None => out.push((Op::Insert, rows[r].clone())),
+                    }
+                    overlay.insert(key, Some(rows[r].as_slice()));
+                } else if let Some(old) = current {
+                    out.push((Op::Delete, old));
+                    overlay.insert(key, None);
+                }
+            }
+            for (key, now) in &overlay {
+                if stored.get(key).and_then(|v| v.as_deref()) != *now {
+                    writes.push((
+                        keys::with_id_and(TABLE_ROW, id, key),
+                        now.map(<[u8]>::to_vec),
+                    ));
+                }
+            }
+            if out.is_empty() {
+                None
+            } else {
+                let ops: Vec<Op> = out.iter().map(|(op, _)| *op).collect();
+                let batch = h
+                    .row_codec
+                    .decode_batch(schema, out.iter().map(|(_, row)| row.as_slice()))?;
+                Some(Chunk::with_ops(&ops, batch))
+            }
+        };
+        let seq = match &log {
+            Some(chunk) => {
+                let seq = counters.last_seq + 1;
+                writes.push((
+                    keys::with_id_and(TABLE_LOG, id, &seq.to_be_bytes()),
+                    Some(chunk.to_ipc()?),
+                ));
+                seq
+            }
+            None => counters.last_seq,
+        };
+        let mut c = seq.to_be_bytes().to_vec();
+        c.extend_from_slice(&next_row_id.to_be_bytes());
+        writes.push((counters_key(id), Some(c)));
+        writes.push((marker, Some(checkpoint.to_be_bytes().to_vec())));
+        self.kv.write(writes, true)?;
+        counters.next_row_id = next_row_id;
+        h.ingested.send_modify(|m| {
+            m.insert(writer, checkpoint);
+        });
+        if log.is_some() {
+            counters.last_seq = seq;
+            h.seq.send_replace(seq);
+        }
+        Ok(Ingested {
+            seq: log.is_some().then_some(seq),
+            duplicate: false,
+            null_rows,
+        })
     }
 
     /// Checks one table's changes and adds their writes (rows, log entry,
@@ -367,6 +566,11 @@ impl TableStore {
         Ok(self.handle(id)?.seq.subscribe())
     }
 
+    /// Follows the last checkpoint each writer of `ingest` applied.
+    pub fn ingested(&self, id: u64) -> Result<watch::Receiver<BTreeMap<u32, u64>>> {
+        Ok(self.handle(id)?.ingested.subscribe())
+    }
+
     pub fn last_seq(&self, id: u64) -> Result<u64> {
         Ok(*self.handle(id)?.seq.borrow())
     }
@@ -463,5 +667,125 @@ mod tests {
         assert_eq!(s.last_seq(1).unwrap(), 2, "nothing logged");
         let gone = Chunk::with_ops(&[Op::Delete], rows(&s, vec![2], vec!["x"]));
         assert!(s.apply(1, &gone).is_err(), "a row that never was");
+    }
+
+    #[test]
+    fn ingest_upserts_by_key_once_per_checkpoint() {
+        let (_d, s) = store();
+        s.apply(1, &Chunk::inserts(rows(&s, vec![1], vec!["a"])))
+            .unwrap();
+        // Key 1 replaced, key 2 inserted then deleted by key alone, key 3
+        // inserted twice (the second wins), key 4 deleted though absent.
+        let c = Chunk::with_ops(
+            &[
+                Op::Insert,
+                Op::Insert,
+                Op::Delete,
+                Op::Insert,
+                Op::Insert,
+                Op::Delete,
+            ],
+            rows(
+                &s,
+                vec![1, 2, 2, 3, 3, 4],
+                vec!["b", "x", "?", "c", "d", "?"],
+            ),
+        );
+        let done = s.ingest(1, 0, 5, &c).unwrap();
+        assert_eq!(done.seq, Some(2));
+        let log = s.read_log(1, 1, 10).unwrap();
+        let ops: Vec<Op> = (0..log[0].1.num_rows()).map(|r| log[0].1.op(r)).collect();
+        use Op::*;
+        assert_eq!(
+            ops,
+            vec![
+                UpdateDelete,
+                UpdateInsert,
+                Insert,
+                Delete,
+                Insert,
+                UpdateDelete,
+                UpdateInsert
+            ]
+        );
+        let (batches, _) = s.snapshot(1).unwrap();
+        let v = batches[0]
+            .column(1)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!((v.value(0), v.value(1)), ("b", "d"));
+        assert_eq!(batches[0].num_rows(), 2);
+        // The same checkpoint again, or an older one: nothing.
+        assert!(s.ingest(1, 0, 5, &c).unwrap().duplicate);
+        assert!(s.ingest(1, 0, 4, &c).unwrap().duplicate);
+        // Another writer's checkpoint 5 is its own; rows that change
+        // nothing log nothing.
+        let same = Chunk::inserts(rows(&s, vec![1], vec!["b"]));
+        let done = s.ingest(1, 1, 5, &same).unwrap();
+        assert_eq!((done.seq, done.duplicate), (None, false));
+        assert_eq!(s.last_seq(1).unwrap(), 2);
+        // A NULL key drops its row, not the others. (What a connector
+        // reads is nullable throughout.)
+        let nullable: Vec<Field> = s
+            .desc(1)
+            .unwrap()
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let nulls = Chunk::inserts(
+            RecordBatch::try_new(
+                Arc::new(Schema::new(nullable)),
+                vec![
+                    Arc::new(Int64Array::from(vec![None, Some(7)])),
+                    Arc::new(StringArray::from(vec!["n", "g"])),
+                ],
+            )
+            .unwrap(),
+        );
+        let done = s.ingest(1, 0, 6, &nulls).unwrap();
+        assert_eq!((done.seq, done.null_rows), (Some(3), 1));
+    }
+
+    #[test]
+    fn ingest_into_a_table_without_key_numbers_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Arc::new(KvStore::open(dir.path(), 1 << 20).unwrap());
+        let s = TableStore::new(kv.clone());
+        let user = Schema::new(vec![Field::new("v", DataType::Utf8, true)]);
+        let stored = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Utf8, true),
+            Field::new(ROW_ID_COLUMN, DataType::Int64, false),
+        ]));
+        let desc = TableDesc {
+            id: 2,
+            name: "plain".into(),
+            schema: stored,
+            key_columns: vec![1],
+            row_id: true,
+        };
+        s.open_table(desc.clone()).unwrap();
+        let batch = RecordBatch::try_new(
+            Arc::new(user),
+            vec![Arc::new(StringArray::from(vec!["a", "a", "b"]))],
+        )
+        .unwrap();
+        s.ingest(2, 0, 1, &Chunk::inserts(batch.clone())).unwrap();
+        s.ingest(2, 0, 2, &Chunk::inserts(batch)).unwrap();
+        let (batches, seq) = s.snapshot(2).unwrap();
+        assert_eq!(seq, 2);
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 6);
+        // The counters and markers survive a reopen.
+        let again = TableStore::new(kv);
+        again.open_table(desc).unwrap();
+        assert_eq!(again.allocate_row_ids(2, 1).unwrap(), 7);
+        assert!(
+            again
+                .ingest(2, 0, 2, &Chunk::inserts(batches[0].project(&[0]).unwrap()))
+                .unwrap()
+                .duplicate
+        );
     }
 }
