@@ -103,9 +103,10 @@ pub trait TaskReporter: Send + Sync {
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>);
 }
 
-/// How a source task reads a table's rows and change log. The tables live
-/// with the catalog on the JobManager; a TaskManager in the same process
-/// reads them directly, one elsewhere over RPC.
+/// How a source task reads a table's rows and change log, and how the job
+/// of a table that reads a connector writes into it. The tables live with
+/// the catalog on the JobManager; a TaskManager in the same process reaches
+/// them directly, one elsewhere over RPC.
 #[async_trait]
 pub trait TableLog: Send + Sync {
     /// The table's last log sequence number, now and whenever it grows.
@@ -114,6 +115,16 @@ pub trait TableLog: Send + Sync {
     async fn snapshot(&self, table: u64) -> Result<(Vec<RecordBatch>, u64)>;
     /// Up to `max` log entries after sequence number `after`.
     async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>>;
+    /// Applies what a connector read, as writer `writer`'s commit of
+    /// `checkpoint`: once, however often it is asked (see
+    /// `storage::table::TableStore::ingest`).
+    async fn ingest(
+        &self,
+        table: u64,
+        writer: u32,
+        checkpoint: u64,
+        changes: &Chunk,
+    ) -> Result<storage::table::Ingested>;
 }
 
 /// Opens the consuming end of a channel whose producer runs in another
@@ -259,7 +270,12 @@ pub fn build_task(
             let schema = Arc::new(node.schema.as_arrow().clone());
             (
                 rest,
-                Some(CommittingSink::new(&node.spec, schema, subtask)?),
+                Some(CommittingSink::new(
+                    &node.spec,
+                    schema,
+                    subtask,
+                    &env.tables,
+                )?),
             )
         }
         _ => (chain_nodes, None),
@@ -425,7 +441,10 @@ impl StreamTask {
                         source.barrier_emitted(barrier.checkpoint_id);
                         self.checkpoint(barrier, writes, Vec::new(), Default::default(), behind).await?;
                     }
-                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => {
+                        source.committed(id);
+                        self.commit(id).await?
+                    }
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
                 },
                 fetched = source.next() => {

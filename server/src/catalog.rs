@@ -41,6 +41,16 @@ pub struct WatermarkDef {
     pub expr: String,
 }
 
+/// The job of a table that reads a connector (`CREATE TABLE … WITH
+/// (connector = …)`): the connector's rows, applied to the table at each
+/// completed checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ingest {
+    pub connector: planner::spec::ConnectorSpec,
+    /// The job's parallelism when the table was created.
+    pub parallelism: usize,
+}
+
 /// One catalog object.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -62,6 +72,9 @@ pub enum Entry {
         /// that arrive behind the watermark, instead of this one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         late_rows: Option<u64>,
+        /// `WITH (connector = …)`: what the table's own job reads into it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ingest: Option<Ingest>,
     },
     View {
         id: u64,

@@ -36,6 +36,7 @@ pub(crate) fn already_exists(name: &str) -> ServerError {
 /// `CREATE TABLE` and `CREATE STREAM`.
 pub async fn create_table(
     db: &Arc<Database>,
+    session: &Session,
     ct: CreateTable,
     options: TableOptions,
 ) -> Result<QueryResult> {
@@ -161,6 +162,30 @@ pub async fn create_table(
     if let Some(connector) = options.source {
         return create_source(db, name, columns, watermark, connector).await;
     }
+    if let Some(connector) = options.connector {
+        let mut columns = columns;
+        crate::ingest::include_columns(&connector, &mut columns)?;
+        crate::ingest::check(&name, &connector, &primary_key, options.append_only)?;
+        return create_connector_table(
+            db,
+            Entry::Table {
+                id: 0,
+                name,
+                columns,
+                primary_key,
+                stream: options.stream,
+                append_only: options.append_only,
+                watermark,
+                late_rows: None,
+                ingest: Some(crate::catalog::Ingest {
+                    connector,
+                    parallelism: session.streaming_parallelism,
+                }),
+            },
+            tag,
+        )
+        .await;
+    }
     let late_rows = match late_rows_option(&ct.table_options)? {
         Some(late) => {
             if watermark.is_none() || !options.append_only {
@@ -181,6 +206,7 @@ pub async fn create_table(
                 append_only: true,
                 watermark: None,
                 late_rows: None,
+                ingest: None,
             };
             let desc = table_desc(&entry)?;
             let id = entry.id();
@@ -199,10 +225,44 @@ pub async fn create_table(
         append_only: options.append_only,
         watermark,
         late_rows,
+        ingest: None,
     };
     let desc = table_desc(&entry)?;
     db.catalog.add(entry)?;
     db.cluster.tables.open_table(desc)?;
+    Ok(QueryResult::command(tag))
+}
+
+/// `CREATE TABLE … WITH (connector = …)`: the connector checks its
+/// options and the columns, then the table is created and its job started.
+async fn create_connector_table(
+    db: &Arc<Database>,
+    mut entry: Entry,
+    tag: &str,
+) -> Result<QueryResult> {
+    let Entry::Table {
+        id,
+        columns,
+        ingest: Some(ingest),
+        ..
+    } = &mut entry
+    else {
+        return Err(ServerError::Internal("not a connector table".into()));
+    };
+    executor::connectors::complete(&mut ingest.connector);
+    executor::connectors::source(&ingest.connector, &crate::catalog::source_schema(columns)?)?
+        .splits()
+        .await?;
+    *id = db.catalog.allocate_id()?;
+    let desc = table_desc(&entry)?;
+    db.catalog.add(entry.clone())?;
+    db.cluster.tables.open_table(desc)?;
+    if let Err(e) = crate::ingest::start(db, &entry).await {
+        db.catalog.remove(&[entry.id()])?;
+        crate::ingest::stop(db, &entry).await?;
+        db.cluster.tables.drop_table(entry.id())?;
+        return Err(e);
+    }
     Ok(QueryResult::command(tag))
 }
 
@@ -215,28 +275,14 @@ async fn create_source(
     watermark: Option<WatermarkDef>,
     mut connector: planner::spec::ConnectorSpec,
 ) -> Result<QueryResult> {
-    if let Some(c) = columns.iter().find(|c| c.default.is_some()) {
-        return Err(ServerError::unsupported(format!(
-            "DEFAULT on a source column (\"{}\")",
-            c.name
-        )));
+    if connector.connector == "postgres-cdc" {
+        return Err(ServerError::unsupported(
+            "CREATE SOURCE with connector postgres-cdc (create a table: CREATE TABLE … \
+             (…, PRIMARY KEY (…)) WITH (connector = 'postgres-cdc', …))",
+        ));
     }
     let mut columns = columns;
-    for inc in &connector.include {
-        let sql_type = executor::connectors::include_type(&connector.connector, &inc.what)?;
-        if columns.iter().any(|c| c.name == inc.column) {
-            return Err(ServerError::DuplicateColumn(format!(
-                "column \"{}\" specified more than once",
-                inc.column
-            )));
-        }
-        columns.push(Column {
-            name: inc.column.clone(),
-            sql_type: sql_type.into(),
-            not_null: false,
-            default: None,
-        });
-    }
+    crate::ingest::include_columns(&connector, &mut columns)?;
     executor::connectors::complete(&mut connector);
     // The connector checks its options, and that what it reads is there
     // (a Kafka topic on its brokers).
@@ -471,6 +517,19 @@ pub(crate) struct JobOptions {
 }
 
 impl JobOptions {
+    /// A job's options when nothing else is said.
+    pub(crate) fn defaults() -> Self {
+        Self {
+            parallelism: 1,
+            chaining: true,
+            checkpoint_mode: CheckpointMode::default(),
+            emit_on_window_close: false,
+            state_ttl_us: None,
+            sink: None,
+            retain_history_ms: 0,
+        }
+    }
+
     pub(crate) fn of_session(session: &Session, emit_on_window_close: bool) -> Self {
         Self {
             parallelism: session.streaming_parallelism,
@@ -555,8 +614,18 @@ pub(crate) async fn job_graph(
 ) -> Result<JobGraph> {
     let ctx = context(db, Mode::Stream);
     let plan = planner::temporal::mark_now(plan_query(&ctx, sql).await?)?;
+    plan_job(plan, id, o)
+}
+
+/// Optimizes a job's logical plan, lowers it into the JobGraph of job `id`
+/// and checks that every operator can be built.
+pub(crate) fn plan_job(
+    plan: datafusion::logical_expr::LogicalPlan,
+    id: u64,
+    o: &JobOptions,
+) -> Result<JobGraph> {
     planner::check_deterministic(&plan)?;
-    let mut state = ctx.state();
+    let mut state = new_context().state();
     // A dataflow cannot run a subquery once up front: every scalar subquery,
     // correlated or not, becomes a join that keeps its value current.
     state
@@ -840,7 +909,10 @@ async fn drop_entry(db: &Arc<Database>, entry: &Entry) -> Result<()> {
                 Err(e) => return Err(e.into()),
             }
         }
-        Entry::Table { id, .. } => db.cluster.tables.drop_table(*id)?,
+        Entry::Table { id, .. } => {
+            crate::ingest::stop(db, entry).await?;
+            db.cluster.tables.drop_table(*id)?
+        }
         Entry::View { .. } | Entry::Source { .. } => {}
     }
     Ok(())

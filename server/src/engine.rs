@@ -127,7 +127,14 @@ impl Database {
         });
         for entry in db.catalog.all() {
             match &entry {
-                Entry::Table { .. } => db.cluster.tables.open_table(table_desc(&entry)?)?,
+                Entry::Table { ingest, .. } => {
+                    db.cluster.tables.open_table(table_desc(&entry)?)?;
+                    if ingest.is_some()
+                        && let Err(e) = crate::ingest::recover(&db, &entry).await
+                    {
+                        tracing::error!(name = entry.name(), error = %e, "the job of a connector table could not be restarted");
+                    }
+                }
                 Entry::MaterializedView { .. } | Entry::Sink { .. } => {
                     if let Err(e) = ddl::recover_view_job(&db, &entry).await {
                         tracing::error!(name = entry.name(), kind = entry.kind(), error = %e, "job could not be restarted");
@@ -221,7 +228,7 @@ impl Database {
                 _ => Err(emit_misplaced()),
             },
             Stmt::CreateTable { table, options } => match *table {
-                Statement::CreateTable(ct) => ddl::create_table(self, ct, options).await,
+                Statement::CreateTable(ct) => ddl::create_table(self, session, ct, options).await,
                 other => Err(ServerError::Internal(format!("not CREATE TABLE: {other}"))),
             },
             Stmt::Subscribe { subscribe, copy } => Ok(QueryResult::Subscribe {
@@ -284,7 +291,9 @@ impl Database {
             Statement::Insert(insert) => dml::insert(self, insert).await,
             Statement::Update(update) => dml::update(self, update).await,
             Statement::Delete(delete) => dml::delete(self, delete).await,
-            Statement::CreateTable(ct) => ddl::create_table(self, ct, Default::default()).await,
+            Statement::CreateTable(ct) => {
+                ddl::create_table(self, session, ct, Default::default()).await
+            }
             Statement::CreateView(cv) => ddl::create_view(self, session, cv, false).await,
             Statement::Drop {
                 object_type,
@@ -362,6 +371,23 @@ impl Database {
 
     /// `FLUSH`: every write acknowledged so far is visible in every view.
     pub async fn flush(&self) -> Result<()> {
+        // Tables that read a connector first: then what their connectors
+        // held is in the tables, and the views below wait for it.
+        let ingesting = self.catalog.all().into_iter().filter_map(|e| match e {
+            Entry::Table {
+                id,
+                ingest: Some(ingest),
+                ..
+            } => Some((id, ingest.parallelism)),
+            _ => None,
+        });
+        for r in futures::future::join_all(
+            ingesting.map(|(id, writers)| crate::ingest::flush(self, id, writers)),
+        )
+        .await
+        {
+            r?;
+        }
         let mut targets = std::collections::HashMap::new();
         for entry in self.catalog.all() {
             if let Entry::Table { id, .. } = entry {

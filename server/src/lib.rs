@@ -9,6 +9,7 @@ pub mod ddl;
 pub mod dml;
 pub mod engine;
 pub mod error;
+pub mod ingest;
 pub mod params;
 pub mod pg;
 pub mod proctime;

@@ -135,6 +135,9 @@ pub struct TableOptions {
     pub watermark: Option<WatermarkClause>,
     /// `CREATE SOURCE … WITH (connector = '…', …) [FORMAT … ENCODE …]`.
     pub source: Option<planner::spec::ConnectorSpec>,
+    /// `CREATE TABLE | STREAM … WITH (connector = '…', …) [FORMAT …
+    /// ENCODE …]`: a table the connector's rows are written into.
+    pub connector: Option<planner::spec::ConnectorSpec>,
 }
 
 /// `WATERMARK FOR column AS expr`: event time on `column` is complete up to
@@ -492,12 +495,9 @@ fn option_list(tokens: &[Token], start: usize) -> Result<(BTreeMap<String, Strin
     }
 }
 
-/// Takes a source's `WITH (…)` and `FORMAT … ENCODE … (…)` (or the older
-/// `ROW FORMAT …`) out of `tokens` (RisingWave's syntax, which sqlparser
-/// does not know: option names are dotted).
-fn source_clauses(tokens: &mut Vec<Token>, what: &str) -> Result<planner::spec::ConnectorSpec> {
-    let mut spec = planner::spec::ConnectorSpec::default();
-    // The last top-level `WITH (`: a sink's query may start with `WITH x AS`.
+/// The start of the last `WITH (` outside parentheses: the options of a
+/// source, a sink, a table; a sink's query may start with `WITH x AS`.
+fn last_with(tokens: &[Token]) -> Option<usize> {
     let mut depth = 0;
     let mut found = None;
     for (i, t) in tokens.iter().enumerate() {
@@ -510,7 +510,15 @@ fn source_clauses(tokens: &mut Vec<Token>, what: &str) -> Result<planner::spec::
             _ => {}
         }
     }
-    let Some(with) = found else {
+    found
+}
+
+/// Takes a source's `WITH (…)` and `FORMAT … ENCODE … (…)` (or the older
+/// `ROW FORMAT …`) out of `tokens` (RisingWave's syntax, which sqlparser
+/// does not know: option names are dotted).
+fn source_clauses(tokens: &mut Vec<Token>, what: &str) -> Result<planner::spec::ConnectorSpec> {
+    let mut spec = planner::spec::ConnectorSpec::default();
+    let Some(with) = last_with(tokens) else {
         return Err(ServerError::InvalidParameter(format!(
             "{what} needs WITH (connector = '…', …)"
         )));
@@ -662,6 +670,18 @@ fn create_table(parser: &mut Parser<'_>) -> Result<Stmt> {
         let mut spec = source_clauses(&mut tokens, "CREATE SOURCE")?;
         spec.include = include_clauses(&mut tokens)?;
         options.source = Some(spec);
+    } else if last_with(&tokens)
+        .and_then(|with| option_list(&tokens, with + 1).ok())
+        .is_some_and(|(o, _)| o.contains_key("connector"))
+    {
+        let what = if options.stream {
+            "CREATE STREAM"
+        } else {
+            "CREATE TABLE"
+        };
+        let mut spec = source_clauses(&mut tokens, what)?;
+        spec.include = include_clauses(&mut tokens)?;
+        options.connector = Some(spec);
     }
     // WATERMARK FOR … inside the column list.
     let mut depth = 0;

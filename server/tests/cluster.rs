@@ -541,6 +541,23 @@ async fn a_view_waits_for_the_slots_a_late_task_manager_brings() {
         Some("42P01"),
         "a view that could not start is not in the catalog"
     );
+    // A table that reads a connector: its job's subtasks, on the
+    // TaskManagers, write into the table on the JobManager over RPC.
+    client
+        .batch_execute(
+            "SET streaming_parallelism = 2;
+             CREATE TABLE g (id INT PRIMARY KEY, v INT) WITH (connector = 'datagen',
+               datagen.split.num = '2', datagen.rows.per.second = '0',
+               fields.id.kind = 'sequence', fields.id.start = '1', fields.id.end = '1000',
+               fields.v.min = '0', fields.v.max = '9');
+             FLUSH",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(&client, "SELECT count(*), min(id), max(id) FROM g").await,
+        vec![vec!["1000", "1", "1000"]]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

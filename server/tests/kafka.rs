@@ -560,3 +560,143 @@ async fn included_columns_carry_key_partition_offset_and_timestamp() {
             broker.address()
         ), "22023", "cannot INCLUDE header").await;
 }
+
+/// `CREATE TABLE … WITH (connector = 'kafka')`: the table stores each
+/// record once across a SIGKILL (the ingest job's offsets and the rows it
+/// applied move together), upserts by its key, and applies Debezium's
+/// changes by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_tables_store_each_record_once() {
+    let broker = Broker::start().await;
+    broker.create_topic("orders_t", 2).await;
+    produce_orders(&broker, "orders_t", 2, 0..100, 1_000).await;
+    let mut server = Server::start();
+    let client = server.client().await;
+    let with = format!(
+        "WITH (connector = 'kafka', topic = 'orders_t', properties.bootstrap.server = '{}') \
+         FORMAT PLAIN ENCODE JSON",
+        broker.address()
+    );
+    for sql in [
+        format!(
+            "CREATE TABLE latest (id bigint PRIMARY KEY, amount int, note text) \
+             INCLUDE partition AS part {with}"
+        ),
+        format!("CREATE TABLE every (id bigint, amount int, note text) {with}"),
+        "CREATE MATERIALIZED VIEW latest_sum AS SELECT count(*) AS n, sum(amount) AS s FROM latest"
+            .into(),
+        "CREATE MATERIALIZED VIEW every_n AS SELECT count(*) AS n, count(DISTINCT id) AS ids FROM every"
+            .into(),
+        "FLUSH".into(),
+    ] {
+        rows(&client, &sql).await;
+    }
+    assert_eq!(
+        rows(&client, "SELECT * FROM latest_sum").await,
+        vec![vec!["100", "450"]]
+    );
+    assert_eq!(
+        rows(&client, "SELECT * FROM every_n").await,
+        vec![vec!["100", "100"]]
+    );
+    assert_eq!(
+        rows(
+            &client,
+            "SELECT part, amount, note FROM latest WHERE id = 7"
+        )
+        .await,
+        vec![vec!["1", "7", "n7"]]
+    );
+
+    // Ids 0..50 again, with other amounts: the keyed table replaces them.
+    let again: Vec<Vec<u8>> = (0..50)
+        .filter(|i| i % 2 == 0)
+        .map(|i| format!(r#"{{"id": {i}, "amount": 100, "note": "again"}}"#).into_bytes())
+        .collect();
+    broker.produce("orders_t", 0, &again, 2_000).await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(one(&client, "SELECT count(*) FROM latest").await, "100");
+    assert_eq!(
+        one(&client, "SELECT count(*) FROM latest WHERE note = 'again'").await,
+        "25"
+    );
+    assert_eq!(one(&client, "SELECT n FROM every_n").await, "125");
+
+    // SIGKILL, then more records: none lost, none twice.
+    server.crash_and_restart();
+    let client = server.client().await;
+    produce_orders(&broker, "orders_t", 2, 100..160, 3_000).await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT * FROM every_n").await,
+        vec![vec!["185", "160"]]
+    );
+    assert_eq!(one(&client, "SELECT count(*) FROM every").await, "185");
+    assert_eq!(one(&client, "SELECT n FROM latest_sum").await, "160");
+    // It is a table: DML works on it too.
+    rows(&client, "DELETE FROM latest WHERE id >= 150").await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(one(&client, "SELECT n FROM latest_sum").await, "150");
+
+    // Debezium changes, applied by key.
+    broker.create_topic("cdc_t", 1).await;
+    let event = |op: &str, before: &str, after: &str| {
+        format!(r#"{{"payload": {{"op": "{op}", "before": {before}, "after": {after}}}}}"#)
+            .into_bytes()
+    };
+    let row = |id: i64, name: &str| format!(r#"{{"id": {id}, "name": "{name}"}}"#);
+    broker
+        .produce(
+            "cdc_t",
+            0,
+            &[
+                event("r", "null", &row(1, "a")),
+                event("c", "null", &row(2, "b")),
+                event("u", &row(1, "a"), &row(1, "a2")),
+                event("d", &row(2, "b"), "null"),
+                event("c", "null", &row(3, "c")),
+            ],
+            1_000,
+        )
+        .await;
+    let cdc = |topic: &str| {
+        format!(
+            "WITH (connector = 'kafka', topic = '{topic}', properties.bootstrap.server = '{}') \
+             FORMAT DEBEZIUM ENCODE JSON",
+            broker.address()
+        )
+    };
+    rows(
+        &client,
+        &format!(
+            "CREATE TABLE people (id bigint PRIMARY KEY, name text) {}",
+            cdc("cdc_t")
+        ),
+    )
+    .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT id, name FROM people ORDER BY id").await,
+        vec![vec!["1", "a2"], vec!["3", "c"]]
+    );
+    expect_error(
+        &client,
+        &format!("CREATE TABLE p2 (id bigint, name text) {}", cdc("cdc_t")),
+        "42P16",
+        "needs a PRIMARY KEY",
+    )
+    .await;
+    expect_error(
+        &client,
+        &format!(
+            "CREATE TABLE p3 (id bigint PRIMARY KEY) {}",
+            cdc("no_such_topic")
+        ),
+        "22023",
+        "topic \"no_such_topic\" does not exist",
+    )
+    .await;
+    rows(&client, "DROP TABLE people").await;
+    rows(&client, "DROP TABLE every CASCADE").await;
+    assert_eq!(rows(&client, "SHOW TABLES").await, vec![vec!["latest"]]);
+}

@@ -570,4 +570,30 @@ impl TableLog for RemoteTableLog {
             .map(|e| Ok((e.seq, Chunk::from_ipc(&e.chunk)?)))
             .collect()
     }
+
+    async fn ingest(
+        &self,
+        table: u64,
+        writer: u32,
+        checkpoint: u64,
+        changes: &Chunk,
+    ) -> executor::Result<storage::table::Ingested> {
+        let r = self
+            .client
+            .clone()
+            .ingest(pb::IngestRequest {
+                table,
+                writer,
+                checkpoint,
+                chunk: changes.to_ipc()?,
+            })
+            .await
+            .map_err(|e| Self::exec(rpc(e)))?
+            .into_inner();
+        Ok(storage::table::Ingested {
+            seq: (r.seq > 0).then_some(r.seq),
+            duplicate: r.duplicate,
+            null_rows: r.null_rows as usize,
+        })
+    }
 }

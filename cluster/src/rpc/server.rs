@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use futures::Stream;
+use storage::chunk::Chunk;
 use storage::table::TableStore;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -307,6 +308,26 @@ impl TableLogService for JobManagerServices {
             })
             .collect::<Result<_, Status>>()?;
         Ok(Response::new(pb::LogEntries { entries }))
+    }
+
+    async fn ingest(
+        &self,
+        request: Request<pb::IngestRequest>,
+    ) -> Result<Response<pb::IngestReply>, Status> {
+        let r = request.into_inner();
+        let chunk = Chunk::from_ipc(&r.chunk).map_err(storage_status)?;
+        let tables = self.tables.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            tables.ingest(r.table, r.writer, r.checkpoint, &chunk)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(storage_status)?;
+        Ok(Response::new(pb::IngestReply {
+            seq: done.seq.unwrap_or(0),
+            duplicate: done.duplicate,
+            null_rows: done.null_rows as u64,
+        }))
     }
 }
 

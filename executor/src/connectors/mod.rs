@@ -16,6 +16,8 @@ mod file;
 pub(crate) mod kafka;
 mod nexmark;
 mod options;
+mod pgoutput;
+mod postgres_cdc;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -89,10 +91,19 @@ pub trait SourceConnector: Send + Sync {
     fn batch_readable(&self) -> bool {
         self.bounded() && !self.changelog()
     }
+    /// A checkpoint holding `position` for `split` has completed: what the
+    /// external system keeps for a restart before it may go (a
+    /// PostgreSQL slot's WAL).
+    fn committed(&self, _split: usize, _position: &[u8]) {}
+    /// The table or source was dropped: release what the connector holds
+    /// in the external system (a replication slot).
+    async fn dropped(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The connectors Weir has, as `connector = '…'` names them.
-pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "file", "kafka", "nexmark"];
+pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "file", "kafka", "nexmark", "postgres-cdc"];
 
 /// The connector of a source with `schema` (its declared columns), its
 /// options checked.
@@ -111,6 +122,7 @@ pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn Source
         "nexmark" => Ok(Arc::new(nexmark::Nexmark::new(spec, schema)?)),
         "kafka" => Ok(Arc::new(kafka::Kafka::new(spec, schema)?)),
         "file" => Ok(Arc::new(file::Files::new(spec, schema)?)),
+        "postgres-cdc" => Ok(Arc::new(postgres_cdc::PostgresCdc::new(spec, schema)?)),
         other => Err(ExecError::InvalidOption(format!(
             "unknown connector \"{other}\"; source connectors are: {}",
             SOURCE_CONNECTORS.join(", ")
@@ -142,8 +154,10 @@ pub fn include_type(connector: &str, what: &str) -> Result<&'static str> {
 /// reading it, and every restart of one, reads the same rows (a generator's
 /// base time).
 pub fn complete(spec: &mut ConnectorSpec) {
-    if spec.connector == "nexmark" {
-        nexmark::complete(spec);
+    match spec.connector.as_str() {
+        "nexmark" => nexmark::complete(spec),
+        "postgres-cdc" => postgres_cdc::complete(spec),
+        _ => {}
     }
 }
 

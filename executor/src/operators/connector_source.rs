@@ -68,6 +68,8 @@ pub struct ConnectorSource {
     home: u16,
     /// The last barrier this subtask emitted, and when.
     last_barrier: Option<(u64, Instant)>,
+    /// The splits' positions at each barrier not yet known completed.
+    at_barrier: BTreeMap<u64, Vec<(usize, Vec<u8>)>>,
 }
 
 impl std::fmt::Debug for ConnectorSource {
@@ -114,6 +116,7 @@ impl ConnectorSource {
             fetchers: Vec::new(),
             home: 0,
             last_barrier: None,
+            at_barrier: BTreeMap::new(),
         })
     }
 
@@ -246,6 +249,24 @@ impl ConnectorSource {
     /// Checkpoint `checkpoint`'s barrier went out now.
     pub fn barrier_emitted(&mut self, checkpoint: u64) {
         self.last_barrier = Some((checkpoint, Instant::now()));
+        let positions = self
+            .splits
+            .iter()
+            .filter_map(|(split, s)| Some((*split, s.position.clone()?)))
+            .collect();
+        self.at_barrier.insert(checkpoint, positions);
+    }
+
+    /// Checkpoint `checkpoint` completed: the connector may let go of what
+    /// comes before the positions it holds.
+    pub fn committed(&mut self, checkpoint: u64) {
+        let later = self.at_barrier.split_off(&(checkpoint + 1));
+        let done = std::mem::replace(&mut self.at_barrier, later);
+        if let Some((_, positions)) = done.into_iter().next_back() {
+            for (split, position) in positions {
+                self.connector.committed(split, &position);
+            }
+        }
     }
 
     /// Each split's position, and the watermark, as state writes.

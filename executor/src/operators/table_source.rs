@@ -215,6 +215,18 @@ impl TableLog for storage::table::TableStore {
             self, table, after, max,
         )?)
     }
+
+    async fn ingest(
+        &self,
+        table: u64,
+        writer: u32,
+        checkpoint: u64,
+        changes: &Chunk,
+    ) -> Result<storage::table::Ingested> {
+        Ok(storage::table::TableStore::ingest(
+            self, table, writer, checkpoint, changes,
+        )?)
+    }
 }
 
 #[cfg(test)]

@@ -24,8 +24,10 @@ mod encode;
 mod file;
 mod kafka;
 mod postgres;
+mod table;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -34,9 +36,11 @@ use storage::chunk::Chunk;
 use storage::state::StateWrite;
 
 use crate::operator::OperatorContext;
+use crate::task::TableLog;
 use crate::{ExecError, Result};
 
 pub use encode::Encoder;
+pub use table::TABLE_SINK;
 
 /// The sink connectors Weir has, as `connector = '…'` names them.
 pub const SINK_CONNECTORS: &[&str] = &["blackhole", "file", "kafka", "postgres"];
@@ -87,8 +91,16 @@ pub trait SinkWriter: Send {
 }
 
 /// The connector of a sink whose rows have `ctx`'s columns, its options
-/// checked.
-pub fn sink(spec: &ConnectorSpec, ctx: &SinkContext) -> Result<Box<dyn SinkConnector>> {
+/// checked. `tables`: Weir's tables, for the job of a table that reads a
+/// connector ([`TABLE_SINK`]), which users cannot name.
+pub fn sink(
+    spec: &ConnectorSpec,
+    ctx: &SinkContext,
+    tables: Option<&Arc<dyn TableLog>>,
+) -> Result<Box<dyn SinkConnector>> {
+    if let (TABLE_SINK, Some(tables)) = (spec.connector.as_str(), tables) {
+        return Ok(Box::new(table::TableSink::new(tables.clone())));
+    }
     match spec.connector.as_str() {
         "blackhole" => Ok(Box::new(blackhole::Blackhole::new(spec)?)),
         "file" => Ok(Box::new(file::FileSink::new(spec, ctx)?)),
@@ -136,7 +148,7 @@ fn context(
 /// and that its target is there: at `CREATE SINK`.
 pub async fn check(spec: &OperatorSpec, schema: SchemaRef) -> Result<()> {
     let (ctx, connector, _, _) = context(spec, schema, 0)?;
-    sink(connector, &ctx)?.check().await
+    sink(connector, &ctx, None)?.check().await
 }
 
 /// `FORMAT PLAIN` over a query that updates or deletes: the changes other
@@ -280,12 +292,18 @@ impl std::fmt::Debug for CommittingSink {
 
 impl CommittingSink {
     /// The sink of `spec` (an [`OperatorSpec::Sink`]) whose rows have
-    /// `schema`, for subtask `subtask`.
-    pub fn new(spec: &OperatorSpec, schema: SchemaRef, subtask: usize) -> Result<Self> {
+    /// `schema`, for subtask `subtask`, which reaches Weir's tables through
+    /// `tables`.
+    pub fn new(
+        spec: &OperatorSpec,
+        schema: SchemaRef,
+        subtask: usize,
+        tables: &Arc<dyn TableLog>,
+    ) -> Result<Self> {
         let (ctx, connector, sink_name, state_table) = context(spec, schema, subtask)?;
         Ok(Self {
             sink_name: sink_name.to_string(),
-            writer: sink(connector, &ctx)?.writer(&ctx)?,
+            writer: sink(connector, &ctx, Some(tables))?.writer(&ctx)?,
             state_table,
             subtask,
             home: 0,

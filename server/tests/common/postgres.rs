@@ -2,7 +2,7 @@
 //! package (`scripts/test` installs it), a throwaway cluster made with
 //! `initdb` in a temporary directory and run as the `postgres` user (the
 //! server refuses to run as root), on its own port, trusting local
-//! connections.
+//! connections, with `wal_level = logical` for the postgres-cdc connector.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -84,7 +84,7 @@ impl Postgres {
         let port = free_port();
         let log = dir.path().join("postgres.log");
         let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c TimeZone=UTC",
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c TimeZone=UTC -c wal_level=logical",
             dir.path().display()
         );
         let status = as_postgres(
