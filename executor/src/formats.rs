@@ -1,7 +1,8 @@
 //! Formats: how a connector's records (a Kafka message's value, a line of
 //! a file) become rows of the source's declared columns.
 //!
-//! `FORMAT PLAIN ENCODE JSON | CSV | BYTES` (RisingWave's clause). Arrow's
+//! `FORMAT PLAIN ENCODE JSON | CSV | BYTES | AVRO` (RisingWave's clause;
+//! Avro datums are read through JSON, see `avro`). Arrow's
 //! own JSON and CSV decoders do the work, a whole fetch at a time; only
 //! when that fails are the records decoded one by one, so that a record
 //! that cannot be decoded is skipped (and reported) without losing its
@@ -11,6 +12,12 @@
 //! Debezium change event (`op`, `before`, `after`, alone or inside a
 //! `payload`), which becomes an insert, an update (its before and after
 //! images) or a delete of a row.
+//!
+//! `FORMAT UPSERT ENCODE JSON` (Kafka, into a table whose primary key is
+//! the message key, `INCLUDE KEY AS …`): a record is the row of its key,
+//! replacing the one before; an empty record (a tombstone) deletes its
+//! key's row. The decoder gives each tombstone a row of NULLs, marked as a
+//! delete; the connector adds the key.
 
 use datafusion::arrow::array::{BinaryArray, RecordBatch};
 use datafusion::arrow::compute::concat_batches;
@@ -22,11 +29,13 @@ use storage::chunk::Op;
 
 use crate::{ExecError, Result};
 
+mod avro;
+
 /// The encodings a source's records may have.
-pub const ENCODINGS: &[&str] = &["JSON", "CSV", "BYTES"];
+pub const ENCODINGS: &[&str] = &["JSON", "CSV", "BYTES", "AVRO"];
 
 /// How records are encoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Encode {
     /// One JSON object a record; keys name columns, others are ignored.
     Json,
@@ -35,6 +44,9 @@ enum Encode {
     Csv { delimiter: u8, header: bool },
     /// The record's bytes as they are, in the one `bytea` column.
     Bytes,
+    /// One Avro binary datum a record, read as the JSON object of its
+    /// fields.
+    Avro(std::sync::Arc<avro::Avro>),
 }
 
 /// A `true`/`false` ENCODE option, taken from `options`.
@@ -94,6 +106,9 @@ pub struct Decoder {
     encode: Encode,
     /// `FORMAT DEBEZIUM`: the records are change events.
     debezium: bool,
+    /// `FORMAT UPSERT`: a record upserts its key's row, a tombstone
+    /// deletes it.
+    upsert: bool,
     /// `ignore_parse_errors = 'false'`: a record that cannot be decoded
     /// fails the job rather than being skipped.
     fail_fast: bool,
@@ -105,17 +120,28 @@ impl Decoder {
     /// lines of files (which may start with a CSV header).
     pub fn new(spec: &ConnectorSpec, schema: &SchemaRef, files: bool) -> Result<Self> {
         let connector = &spec.connector;
-        let debezium = match spec.format.as_deref() {
-            None | Some("PLAIN") => false,
-            Some("DEBEZIUM") if spec.encode.as_deref() == Some("JSON") => true,
-            Some("DEBEZIUM") => {
+        let (debezium, upsert) = match spec.format.as_deref() {
+            None | Some("PLAIN") => (false, false),
+            Some("DEBEZIUM") if spec.encode.as_deref() != Some("JSON") => {
                 return Err(ExecError::InvalidOption(format!(
                     "connector {connector} takes FORMAT DEBEZIUM with ENCODE JSON only"
                 )));
             }
+            Some("UPSERT") if !matches!(spec.encode.as_deref(), Some("JSON" | "AVRO")) => {
+                return Err(ExecError::InvalidOption(format!(
+                    "connector {connector} takes FORMAT UPSERT with ENCODE JSON or AVRO only"
+                )));
+            }
+            Some("DEBEZIUM") => (true, false),
+            Some("UPSERT") if files => {
+                return Err(ExecError::InvalidOption(format!(
+                    "connector {connector} takes no FORMAT UPSERT: its records have no key"
+                )));
+            }
+            Some("UPSERT") => (false, true),
             Some(other) => {
                 return Err(ExecError::InvalidOption(format!(
-                    "connector {connector} takes FORMAT PLAIN or DEBEZIUM, not FORMAT {other}"
+                    "connector {connector} takes FORMAT PLAIN, UPSERT or DEBEZIUM, not FORMAT {other}"
                 )));
             }
         };
@@ -152,6 +178,13 @@ impl Decoder {
                 }
                 Encode::Bytes
             }
+            "AVRO" if files => {
+                return Err(ExecError::InvalidOption(format!(
+                    "connector {connector} takes no ENCODE AVRO (Avro container files are not \
+                     read yet); Kafka records are"
+                )));
+            }
+            "AVRO" => Encode::Avro(std::sync::Arc::new(avro::Avro::new(&mut options, schema)?)),
             other => {
                 return Err(ExecError::InvalidOption(format!(
                     "connector {connector} takes ENCODE {}, not ENCODE {other}",
@@ -166,6 +199,7 @@ impl Decoder {
             schema: schema.clone(),
             encode,
             debezium,
+            upsert,
             fail_fast,
         })
     }
@@ -186,12 +220,50 @@ impl Decoder {
     /// Whether the records are changes (inserts, updates, deletes) rather
     /// than rows.
     pub fn changelog(&self) -> bool {
-        self.debezium
+        self.debezium || self.upsert
+    }
+
+    /// Whether the records upsert rows by the message key (`FORMAT
+    /// UPSERT`).
+    pub fn upsert(&self) -> bool {
+        self.upsert
     }
 
     /// The rows (or changes) of `records`, in order, and the records that
     /// could not be decoded.
     pub fn decode(&self, records: &[&[u8]]) -> Result<Decoded> {
+        if let Encode::Avro(avro) = &self.encode {
+            // Each datum becomes its JSON object, read as ENCODE JSON reads
+            // records; one that is no datum of the schema stands in as a
+            // record no JSON decoder takes, and gets its own error back.
+            let mut failed = std::collections::BTreeMap::new();
+            let json: Vec<Vec<u8>> = avro
+                .to_json(records)
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    r.unwrap_or_else(|message| {
+                        failed.insert(i, message);
+                        b"!".to_vec()
+                    })
+                })
+                .collect();
+            let as_json = Self {
+                encode: Encode::Json,
+                ..self.clone()
+            };
+            let refs: Vec<&[u8]> = json.iter().map(Vec::as_slice).collect();
+            let mut decoded = as_json.decode(&refs)?;
+            for e in &mut decoded.errors {
+                if let Some(message) = failed.remove(&e.index) {
+                    e.message = message;
+                }
+            }
+            return Ok(decoded);
+        }
+        if self.upsert {
+            return self.decode_upserts(records);
+        }
         if !self.debezium {
             let (rows, errors) = self.decode_rows(records)?;
             let bad: std::collections::BTreeSet<usize> = errors.iter().map(|e| e.index).collect();
@@ -265,6 +337,54 @@ impl Decoder {
         })
     }
 
+    /// `FORMAT UPSERT`: a row (an insert, which the table applies as an
+    /// upsert) per record, and per tombstone a row of NULLs that deletes.
+    fn decode_upserts(&self, records: &[&[u8]]) -> Result<Decoded> {
+        let (rows, errors) = self.decode_rows(records)?;
+        let bad: std::collections::BTreeSet<usize> = errors.iter().map(|e| e.index).collect();
+        let tombstones = records.iter().filter(|r| r.is_empty()).count();
+        // (A connector table's job reads its columns as nullable.)
+        let nulls = RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            self.schema
+                .fields()
+                .iter()
+                .map(|f| datafusion::arrow::array::new_null_array(f.data_type(), tombstones))
+                .collect(),
+            &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(tombstones)),
+        )?;
+        let decoded_rows = rows.num_rows() as u32;
+        let both = concat_batches(&self.schema, &[rows, nulls])?;
+        // Rows in record order: decoded rows are numbered first, then the
+        // tombstones'.
+        let (mut next_row, mut next_null) = (0u32, decoded_rows);
+        let mut take = Vec::new();
+        let mut ops = Vec::new();
+        let mut origin = Vec::new();
+        for (i, record) in records.iter().enumerate() {
+            if record.is_empty() {
+                take.push(next_null);
+                next_null += 1;
+                ops.push(Op::Delete);
+            } else if bad.contains(&i) {
+                continue;
+            } else {
+                take.push(next_row);
+                next_row += 1;
+                ops.push(Op::Insert);
+            }
+            origin.push(i);
+        }
+        let indices = datafusion::arrow::array::UInt32Array::from(take);
+        let rows = datafusion::arrow::compute::take_record_batch(&both, &indices)?;
+        Ok(Decoded {
+            rows,
+            ops: Some(ops),
+            origin,
+            errors,
+        })
+    }
+
     /// Whether the first line of a file is a header (not a row).
     pub fn header(&self) -> bool {
         matches!(self.encode, Encode::Csv { header: true, .. })
@@ -330,7 +450,7 @@ impl Decoder {
                     .build_decoder();
                 self.run(decoder, records)
             }
-            Encode::Bytes => unreachable!("bytes are not decoded"),
+            Encode::Bytes | Encode::Avro(_) => unreachable!("decoded before"),
         }
     }
 
@@ -432,6 +552,7 @@ fn encode_name(encode: &Encode) -> &'static str {
         Encode::Json => "JSON",
         Encode::Csv { .. } => "CSV",
         Encode::Bytes => "BYTES",
+        Encode::Avro(_) => "AVRO",
     }
 }
 
@@ -523,6 +644,38 @@ mod tests {
     }
 
     #[test]
+    fn upsert_records_insert_and_tombstones_delete_in_record_order() {
+        let mut s = spec("JSON");
+        s.format = Some("UPSERT".into());
+        let d = Decoder::new(&s, &schema(), false).unwrap();
+        assert!(d.changelog() && d.upsert());
+        let records: Vec<&[u8]> = vec![
+            br#"{"id": 1, "name": "a"}"#,
+            b"",
+            b"{bad",
+            br#"{"id": 2, "name": "b"}"#,
+            b"",
+        ];
+        let out = d.decode(&records).unwrap();
+        use Op::*;
+        assert_eq!(out.ops, Some(vec![Insert, Delete, Insert, Delete]));
+        assert_eq!(out.origin, vec![0, 1, 3, 4]);
+        assert_eq!(out.errors.len(), 1);
+        assert_eq!(out.errors[0].index, 2);
+        let ids = out.rows.column(0).as_primitive::<Int64Type>();
+        assert_eq!(
+            (0..4)
+                .map(|i| ids.is_valid(i).then(|| ids.value(i)))
+                .collect::<Vec<_>>(),
+            vec![Some(1), None, Some(2), None]
+        );
+        // Files have no keys; UPSERT is JSON only.
+        assert!(Decoder::new(&s, &schema(), true).is_err());
+        s.encode = Some("CSV".into());
+        assert!(Decoder::new(&s, &schema(), false).is_err());
+    }
+
+    #[test]
     fn debezium_events_become_changes() {
         let mut s = spec("JSON");
         s.format = Some("DEBEZIUM".into());
@@ -555,6 +708,69 @@ mod tests {
     }
 
     #[test]
+    fn avro_datums_of_the_columns_schema_become_rows() {
+        use apache_avro::types::Value;
+        let columns = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("price", DataType::Decimal128(10, 2), true),
+            Field::new(
+                "at",
+                DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None),
+                true,
+            ),
+        ]));
+        let d = Decoder::new(&spec("AVRO"), &columns, false).unwrap();
+        let Encode::Avro(avro) = &d.encode else {
+            panic!("not avro")
+        };
+        let datum = |id: i64, name: Option<&str>| {
+            let record = Value::Record(vec![
+                ("id".into(), Value::Union(1, Box::new(Value::Long(id)))),
+                (
+                    "name".into(),
+                    match name {
+                        Some(n) => Value::Union(1, Box::new(Value::String(n.into()))),
+                        None => Value::Union(0, Box::new(Value::Null)),
+                    },
+                ),
+                (
+                    "price".into(),
+                    Value::Union(1, Box::new(Value::Decimal(vec![0x04u8, 0xd2].into()))),
+                ),
+                (
+                    "at".into(),
+                    Value::Union(1, Box::new(Value::TimestampMicros(1_000_000))),
+                ),
+            ]);
+            apache_avro::writer::datum::GenericDatumWriter::builder(&avro.schema)
+                .build()
+                .unwrap()
+                .write_value_to_vec(record)
+                .unwrap()
+        };
+        let (a, b) = (datum(1, Some("x")), datum(2, None));
+        let records: Vec<&[u8]> = vec![&a, b"\x02garbage", &b];
+        let out = d.decode(&records).unwrap();
+        assert_eq!(out.rows.num_rows(), 2);
+        assert_eq!(out.origin, vec![0, 2]);
+        assert_eq!(out.errors.len(), 1);
+        assert!(out.errors[0].message.contains("Avro"), "{:?}", out.errors);
+        let prices = datafusion::arrow::util::display::ArrayFormatter::try_new(
+            out.rows.column(2),
+            &Default::default(),
+        )
+        .unwrap();
+        assert_eq!(prices.value(0).to_string(), "12.34");
+        assert!(out.rows.column(1).is_null(1));
+        let at = out
+            .rows
+            .column(3)
+            .as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
+        assert_eq!(at.value(0), 1_000_000);
+    }
+
+    #[test]
     fn options_are_checked() {
         let mut s = spec("CSV");
         s.encode_options.insert("delimiter".into(), "||".into());
@@ -563,6 +779,11 @@ mod tests {
         s.encode_options.insert("schema".into(), "x".into());
         let e = Decoder::new(&s, &schema(), false).unwrap_err().to_string();
         assert!(e.contains("unknown option schema for ENCODE JSON"), "{e}");
-        assert!(Decoder::new(&spec("AVRO"), &schema(), false).is_err());
+        let mut s = spec("AVRO");
+        s.encode_options
+            .insert("schema.location".into(), "http://registry/x".into());
+        let e = Decoder::new(&s, &schema(), false).unwrap_err().to_string();
+        assert!(e.contains("must be a file"), "{e}");
+        assert!(Decoder::new(&spec("AVRO"), &schema(), true).is_err());
     }
 }

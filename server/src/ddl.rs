@@ -109,6 +109,11 @@ pub async fn create_table(
             default,
         });
     }
+    // The columns a connector fills from a record's metadata (`INCLUDE key
+    // AS k`), which a key may name.
+    if let Some(connector) = options.source.as_ref().or(options.connector.as_ref()) {
+        crate::ingest::include_columns(connector, &mut columns)?;
+    }
     for constraint in &ct.constraints {
         match constraint {
             TableConstraint::PrimaryKey(pk) => {
@@ -163,8 +168,6 @@ pub async fn create_table(
         return create_source(db, name, columns, watermark, connector).await;
     }
     if let Some(connector) = options.connector {
-        let mut columns = columns;
-        crate::ingest::include_columns(&connector, &mut columns)?;
         crate::ingest::check(&name, &connector, &primary_key, options.append_only)?;
         return create_connector_table(
             db,
@@ -281,8 +284,12 @@ async fn create_source(
              (…, PRIMARY KEY (…)) WITH (connector = 'postgres-cdc', …))",
         ));
     }
-    let mut columns = columns;
-    crate::ingest::include_columns(&connector, &mut columns)?;
+    if connector.format.as_deref() == Some("UPSERT") {
+        return Err(ServerError::unsupported(
+            "CREATE SOURCE with FORMAT UPSERT (create a table: CREATE TABLE … (…, PRIMARY KEY \
+             (k)) INCLUDE KEY AS k WITH (…) FORMAT UPSERT ENCODE JSON)",
+        ));
+    }
     executor::connectors::complete(&mut connector);
     // The connector checks its options, and that what it reads is there
     // (a Kafka topic on its brokers).

@@ -71,6 +71,23 @@ pub(crate) fn check(
                  PostgreSQL table) and cannot be append-only: it applies updates and deletes by key"
             )));
         }
+    } else if format == "UPSERT" {
+        let keyed_by_message = connector
+            .include
+            .iter()
+            .any(|i| i.what == "key" && primary_key == std::slice::from_ref(&i.column));
+        if !keyed_by_message {
+            return Err(ServerError::InvalidTableDefinition(format!(
+                "table \"{name}\" with FORMAT UPSERT needs the message key as its primary key: \
+                 INCLUDE KEY AS <column> and PRIMARY KEY (<column>)"
+            )));
+        }
+        if append_only {
+            return Err(ServerError::InvalidTableDefinition(format!(
+                "append-only table \"{name}\" cannot read FORMAT UPSERT, whose records \
+                 replace and delete rows"
+            )));
+        }
     } else if format != "PLAIN" {
         if primary_key.is_empty() {
             return Err(ServerError::InvalidTableDefinition(format!(

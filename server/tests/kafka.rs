@@ -700,3 +700,258 @@ async fn kafka_tables_store_each_record_once() {
     rows(&client, "DROP TABLE every CASCADE").await;
     assert_eq!(rows(&client, "SHOW TABLES").await, vec![vec!["latest"]]);
 }
+
+/// `FORMAT UPSERT ENCODE JSON`: a record replaces its message key's row, a
+/// tombstone deletes it; across a crash, each record is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_records_replace_and_tombstones_delete_by_key() {
+    let broker = Broker::start().await;
+    broker.create_topic("upsert_t", 2).await;
+    let rec = |k: &str, v: &str| (Some(k.as_bytes().to_vec()), v.as_bytes().to_vec());
+    broker
+        .produce_keyed(
+            "upsert_t",
+            0,
+            &[
+                rec("a", r#"{"name": "ann", "n": 1}"#),
+                rec("b", r#"{"name": "bob", "n": 2}"#),
+                rec("a", r#"{"name": "ann", "n": 10}"#),
+                rec("b", ""),
+                rec("c", "{oops"),
+            ],
+            1_000,
+        )
+        .await;
+    broker
+        .produce_keyed(
+            "upsert_t",
+            1,
+            &[rec("d", r#"{"name": "dee", "n": 4}"#)],
+            1_000,
+        )
+        .await;
+    let mut server = Server::start();
+    let client = server.client().await;
+    let with = |topic: &str| {
+        format!(
+            "WITH (connector = 'kafka', topic = '{topic}', properties.bootstrap.server = '{}') \
+             FORMAT UPSERT ENCODE JSON",
+            broker.address()
+        )
+    };
+    rows(
+        &client,
+        &format!(
+            "CREATE TABLE users (name text, n int, PRIMARY KEY (k)) INCLUDE key AS k {}",
+            with("upsert_t")
+        ),
+    )
+    .await;
+    rows(
+        &client,
+        "CREATE MATERIALIZED VIEW totals AS SELECT count(*) AS users, sum(n) AS n FROM users",
+    )
+    .await;
+    rows(&client, "FLUSH").await;
+    // The keys in hex: a = 61, d = 64, e = 65.
+    let all = "SELECT encode(k, 'hex'), name, n FROM users ORDER BY 1";
+    assert_eq!(
+        rows(&client, all).await,
+        vec![vec!["61", "ann", "10"], vec!["64", "dee", "4"]]
+    );
+    assert_eq!(
+        rows(&client, "SELECT * FROM totals").await,
+        vec![vec!["2", "14"]]
+    );
+
+    server.crash_and_restart();
+    let client = server.client().await;
+    broker
+        .produce_keyed(
+            "upsert_t",
+            1,
+            &[rec("d", ""), rec("e", r#"{"name": "eve", "n": 5}"#)],
+            2_000,
+        )
+        .await;
+    broker
+        .produce_keyed("upsert_t", 0, &[rec("a", "")], 2_000)
+        .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(rows(&client, all).await, vec![vec!["65", "eve", "5"]]);
+    assert_eq!(
+        rows(&client, "SELECT * FROM totals").await,
+        vec![vec!["1", "5"]]
+    );
+
+    // The key must be the message key, and only tables take upserts.
+    expect_error(
+        &client,
+        &format!(
+            "CREATE TABLE u2 (name text PRIMARY KEY, n int) {}",
+            with("upsert_t")
+        ),
+        "42P16",
+        "INCLUDE KEY AS <column> and PRIMARY KEY (<column>)",
+    )
+    .await;
+    expect_error(
+        &client,
+        &format!(
+            "CREATE SOURCE u3 (name text, n int) INCLUDE key AS k {}",
+            with("upsert_t")
+        ),
+        "0A000",
+        "CREATE SOURCE with FORMAT UPSERT",
+    )
+    .await;
+}
+
+/// `ENCODE AVRO`: datums of a schema file fill the columns of their
+/// fields' names (logical types converted, other fields ignored, a record
+/// that is no datum skipped); without a file, datums of the schema the
+/// columns imply, here upserted by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_records_fill_the_columns_of_their_fields() {
+    use apache_avro::types::Value;
+    let broker = Broker::start().await;
+    broker.create_topic("avro_t", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let schema_text = r#"{"type": "record", "name": "order", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "item", "type": ["null", "string"]},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "ignored", "type": "int"}]}"#;
+    let path = dir.path().join("order.avsc");
+    std::fs::write(&path, schema_text).unwrap();
+    let schema = apache_avro::Schema::parse_str(schema_text).unwrap();
+    let order = |id: i64, item: Option<&str>, cents: i16| {
+        let item = match item {
+            Some(i) => Value::Union(1, Box::new(Value::String(i.into()))),
+            None => Value::Union(0, Box::new(Value::Null)),
+        };
+        apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
+            .build()
+            .unwrap()
+            .write_value_to_vec(Value::Record(vec![
+                ("id".into(), Value::Long(id)),
+                ("item".into(), item),
+                (
+                    "price".into(),
+                    Value::Decimal(cents.to_be_bytes().to_vec().into()),
+                ),
+                ("at".into(), Value::TimestampMillis(1_767_225_600_000 + id)),
+                ("ignored".into(), Value::Int(7)),
+            ]))
+            .unwrap()
+    };
+    broker
+        .produce(
+            "avro_t",
+            0,
+            &[
+                order(1, Some("tea"), 250),
+                b"\x02not avro".to_vec(),
+                order(2, None, -1),
+            ],
+            1_000,
+        )
+        .await;
+    let server = Server::start();
+    let client = server.client().await;
+    let with = |topic: &str, encode: &str| {
+        format!(
+            "WITH (connector = 'kafka', topic = '{topic}', properties.bootstrap.server = '{}') \
+             {encode}",
+            broker.address()
+        )
+    };
+    rows(
+        &client,
+        &format!(
+            "CREATE SOURCE orders (id bigint, item text, price decimal(10,2), at timestamptz, \
+             missing int) {}",
+            with(
+                "avro_t",
+                &format!(
+                    "FORMAT PLAIN ENCODE AVRO (schema.location = 'file://{}')",
+                    path.display()
+                )
+            )
+        ),
+    )
+    .await;
+    assert_eq!(
+        rows(
+            &client,
+            "SELECT id, item, price, at, missing FROM orders ORDER BY id"
+        )
+        .await,
+        vec![
+            vec!["1", "tea", "2.50", "2026-01-01 00:00:00.001+00", "NULL"],
+            vec!["2", "NULL", "-0.01", "2026-01-01 00:00:00.002+00", "NULL"],
+        ]
+    );
+
+    // The schema the columns imply, upserted by the message key.
+    broker.create_topic("avro_u", 1).await;
+    let implied = apache_avro::Schema::parse_str(
+        r#"{"type": "record", "name": "weir_row", "fields": [
+            {"name": "name", "type": ["null", "string"], "default": null},
+            {"name": "n", "type": ["null", "int"], "default": null}]}"#,
+    )
+    .unwrap();
+    let user = |name: &str, n: i32| {
+        apache_avro::writer::datum::GenericDatumWriter::builder(&implied)
+            .build()
+            .unwrap()
+            .write_value_to_vec(Value::Record(vec![
+                (
+                    "name".into(),
+                    Value::Union(1, Box::new(Value::String(name.into()))),
+                ),
+                ("n".into(), Value::Union(1, Box::new(Value::Int(n)))),
+            ]))
+            .unwrap()
+    };
+    broker
+        .produce_keyed(
+            "avro_u",
+            0,
+            &[
+                (Some(b"a".to_vec()), user("ann", 1)),
+                (Some(b"b".to_vec()), user("bob", 2)),
+                (Some(b"a".to_vec()), user("ann", 3)),
+                (Some(b"b".to_vec()), Vec::new()),
+            ],
+            1_000,
+        )
+        .await;
+    rows(
+        &client,
+        &format!(
+            "CREATE TABLE users (name text, n int, PRIMARY KEY (k)) INCLUDE key AS k {}",
+            with("avro_u", "FORMAT UPSERT ENCODE AVRO")
+        ),
+    )
+    .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT encode(k, 'hex'), name, n FROM users").await,
+        vec![vec!["61", "ann", "3"]]
+    );
+    expect_error(
+        &client,
+        &format!(
+            "CREATE SOURCE s (id bigint) {}",
+            with(
+                "avro_t",
+                "FORMAT PLAIN ENCODE AVRO (schema.location = '/no/such.avsc')"
+            )
+        ),
+        "22023",
+        "cannot be read",
+    )
+    .await;
+}

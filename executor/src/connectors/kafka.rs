@@ -224,6 +224,13 @@ impl Kafka {
             schema.fields()[..decoded].to_vec(),
         ));
         let decoder = Decoder::new(spec, &value_schema, false)?;
+        if decoder.upsert() && !include.iter().any(|i| i == "key") {
+            return Err(ExecError::InvalidOption(
+                "FORMAT UPSERT needs the message key as a column: INCLUDE KEY AS <column>, \
+                 the table's primary key"
+                    .into(),
+            ));
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 conn,

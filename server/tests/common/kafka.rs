@@ -82,7 +82,7 @@ impl Broker {
     }
 
     /// Writes `(key, value)` records to `partition` of `topic`, stamped
-    /// `timestamp_ms`.
+    /// `timestamp_ms`; an empty value is a tombstone (no value).
     pub async fn produce_keyed(
         &self,
         topic: &str,
@@ -101,7 +101,7 @@ impl Broker {
             .iter()
             .map(|(k, v)| Record {
                 key: k.clone(),
-                value: Some(v.clone()),
+                value: (!v.is_empty()).then(|| v.clone()),
                 headers: Default::default(),
                 timestamp,
             })
