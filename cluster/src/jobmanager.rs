@@ -478,13 +478,7 @@ impl JobManager {
     /// checkpoint of `job` holds what its connectors held when called;
     /// returns that checkpoint's id (`None`: the job was cancelled).
     pub async fn flush_job(&self, job: u64) -> Result<Option<u64>> {
-        let jm = self
-            .jobs
-            .lock()
-            .map_err(|_| poisoned())?
-            .get(&job)
-            .cloned()
-            .ok_or(ClusterError::UnknownJob(job))?;
+        let jm = self.master(job)?;
         let after = jm.next_checkpoint_id();
         let done = Self::wait_until(&jm, |c| c.id > after && !c.behind).await?;
         Ok(done.then(|| jm.completed().borrow().id))
@@ -493,13 +487,7 @@ impl JobManager {
     /// Triggers a checkpoint of `job` and waits until one triggered after
     /// this call has completed.
     pub async fn checkpoint_now(&self, job: u64) -> Result<()> {
-        let jm = self
-            .jobs
-            .lock()
-            .map_err(|_| poisoned())?
-            .get(&job)
-            .cloned()
-            .ok_or(ClusterError::UnknownJob(job))?;
+        let jm = self.master(job)?;
         let after = jm.next_checkpoint_id();
         match Self::wait_until(&jm, |c| c.id >= after).await? {
             true => Ok(()),

@@ -19,6 +19,7 @@ pub mod formats;
 pub mod message;
 pub mod operator;
 pub mod operators;
+mod postgres;
 pub mod sinks;
 pub mod task;
 

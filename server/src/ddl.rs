@@ -284,18 +284,18 @@ async fn create_source(
              (…, PRIMARY KEY (…)) WITH (connector = 'postgres-cdc', …))",
         ));
     }
+    executor::connectors::complete(&mut connector);
+    // The connector checks its options (and which FORMAT it takes), then
+    // that what it reads is there (a Kafka topic on its brokers).
+    let source =
+        executor::connectors::source(&connector, &crate::catalog::source_schema(&columns)?)?;
     if connector.format.as_deref() == Some("UPSERT") {
         return Err(ServerError::unsupported(
             "CREATE SOURCE with FORMAT UPSERT (create a table: CREATE TABLE … (…, PRIMARY KEY \
              (k)) INCLUDE KEY AS k WITH (…) FORMAT UPSERT ENCODE JSON)",
         ));
     }
-    executor::connectors::complete(&mut connector);
-    // The connector checks its options, and that what it reads is there
-    // (a Kafka topic on its brokers).
-    executor::connectors::source(&connector, &crate::catalog::source_schema(&columns)?)?
-        .splits()
-        .await?;
+    source.splits().await?;
     db.catalog.add(Entry::Source {
         id: db.catalog.allocate_id()?,
         name,

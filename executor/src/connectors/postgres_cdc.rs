@@ -23,7 +23,7 @@
 //! back through the slot: every transaction committed before it is then in.
 //! `DROP TABLE` drops the slot, and the publication if Weir created it.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -198,6 +198,20 @@ impl Target {
         ))
     }
 
+    /// Ends the session that reads the slot, if any (an earlier reader's,
+    /// left by a crash), so that the slot can be dropped.
+    async fn stop_slot_reader(&self, client: &Client) -> Result<()> {
+        client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&self.slot],
+            )
+            .await
+            .map_err(|e| self.failed("stopping the slot's reader", e))?;
+        Ok(())
+    }
+
     fn qualified(&self) -> String {
         format!("{}.{}", quote(&self.schema_name), quote(&self.table))
     }
@@ -232,19 +246,7 @@ impl Target {
                 self.host, self.port
             )));
         }
-        let rows = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
-                        coalesce(a.attnum = ANY(i.indkey), false) \
-                 FROM pg_attribute a \
-                 JOIN pg_class c ON c.oid = a.attrelid \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 \
-                   AND NOT a.attisdropped AND c.relkind IN ('r', 'p') \
-                 ORDER BY a.attnum",
-                &[&self.schema_name, &self.table],
-            )
+        let rows = crate::postgres::table_columns(client, &self.schema_name, &self.table)
             .await
             .map_err(|e| self.failed("reading the table's columns", e))?;
         if rows.is_empty() {
@@ -253,10 +255,10 @@ impl Target {
                 self.schema_name, self.table, self.database
             )));
         }
-        let columns: HashMap<String, String> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let columns: HashSet<&str> = rows.iter().map(|c| c.name.as_str()).collect();
         for f in self.schema.fields() {
-            if !columns.contains_key(f.name()) {
-                let mut names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            if !columns.contains(f.name().as_str()) {
+                let mut names: Vec<&str> = rows.iter().map(|c| c.name.as_str()).collect();
                 names.sort();
                 return Err(ExecError::InvalidOption(format!(
                     "PostgreSQL table {}.{} has no column \"{}\"; it has: {}",
@@ -269,8 +271,8 @@ impl Target {
         }
         let key: Vec<(String, String)> = rows
             .iter()
-            .filter(|r| r.get::<_, bool>(2))
-            .map(|r| (r.get(0), r.get(1)))
+            .filter(|c| c.key)
+            .map(|c| (c.name.clone(), c.sql_type.clone()))
             .collect();
         if key.is_empty() {
             return Err(ExecError::InvalidOption(format!(
@@ -423,14 +425,7 @@ impl SourceConnector for PostgresCdc {
     async fn dropped(&self) -> Result<()> {
         let t = &self.target;
         let client = t.connect().await?;
-        client
-            .execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                &[&t.slot],
-            )
-            .await
-            .map_err(|e| t.failed("stopping the slot's reader", e))?;
+        t.stop_slot_reader(&client).await?;
         // The walsender may take a moment to let go of the slot.
         for attempt in 0.. {
             match client
@@ -542,14 +537,7 @@ impl CdcReader {
                 t.publication, t.schema_name, t.table
             )));
         }
-        client
-            .execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                &[&t.slot],
-            )
-            .await
-            .map_err(|e| t.failed("stopping an earlier reader of the slot", e))?;
+        t.stop_slot_reader(client).await?;
         let mut start = None;
         for attempt in 0.. {
             let made = async {

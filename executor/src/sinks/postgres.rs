@@ -99,19 +99,7 @@ impl Target {
 
     /// The target table's columns and their types, and its primary key.
     async fn describe(&self, client: &Client) -> Result<(HashMap<String, String>, Vec<String>)> {
-        let rows = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
-                        coalesce(a.attnum = ANY(i.indkey), false) \
-                 FROM pg_attribute a \
-                 JOIN pg_class c ON c.oid = a.attrelid \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 \
-                   AND NOT a.attisdropped AND c.relkind IN ('r', 'p') \
-                 ORDER BY a.attnum",
-                &[&self.schema, &self.table],
-            )
+        let rows = crate::postgres::table_columns(client, &self.schema, &self.table)
             .await
             .map_err(|e| self.failed("reading the table's columns", e))?;
         if rows.is_empty() {
@@ -120,8 +108,12 @@ impl Target {
                 self.schema, self.table
             )));
         }
-        let types = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let key = rows.iter().filter(|r| r.get(2)).map(|r| r.get(0)).collect();
+        let key = rows
+            .iter()
+            .filter(|c| c.key)
+            .map(|c| c.name.clone())
+            .collect();
+        let types = rows.into_iter().map(|c| (c.name, c.sql_type)).collect();
         Ok((types, key))
     }
 }
