@@ -8,7 +8,8 @@
 //! * `R table row-key` → a table row
 //! * `L table seq` → a table change-log entry (Arrow IPC)
 //! * `S table` → the table's last log sequence number and next hidden row id
-//! * `W table writer` → the last checkpoint an ingesting writer applied
+//! * `W table job subtask` → the last checkpoint an ingesting writer applied
+//!   (before writers were named by job: `W table subtask`, read still)
 //!
 //! A subtask's state backend:
 //! * `s table key-group key` → operator state

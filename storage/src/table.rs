@@ -42,6 +42,27 @@ pub struct TableDesc {
     pub row_id: bool,
 }
 
+/// A writer that applies a job's epochs to a table
+/// ([`TableStore::ingest`]): subtask `subtask` of job `job`. A connector
+/// table's own job has the table's id; other jobs write too (the
+/// dead-letter table of a source every view reads), so the job is part of
+/// the name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WriterId {
+    pub job: u64,
+    pub subtask: u32,
+}
+
+impl WriterId {
+    /// The marker key's suffix: `job subtask`.
+    fn key_suffix(&self) -> [u8; 12] {
+        let mut k = [0u8; 12];
+        k[..8].copy_from_slice(&self.job.to_be_bytes());
+        k[8..].copy_from_slice(&self.subtask.to_be_bytes());
+        k
+    }
+}
+
 struct Counters {
     last_seq: u64,
     next_row_id: i64,
@@ -54,7 +75,7 @@ struct TableHandle {
     writer: Mutex<Counters>,
     seq: watch::Sender<u64>,
     /// The last checkpoint each ingesting writer applied.
-    ingested: watch::Sender<BTreeMap<u32, u64>>,
+    ingested: watch::Sender<BTreeMap<WriterId, u64>>,
 }
 
 impl TableHandle {
@@ -144,7 +165,18 @@ impl TableStore {
         let (from, to) = keys::id_range(TABLE_INGEST, desc.id);
         let mut ingested = BTreeMap::new();
         for (k, v) in self.kv.scan(&from, &to, usize::MAX)? {
-            let writer = k.get(9..13).and_then(|b| b.try_into().ok());
+            let writer = match k.get(9..) {
+                Some(s) if s.len() == 12 => Some(WriterId {
+                    job: u64::from_be_bytes(s[..8].try_into().unwrap_or_default()),
+                    subtask: u32::from_be_bytes(s[8..].try_into().unwrap_or_default()),
+                }),
+                // Written before writers were named by job: the table's own.
+                Some(s) if s.len() == 4 => Some(WriterId {
+                    job: desc.id,
+                    subtask: u32::from_be_bytes(s.try_into().unwrap_or_default()),
+                }),
+                _ => None,
+            };
             let checkpoint = v.as_slice().try_into().ok();
             let (Some(w), Some(c)) = (writer, checkpoint) else {
                 return Err(StorageError::Corrupt(format!(
@@ -152,7 +184,11 @@ impl TableStore {
                     desc.id
                 )));
             };
-            ingested.insert(u32::from_be_bytes(w), u64::from_be_bytes(c));
+            let c = u64::from_be_bytes(c);
+            ingested
+                .entry(w)
+                .and_modify(|d: &mut u64| *d = (*d).max(c))
+                .or_insert(c);
         }
         let handle = TableHandle {
             ingested: watch::channel(ingested).0,
@@ -265,7 +301,7 @@ impl TableStore {
     pub fn ingest(
         &self,
         id: u64,
-        writer: u32,
+        writer: WriterId,
         checkpoint: u64,
         changes: &Chunk,
     ) -> Result<Ingested> {
@@ -274,8 +310,13 @@ impl TableStore {
             .writer
             .lock()
             .map_err(|_| StorageError::Internal("poisoned".into()))?;
-        let marker = keys::with_id_and(TABLE_INGEST, id, &writer.to_be_bytes());
-        if let Some(v) = self.kv.get(&marker)? {
+        let marker = keys::with_id_and(TABLE_INGEST, id, &writer.key_suffix());
+        let legacy = || keys::with_id_and(TABLE_INGEST, id, &writer.subtask.to_be_bytes());
+        let done = match self.kv.get(&marker)? {
+            None if writer.job == id => self.kv.get(&legacy())?,
+            v => v,
+        };
+        if let Some(v) = done {
             let done = v
                 .as_slice()
                 .try_into()
@@ -567,7 +608,7 @@ impl TableStore {
     }
 
     /// Follows the last checkpoint each writer of `ingest` applied.
-    pub fn ingested(&self, id: u64) -> Result<watch::Receiver<BTreeMap<u32, u64>>> {
+    pub fn ingested(&self, id: u64) -> Result<watch::Receiver<BTreeMap<WriterId, u64>>> {
         Ok(self.handle(id)?.ingested.subscribe())
     }
 
@@ -590,6 +631,10 @@ mod tests {
     use crate::chunk::Op;
     use datafusion::arrow::array::StringArray;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    fn writer(subtask: u32) -> WriterId {
+        WriterId { job: 1, subtask }
+    }
 
     fn store() -> (tempfile::TempDir, TableStore) {
         let dir = tempfile::tempdir().unwrap();
@@ -691,7 +736,7 @@ mod tests {
                 vec!["b", "x", "?", "c", "d", "?"],
             ),
         );
-        let done = s.ingest(1, 0, 5, &c).unwrap();
+        let done = s.ingest(1, writer(0), 5, &c).unwrap();
         assert_eq!(done.seq, Some(2));
         let log = s.read_log(1, 1, 10).unwrap();
         let ops: Vec<Op> = (0..log[0].1.num_rows()).map(|r| log[0].1.op(r)).collect();
@@ -717,13 +762,18 @@ mod tests {
         assert_eq!((v.value(0), v.value(1)), ("b", "d"));
         assert_eq!(batches[0].num_rows(), 2);
         // The same checkpoint again, or an older one: nothing.
-        assert!(s.ingest(1, 0, 5, &c).unwrap().duplicate);
-        assert!(s.ingest(1, 0, 4, &c).unwrap().duplicate);
+        assert!(s.ingest(1, writer(0), 5, &c).unwrap().duplicate);
+        assert!(s.ingest(1, writer(0), 4, &c).unwrap().duplicate);
         // Another writer's checkpoint 5 is its own; rows that change
         // nothing log nothing.
         let same = Chunk::inserts(rows(&s, vec![1], vec!["b"]));
-        let done = s.ingest(1, 1, 5, &same).unwrap();
+        let done = s.ingest(1, writer(1), 5, &same).unwrap();
         assert_eq!((done.seq, done.duplicate), (None, false));
+        // So is another job's subtask 0 (a source's dead letters, which
+        // every job reading the source writes).
+        let other = WriterId { job: 9, subtask: 0 };
+        assert!(!s.ingest(1, other, 1, &same).unwrap().duplicate);
+        assert!(s.ingest(1, other, 1, &same).unwrap().duplicate);
         assert_eq!(s.last_seq(1).unwrap(), 2);
         // A NULL key drops its row, not the others. (What a connector
         // reads is nullable throughout.)
@@ -745,7 +795,7 @@ mod tests {
             )
             .unwrap(),
         );
-        let done = s.ingest(1, 0, 6, &nulls).unwrap();
+        let done = s.ingest(1, writer(0), 6, &nulls).unwrap();
         assert_eq!((done.seq, done.null_rows), (Some(3), 1));
     }
 
@@ -772,8 +822,9 @@ mod tests {
             vec![Arc::new(StringArray::from(vec!["a", "a", "b"]))],
         )
         .unwrap();
-        s.ingest(2, 0, 1, &Chunk::inserts(batch.clone())).unwrap();
-        s.ingest(2, 0, 2, &Chunk::inserts(batch)).unwrap();
+        s.ingest(2, writer(0), 1, &Chunk::inserts(batch.clone()))
+            .unwrap();
+        s.ingest(2, writer(0), 2, &Chunk::inserts(batch)).unwrap();
         let (batches, seq) = s.snapshot(2).unwrap();
         assert_eq!(seq, 2);
         assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 6);
@@ -783,7 +834,12 @@ mod tests {
         assert_eq!(again.allocate_row_ids(2, 1).unwrap(), 7);
         assert!(
             again
-                .ingest(2, 0, 2, &Chunk::inserts(batches[0].project(&[0]).unwrap()))
+                .ingest(
+                    2,
+                    writer(0),
+                    2,
+                    &Chunk::inserts(batches[0].project(&[0]).unwrap())
+                )
                 .unwrap()
                 .duplicate
         );
