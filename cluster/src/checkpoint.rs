@@ -3,10 +3,10 @@
 //! every subtask has acknowledged it; and the statistics of recent
 //! checkpoints (Flink's checkpoint history, `weir_catalog.checkpoints`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use executor::task::{CheckpointAck, TaskId};
+use executor::task::{CheckpointAck, DecodeErrors, TaskId};
 use storage::checkpoint_storage::{SnapshotKind, StateHandle};
 
 /// Where a checkpoint got to.
@@ -82,6 +82,9 @@ pub struct CompletedCheckpoint {
     /// A connector source had more to read than it had read at the
     /// barrier (`FLUSH` waits for a checkpoint where none had).
     pub behind: bool,
+    /// Per source (id) the job reads through a connector: the records its
+    /// subtasks could not decode, up to this checkpoint.
+    pub decode_errors: BTreeMap<u64, DecodeErrors>,
 }
 
 /// Flink's `PendingCheckpoint`.
@@ -92,6 +95,7 @@ pub(crate) struct PendingCheckpoint {
     waiting: HashSet<TaskId>,
     positions: HashMap<u64, u64>,
     behind: bool,
+    decode_errors: BTreeMap<u64, DecodeErrors>,
     handles: Vec<StateHandle>,
     pub(crate) stats: CheckpointStats,
 }
@@ -109,6 +113,7 @@ impl PendingCheckpoint {
             waiting,
             positions: HashMap::new(),
             behind: false,
+            decode_errors: BTreeMap::new(),
             handles: Vec::new(),
         }
     }
@@ -128,6 +133,15 @@ impl PendingCheckpoint {
                     .or_insert(p.seq);
             }
             self.behind |= ack.behind;
+            if let Some(e) = &ack.decode_errors {
+                self.decode_errors
+                    .entry(e.source)
+                    .or_insert_with(|| DecodeErrors {
+                        source: e.source,
+                        ..Default::default()
+                    })
+                    .add(e);
+            }
             self.stats.acknowledged += 1;
             self.stats.alignment = self.stats.alignment.max(ack.alignment);
             self.handles.extend(ack.state);
@@ -148,6 +162,7 @@ impl PendingCheckpoint {
                 id: self.id,
                 positions: self.positions,
                 behind: self.behind,
+                decode_errors: self.decode_errors,
             },
             self.handles,
             self.stats,
@@ -192,5 +207,32 @@ mod tests {
         let (c, _, _) = p.complete();
         assert_eq!(c.id, 3);
         assert_eq!(c.positions[&5], 7);
+        assert!(c.decode_errors.is_empty());
+    }
+
+    #[test]
+    fn decode_errors_are_summed_per_source_and_the_latest_error_kept() {
+        let ack = |records: u64, last: Option<(i64, &str)>| CheckpointAck {
+            checkpoint_id: 1,
+            decode_errors: Some(DecodeErrors {
+                source: 8,
+                records,
+                last: last.map(|(t, m)| (t, m.to_string())),
+            }),
+            ..Default::default()
+        };
+        let mut p = PendingCheckpoint::new(1, [t(0, 0), t(0, 1), t(0, 2)]);
+        p.acknowledge(&t(0, 0), ack(2, Some((20, "late"))));
+        p.acknowledge(&t(0, 1), ack(0, None));
+        p.acknowledge(&t(0, 2), ack(1, Some((10, "early"))));
+        let (c, _, _) = p.complete();
+        assert_eq!(
+            c.decode_errors[&8],
+            DecodeErrors {
+                source: 8,
+                records: 3,
+                last: Some((20, "late".into()))
+            }
+        );
     }
 }

@@ -474,6 +474,22 @@ impl JobManager {
         Ok(())
     }
 
+    /// Every job's dead-letter tables: `(job, table, writers)`, the job's
+    /// subtasks `0..writers` writing the table (see
+    /// `executor::operators::connector_source`).
+    pub fn dead_letter_writers(&self) -> Vec<(u64, u64, usize)> {
+        let Ok(jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        jobs.values()
+            .flat_map(|jm| {
+                jm.dead_letter_tables()
+                    .into_iter()
+                    .map(|(table, writers)| (jm.job, table, writers))
+            })
+            .collect()
+    }
+
     /// Waits, as `FLUSH` does for a job that reads connectors, until a
     /// checkpoint of `job` holds what its connectors held when called;
     /// returns that checkpoint's id (`None`: the job was cancelled).

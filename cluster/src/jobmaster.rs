@@ -336,6 +336,7 @@ impl JobMaster {
                 id: last.id,
                 positions: last.positions.iter().map(|(k, v)| (*k, *v)).collect(),
                 behind: true,
+                ..Default::default()
             });
         } else if let Some((id, why)) = corrupt.first() {
             inner.unrecoverable = Some(format!(
@@ -378,6 +379,7 @@ impl JobMaster {
                         id: prev.id,
                         positions: prev.positions.iter().map(|(k, v)| (*k, *v)).collect(),
                         behind: true,
+                        ..Default::default()
                     });
                 }
                 None => {
@@ -723,6 +725,21 @@ impl JobMaster {
             .nodes
             .iter()
             .any(|n| matches!(n.spec, OperatorSpec::ConnectorSource { .. }))
+    }
+
+    /// The dead-letter tables the job's connector sources write, each with
+    /// the source's parallelism (its writers are subtasks `0..n`).
+    pub(crate) fn dead_letter_tables(&self) -> Vec<(u64, usize)> {
+        self.graph
+            .vertices
+            .iter()
+            .filter_map(|v| match &self.graph.stream.nodes[*v.nodes.first()?].spec {
+                OperatorSpec::ConnectorSource { connector, .. } => {
+                    connector.dead_letter_table.map(|t| (t, v.parallelism))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Tables the job's sources read.

@@ -31,6 +31,10 @@ use crate::{ExecError, Result};
 
 mod avro;
 
+/// `ENCODE … (dead_letter_table = 'name')`: the Weir table that keeps the
+/// records that cannot be decoded.
+pub const DEAD_LETTER_TABLE: &str = "dead_letter_table";
+
 /// The encodings a source's records may have.
 pub const ENCODINGS: &[&str] = &["JSON", "CSV", "BYTES", "AVRO"];
 
@@ -153,6 +157,13 @@ impl Decoder {
         };
         let mut options = spec.encode_options.clone();
         let fail_fast = encode_flag(&mut options, "ignore_parse_errors")? == Some(false);
+        // The server resolves it into `spec.dead_letter_table`.
+        if options.remove(DEAD_LETTER_TABLE).is_some() && fail_fast {
+            return Err(ExecError::InvalidOption(format!(
+                "ENCODE option {DEAD_LETTER_TABLE} keeps the records that cannot be decoded, \
+                 but ignore_parse_errors = 'false' fails the job on the first; choose one"
+            )));
+        }
         let encode = match encode {
             "JSON" => Encode::Json,
             "CSV" => {

@@ -73,6 +73,31 @@ pub struct CheckpointAck {
     /// Connector sources: more was available to read than the rows before
     /// the barrier (`FLUSH` waits for a checkpoint where none is behind).
     pub behind: bool,
+    /// Connector sources: the records they could not decode, up to the
+    /// barrier.
+    pub decode_errors: Option<DecodeErrors>,
+}
+
+/// The records of a source that one subtask (or, summed, a job) skipped
+/// because they could not be decoded, as of a checkpoint: state, so that
+/// a restart neither loses nor counts one twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecodeErrors {
+    /// The source (or connector table) id.
+    pub source: u64,
+    pub records: u64,
+    /// The latest error: when (microseconds since the epoch) and what.
+    pub last: Option<(i64, String)>,
+}
+
+impl DecodeErrors {
+    /// Adds another subtask's (or split's) count; the later error wins.
+    pub fn add(&mut self, other: &DecodeErrors) {
+        self.records += other.records;
+        if other.last.as_ref().map(|l| l.0) > self.last.as_ref().map(|l| l.0) {
+            self.last = other.last.clone();
+        }
+    }
 }
 
 /// The state a (re)deployed subtask starts from (Flink's
@@ -121,7 +146,7 @@ pub trait TableLog: Send + Sync {
     async fn ingest(
         &self,
         table: u64,
-        writer: u32,
+        writer: storage::table::WriterId,
         checkpoint: u64,
         changes: &Chunk,
     ) -> Result<storage::table::Ingested>;
@@ -232,6 +257,9 @@ pub fn build_task(
             Head::Connector(Box::new(ConnectorSource::new(
                 &head_node.spec,
                 &head_node.schema,
+                dep.id.job,
+                subtask,
+                &env.tables,
             )?)),
             &vertex.nodes[1..],
         ),
@@ -325,6 +353,13 @@ pub fn build_task(
     ))
 }
 
+/// What a connector source adds to its acknowledgement.
+#[derive(Debug, Default)]
+struct SourceReport {
+    behind: bool,
+    decode_errors: Option<DecodeErrors>,
+}
+
 /// Why the main loop ended.
 enum Exit {
     Cancelled,
@@ -408,7 +443,7 @@ impl StreamTask {
                         let mut writes = Vec::new();
                         source.snapshot(&mut writes);
                         let position = SourcePosition { table: source.table_id(), seq: source.position() };
-                        self.checkpoint(barrier, writes, vec![position], Default::default(), false).await?;
+                        self.checkpoint(barrier, writes, vec![position], Default::default(), SourceReport::default()).await?;
                     }
                     Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
@@ -436,13 +471,14 @@ impl StreamTask {
                 cmd = self.commands.recv() => match cmd {
                     Some(TaskCommand::TriggerCheckpoint(barrier)) => {
                         let mut writes = Vec::new();
-                        source.snapshot(&mut writes);
+                        source.snapshot(barrier.checkpoint_id, &mut writes).await?;
                         let behind = !source.caught_up(barrier.checkpoint_id);
                         source.barrier_emitted(barrier.checkpoint_id);
-                        self.checkpoint(barrier, writes, Vec::new(), Default::default(), behind).await?;
+                        let source = SourceReport { behind, decode_errors: Some(source.decode_errors()) };
+                        self.checkpoint(barrier, writes, Vec::new(), Default::default(), source).await?;
                     }
                     Some(TaskCommand::NotifyCheckpointComplete(id)) => {
-                        source.committed(id);
+                        source.committed(id).await?;
                         self.commit(id).await?
                     }
                     Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
@@ -474,7 +510,7 @@ impl StreamTask {
                 _ = sleep, if timer.is_some() => self.timers().await?,
                 event = gate.next() => match event? {
                     GateEvent::Chunk(input, chunk) => self.push(0, input, chunk).await?,
-                    GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment, false).await?,
+                    GateEvent::Barrier(barrier, alignment) => self.checkpoint(barrier, Vec::new(), Vec::new(), alignment, SourceReport::default()).await?,
                     GateEvent::Watermark(wm) => self.watermark(wm).await?,
                     GateEvent::End => return Ok(Exit::InputsClosed),
                 },
@@ -570,7 +606,7 @@ impl StreamTask {
         mut writes: Vec<StateWrite>,
         positions: Vec<SourcePosition>,
         alignment: std::time::Duration,
-        behind: bool,
+        source: SourceReport,
     ) -> Result<()> {
         for i in 0..self.chain.len() {
             let mut out = Vec::new();
@@ -598,7 +634,8 @@ impl StreamTask {
                 alignment,
                 state: None,
                 declined: None,
-                behind,
+                behind: source.behind,
+                decode_errors: source.decode_errors,
             },
         );
         Ok(())

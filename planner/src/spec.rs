@@ -676,6 +676,11 @@ pub struct ConnectorSpec {
     /// the source's last columns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub include: Vec<IncludeColumn>,
+    /// `ENCODE … (dead_letter_table = 'name')`, resolved by the catalog:
+    /// the table (id) in which every job reading the source keeps the
+    /// records it could not decode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_table: Option<u64>,
 }
 
 /// One `INCLUDE what [AS column]` of a source.

@@ -167,8 +167,13 @@ impl Entry {
 
     pub fn depends_on(&self) -> &[u64] {
         match self {
+            // A connector table has no late rows; it may keep dead letters.
+            Entry::Table {
+                ingest: Some(ingest),
+                ..
+            } => ingest.connector.dead_letter_table.as_slice(),
             Entry::Table { late_rows, .. } => late_rows.as_slice(),
-            Entry::Source { .. } => &[],
+            Entry::Source { connector, .. } => connector.dead_letter_table.as_slice(),
             Entry::View { depends_on, .. }
             | Entry::MaterializedView { depends_on, .. }
             | Entry::Sink { depends_on, .. } => depends_on,

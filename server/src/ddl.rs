@@ -245,6 +245,7 @@ async fn create_connector_table(
 ) -> Result<QueryResult> {
     let Entry::Table {
         id,
+        name,
         columns,
         ingest: Some(ingest),
         ..
@@ -256,6 +257,7 @@ async fn create_connector_table(
     executor::connectors::source(&ingest.connector, &crate::catalog::source_schema(columns)?)?
         .splits()
         .await?;
+    let dead_letters = crate::dead_letters::resolve(db, name, &mut ingest.connector)?;
     *id = db.catalog.allocate_id()?;
     let desc = table_desc(&entry)?;
     db.catalog.add(entry.clone())?;
@@ -264,6 +266,7 @@ async fn create_connector_table(
         db.catalog.remove(&[entry.id()])?;
         crate::ingest::stop(db, &entry).await?;
         db.cluster.tables.drop_table(entry.id())?;
+        crate::dead_letters::undo(db, dead_letters)?;
         return Err(e);
     }
     Ok(QueryResult::command(tag))
@@ -296,13 +299,18 @@ async fn create_source(
         ));
     }
     source.splits().await?;
-    db.catalog.add(Entry::Source {
+    let dead_letters = crate::dead_letters::resolve(db, &name, &mut connector)?;
+    let entry = Entry::Source {
         id: db.catalog.allocate_id()?,
         name,
         columns,
         watermark,
         connector,
-    })?;
+    };
+    if let Err(e) = db.catalog.add(entry) {
+        crate::dead_letters::undo(db, dead_letters)?;
+        return Err(e);
+    }
     Ok(QueryResult::command("CREATE SOURCE"))
 }
 

@@ -388,17 +388,35 @@ impl Database {
         {
             r?;
         }
+        let targets = self.table_positions()?;
+        self.cluster
+            .job_manager
+            .flush(&targets)
+            .await
+            .map_err(|e| self.job_error(e))?;
+        // The records the jobs skipped are in their dead-letter tables
+        // once their checkpoints commit; views over those tables follow.
+        crate::dead_letters::flush(self).await?;
+        let after = self.table_positions()?;
+        if after != targets {
+            self.cluster
+                .job_manager
+                .flush(&after)
+                .await
+                .map_err(|e| self.job_error(e))?;
+        }
+        Ok(())
+    }
+
+    /// Every table's last log sequence number.
+    fn table_positions(&self) -> Result<std::collections::HashMap<u64, u64>> {
         let mut targets = std::collections::HashMap::new();
         for entry in self.catalog.all() {
             if let Entry::Table { id, .. } = entry {
                 targets.insert(id, self.cluster.tables.last_seq(id)?);
             }
         }
-        self.cluster
-            .job_manager
-            .flush(&targets)
-            .await
-            .map_err(|e| self.job_error(e))
+        Ok(targets)
     }
 
     /// Names the view of a failed job.

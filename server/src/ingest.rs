@@ -22,6 +22,7 @@ use datafusion::logical_expr::LogicalPlanBuilder;
 use planner::source::StreamSourceTable;
 use planner::spec::ConnectorSpec;
 use planner::{SinkTarget, job_graph::JobGraph};
+use storage::table::WriterId;
 
 use crate::catalog::{Column, Entry, Ingest, table_desc, user_schema};
 use crate::ddl::{JobOptions, plan_job};
@@ -196,11 +197,26 @@ pub(crate) async fn flush(db: &Database, id: u64, writers: usize) -> Result<()> 
     let Some(checkpoint) = jobs.flush_job(id).await.map_err(|e| db.job_error(e))? else {
         return Ok(());
     };
-    let mut ingested = db.cluster.tables.ingested(id)?;
+    wait_applied(db, id, id, writers, checkpoint).await
+}
+
+/// Waits until subtasks `0..writers` of job `job` have applied checkpoint
+/// `checkpoint` (or a later one) to table `table`.
+pub(crate) async fn wait_applied(
+    db: &Database,
+    table: u64,
+    job: u64,
+    writers: usize,
+    checkpoint: u64,
+) -> Result<()> {
+    let mut ingested = db.cluster.tables.ingested(table)?;
     loop {
         let applied = {
             let m = ingested.borrow_and_update();
-            (0..writers as u32).all(|w| m.get(&w).is_some_and(|c| *c >= checkpoint))
+            (0..writers as u32).all(|subtask| {
+                m.get(&WriterId { job, subtask })
+                    .is_some_and(|c| *c >= checkpoint)
+            })
         };
         if applied {
             return Ok(());
@@ -211,7 +227,7 @@ pub(crate) async fn flush(db: &Database, id: u64, writers: usize) -> Result<()> 
             Ok(Ok(())) => {}
             // The table was dropped meanwhile.
             Ok(Err(_)) => return Ok(()),
-            Err(_) => match jobs.checkpoint_now(id).await {
+            Err(_) => match db.cluster.job_manager.checkpoint_now(job).await {
                 Ok(()) | Err(cluster::ClusterError::UnknownJob(_)) => {}
                 Err(e) => return Err(db.job_error(e)),
             },

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod catalog;
 pub mod context;
 pub mod ddl;
+pub mod dead_letters;
 pub mod dml;
 pub mod engine;
 pub mod error;

@@ -13,7 +13,11 @@
 //! - `checkpoints`: each job's recent checkpoints (Flink's checkpoint
 //!   history): trigger time, duration, alignment time, bytes of state
 //!   written, acknowledgements, and IN_PROGRESS / COMPLETED / FAILED /
-//!   ABORTED with the cause.
+//!   ABORTED with the cause;
+//! - `source_errors`: per job and connector source it reads, the records
+//!   that could not be decoded and were skipped, as of the job's latest
+//!   completed checkpoint (Flink's `numRecordsInErrors`), the last error
+//!   and the dead-letter table that keeps them.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -33,8 +37,9 @@ use crate::types::UTC;
 /// The schema holding the system tables.
 pub const SCHEMA: &str = "weir_catalog";
 
-const TABLES: [&str; 7] = [
+const TABLES: [&str; 8] = [
     "late_rows",
+    "source_errors",
     "task_managers",
     "slots",
     "jobs",
@@ -416,6 +421,54 @@ impl SystemSchema {
         ])
     }
 
+    /// Per job and connector source: the records skipped because they
+    /// could not be decoded, as of the job's latest completed checkpoint
+    /// (each counted once, across restarts).
+    fn source_errors(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let jobs = &self.db.cluster.job_manager;
+        let name = |id: u64| self.db.catalog.get(id).map(|e| e.name().to_string());
+        let (mut job, mut view, mut source, mut skipped, mut error, mut at, mut dead) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for j in jobs.jobs() {
+            let Ok(completed) = jobs.completed_checkpoints(j.job) else {
+                continue;
+            };
+            let errors = completed.borrow().decode_errors.clone();
+            for (id, e) in errors {
+                job.push(Some(j.job as i64));
+                view.push(name(j.job));
+                source.push(name(id));
+                skipped.push(Some(e.records as i64));
+                error.push(e.last.as_ref().map(|(_, m)| m.clone()));
+                at.push(e.last.as_ref().map(|(t, _)| *t));
+                dead.push(
+                    self.db
+                        .catalog
+                        .get(id)
+                        .and_then(|e| match e {
+                            crate::catalog::Entry::Source { connector, .. } => {
+                                connector.dead_letter_table
+                            }
+                            crate::catalog::Entry::Table {
+                                ingest: Some(i), ..
+                            } => i.connector.dead_letter_table,
+                            _ => None,
+                        })
+                        .and_then(name),
+                );
+            }
+        }
+        table(vec![
+            ("job", Col::Int(job)),
+            ("name", Col::Text(view)),
+            ("source", Col::Text(source)),
+            ("skipped", Col::Int(skipped)),
+            ("last_error", Col::Text(error)),
+            ("last_error_at", Col::Time(at)),
+            ("dead_letter_table", Col::Text(dead)),
+        ])
+    }
+
     fn subtasks(&self) -> DfResult<Arc<dyn TableProvider>> {
         let jobs = self.db.cluster.job_manager.jobs();
         let (mut job, mut view, mut vertex, mut subtask, mut state, mut slot, mut tm) =
@@ -458,6 +511,7 @@ impl SchemaProvider for SystemSchema {
             "checkpoints" => self.checkpoints()?,
             "savepoints" => self.savepoints()?,
             "late_rows" => self.late_rows().await?,
+            "source_errors" => self.source_errors()?,
             _ => return Ok(None),
         }))
     }

@@ -564,7 +564,8 @@ async fn included_columns_carry_key_partition_offset_and_timestamp() {
 /// `CREATE TABLE … WITH (connector = 'kafka')`: the table stores each
 /// record once across a SIGKILL (the ingest job's offsets and the rows it
 /// applied move together), upserts by its key, and applies Debezium's
-/// changes by key.
+/// changes by key. Records that cannot be decoded are counted, and kept
+/// once in a dead-letter table, across the SIGKILL too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_tables_store_each_record_once() {
     let broker = Broker::start().await;
@@ -582,7 +583,10 @@ async fn kafka_tables_store_each_record_once() {
             "CREATE TABLE latest (id bigint PRIMARY KEY, amount int, note text) \
              INCLUDE partition AS part {with}"
         ),
-        format!("CREATE TABLE every (id bigint, amount int, note text) {with}"),
+        format!(
+            "CREATE TABLE every (id bigint, amount int, note text) {}",
+            with.replace("ENCODE JSON", "ENCODE JSON (dead_letter_table = 'bad_orders')")
+        ),
         "CREATE MATERIALIZED VIEW latest_sum AS SELECT count(*) AS n, sum(amount) AS s FROM latest"
             .into(),
         "CREATE MATERIALIZED VIEW every_n AS SELECT count(*) AS n, count(DISTINCT id) AS ids FROM every"
@@ -614,7 +618,35 @@ async fn kafka_tables_store_each_record_once() {
         .map(|i| format!(r#"{{"id": {i}, "amount": 100, "note": "again"}}"#).into_bytes())
         .collect();
     broker.produce("orders_t", 0, &again, 2_000).await;
+    // Three records no JSON decoder takes, after the 50 of partition 1.
+    let bad: Vec<Vec<u8>> = vec![
+        b"{oops".to_vec(),
+        br#"{"id": "x"}"#.to_vec(),
+        b"nope".to_vec(),
+    ];
+    broker.produce("orders_t", 1, &bad, 2_000).await;
     rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(
+            &client,
+            "SELECT source, position, encode(record, 'hex') FROM bad_orders ORDER BY position"
+        )
+        .await,
+        vec![
+            vec!["every", "partition 1 offset 50", "7b6f6f7073"],
+            vec!["every", "partition 1 offset 51", "7b226964223a202278227d"],
+            vec!["every", "partition 1 offset 52", "6e6f7065"],
+        ]
+    );
+    let errors = "SELECT name, source, skipped, dead_letter_table FROM weir_catalog.source_errors \
+                  ORDER BY name";
+    assert_eq!(
+        rows(&client, errors).await,
+        vec![
+            vec!["every", "every", "3", "bad_orders"],
+            vec!["latest", "latest", "3", "NULL"],
+        ]
+    );
     assert_eq!(one(&client, "SELECT count(*) FROM latest").await, "100");
     assert_eq!(
         one(&client, "SELECT count(*) FROM latest WHERE note = 'again'").await,
@@ -626,10 +658,19 @@ async fn kafka_tables_store_each_record_once() {
     server.crash_and_restart();
     let client = server.client().await;
     produce_orders(&broker, "orders_t", 2, 100..160, 3_000).await;
+    broker.produce("orders_t", 0, &bad[..2], 3_000).await;
     rows(&client, "FLUSH").await;
     assert_eq!(
         rows(&client, "SELECT * FROM every_n").await,
         vec![vec!["185", "160"]]
+    );
+    assert_eq!(one(&client, "SELECT count(*) FROM bad_orders").await, "5");
+    assert_eq!(
+        rows(&client, errors).await,
+        vec![
+            vec!["every", "every", "5", "bad_orders"],
+            vec!["latest", "latest", "5", "NULL"],
+        ]
     );
     assert_eq!(one(&client, "SELECT count(*) FROM every").await, "185");
     assert_eq!(one(&client, "SELECT n FROM latest_sum").await, "160");
@@ -698,6 +739,7 @@ async fn kafka_tables_store_each_record_once() {
     .await;
     rows(&client, "DROP TABLE people").await;
     rows(&client, "DROP TABLE every CASCADE").await;
+    rows(&client, "DROP TABLE bad_orders").await;
     assert_eq!(rows(&client, "SHOW TABLES").await, vec![vec!["latest"]]);
 }
 

@@ -415,6 +415,7 @@ impl JobMasterGateway for RemoteJobMaster {
             state: super::to_json(&ack.state),
             declined: ack.declined,
             behind: ack.behind,
+            decode_errors: ack.decode_errors.map(Into::into),
         }));
     }
 
@@ -574,7 +575,7 @@ impl TableLog for RemoteTableLog {
     async fn ingest(
         &self,
         table: u64,
-        writer: u32,
+        writer: storage::table::WriterId,
         checkpoint: u64,
         changes: &Chunk,
     ) -> executor::Result<storage::table::Ingested> {
@@ -583,7 +584,8 @@ impl TableLog for RemoteTableLog {
             .clone()
             .ingest(pb::IngestRequest {
                 table,
-                writer,
+                writer: writer.subtask,
+                job: writer.job,
                 checkpoint,
                 chunk: changes.to_ipc()?,
             })

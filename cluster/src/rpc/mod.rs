@@ -15,7 +15,7 @@ pub(crate) mod shuffle;
 use std::time::Duration;
 
 use executor::message::{Barrier, BarrierKind, Message, Mutation, Watermark};
-use executor::task::{SourcePosition, TaskId};
+use executor::task::{DecodeErrors, SourcePosition, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
 
@@ -140,6 +140,31 @@ impl From<pb::SourcePosition> for SourcePosition {
         SourcePosition {
             table: p.table,
             seq: p.seq,
+        }
+    }
+}
+
+impl From<DecodeErrors> for pb::DecodeErrors {
+    fn from(e: DecodeErrors) -> Self {
+        let (last_at_micros, last_error) = match e.last {
+            Some((at, message)) => (at, Some(message)),
+            None => (0, None),
+        };
+        pb::DecodeErrors {
+            source: e.source,
+            records: e.records,
+            last_error,
+            last_at_micros,
+        }
+    }
+}
+
+impl From<pb::DecodeErrors> for DecodeErrors {
+    fn from(e: pb::DecodeErrors) -> Self {
+        DecodeErrors {
+            source: e.source,
+            records: e.records,
+            last: e.last_error.map(|m| (e.last_at_micros, m)),
         }
     }
 }

@@ -186,6 +186,7 @@ impl JobMasterService for JobManagerServices {
                     state: super::json_field(&ack.state, "state")?,
                     declined: ack.declined,
                     behind: ack.behind,
+                    decode_errors: ack.decode_errors.map(Into::into),
                 },
             );
         }
@@ -318,7 +319,11 @@ impl TableLogService for JobManagerServices {
         let chunk = Chunk::from_ipc(&r.chunk).map_err(storage_status)?;
         let tables = self.tables.clone();
         let done = tokio::task::spawn_blocking(move || {
-            tables.ingest(r.table, r.writer, r.checkpoint, &chunk)
+            let writer = storage::table::WriterId {
+                job: r.job,
+                subtask: r.writer,
+            };
+            tables.ingest(r.table, writer, r.checkpoint, &chunk)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?

@@ -328,6 +328,7 @@ impl SplitReader for DatagenReader {
             position: count_position(self.next),
             caught_up,
             as_of: std::time::Instant::now(),
+            rejected: Vec::new(),
         }))
     }
 }

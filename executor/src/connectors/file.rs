@@ -20,7 +20,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use planner::spec::ConnectorSpec;
 
-use super::{Options, Pace, ReadBatch, SourceConnector, SplitReader};
+use super::{Options, Pace, ReadBatch, Rejected, SourceConnector, SplitReader};
 use crate::formats::Decoder;
 use crate::{ExecError, Result};
 
@@ -204,22 +204,38 @@ impl SplitReader for FileReader {
         // Whole lines, about CHUNK bytes of them; a last line without a
         // line end is a line too.
         let end = line_end(data, (start + CHUNK).min(data.len()).max(start + 1) - 1);
+        // Each line, and its byte offset in the file to name it by.
+        let mut starts = Vec::new();
+        let mut at = start;
         let lines: Vec<&[u8]> = data[start..end]
             .split(|b| *b == b'\n')
-            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .map(|l| {
+                starts.push(at);
+                at += l.len() + 1;
+                l.strip_suffix(b"\r").unwrap_or(l)
+            })
             .collect();
         let decoded = self.decoder.decode(&lines)?;
-        self.decoder.check(&decoded, |i| {
-            format!("a line of {} (line {i} of a batch)", self.path.display())
-        })?;
-        for e in &decoded.errors {
-            tracing::warn!(
-                file = %self.path.display(),
-                line_in_batch = e.index,
-                error = %e.message,
-                "file record skipped: it cannot be decoded"
-            );
-        }
+        let name = |i: usize| format!("{} byte {}", self.path.display(), starts[i]);
+        self.decoder
+            .check(&decoded, |i| format!("file {}", name(i)))?;
+        let rejected = decoded
+            .errors
+            .iter()
+            .map(|e| {
+                tracing::warn!(
+                    file = %self.path.display(),
+                    byte = starts[e.index],
+                    error = %e.message,
+                    "file record skipped: it cannot be decoded"
+                );
+                Rejected {
+                    position: name(e.index),
+                    record: lines[e.index].to_vec(),
+                    error: e.message.clone(),
+                }
+            })
+            .collect();
         self.offset = end as u64;
         Ok(Some(ReadBatch {
             data: decoded.rows,
@@ -227,6 +243,7 @@ impl SplitReader for FileReader {
             position: encode_position(self.offset, &self.path),
             caught_up: true,
             as_of: std::time::Instant::now(),
+            rejected,
         }))
     }
 }
@@ -315,6 +332,7 @@ impl SplitReader for ParquetReader {
             position: encode_position(self.rows, &self.path),
             caught_up: true,
             as_of: std::time::Instant::now(),
+            rejected: Vec::new(),
         }))
     }
 }

@@ -29,7 +29,7 @@ use rskafka::record::RecordAndOffset;
 use rskafka::{BackoffConfig, chrono};
 use tokio::sync::OnceCell;
 
-use super::{Options, Pace, ReadBatch, SourceConnector, SplitReader};
+use super::{Options, Pace, ReadBatch, Rejected, SourceConnector, SplitReader};
 use crate::formats::Decoder;
 use crate::{ExecError, Result};
 
@@ -498,15 +498,25 @@ impl SplitReader for KafkaReader {
                 shared.conn.topic, records[i].offset
             )
         })?;
-        for e in &decoded.errors {
-            tracing::warn!(
-                topic = %shared.conn.topic,
-                partition,
-                offset = records[e.index].offset,
-                error = %e.message,
-                "kafka record skipped: it cannot be decoded"
-            );
-        }
+        let rejected = decoded
+            .errors
+            .iter()
+            .map(|e| {
+                let offset = records[e.index].offset;
+                tracing::warn!(
+                    topic = %shared.conn.topic,
+                    partition,
+                    offset,
+                    error = %e.message,
+                    "kafka record skipped: it cannot be decoded"
+                );
+                Rejected {
+                    position: format!("partition {partition} offset {offset}"),
+                    record: values[e.index].to_vec(),
+                    error: e.message.clone(),
+                }
+            })
+            .collect();
         self.offset = Some(next);
         let data = if shared.include.is_empty() {
             decoded.rows
@@ -519,6 +529,7 @@ impl SplitReader for KafkaReader {
             position: next.to_be_bytes().to_vec(),
             caught_up: next >= high_watermark,
             as_of,
+            rejected,
         }))
     }
 }

@@ -47,6 +47,82 @@ pub struct ReadBatch {
     /// … as of this moment: when the read that found it out began (a
     /// Kafka fetch), so that nothing written after it is taken as read.
     pub as_of: Instant,
+    /// The records among these that could not be decoded, skipped.
+    pub rejected: Vec<Rejected>,
+}
+
+/// A record that could not be decoded: what a source counts, and keeps in
+/// its dead-letter table if it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// Where the record is in the external system, as the connector names
+    /// it (`partition 0 offset 17`, `/data/a.json byte 4096`): unique
+    /// within the source.
+    pub position: String,
+    pub record: Vec<u8>,
+    pub error: String,
+}
+
+/// The columns of a dead-letter table (`ENCODE … (dead_letter_table =
+/// 'name')`), as SQL declares them: the source (or connector table) that
+/// skipped the record, where the record is, its bytes, why it could not be
+/// decoded and when it was skipped. `(source, position)` is the key, so a
+/// record that several jobs skip (every view reads a source afresh), or
+/// one job again after a restart, is kept once.
+pub const DEAD_LETTER_COLUMNS: [(&str, &str); 5] = [
+    ("source", "text"),
+    ("position", "text"),
+    ("record", "bytea"),
+    ("error", "text"),
+    ("skipped_at", "timestamptz"),
+];
+
+/// The key of a dead-letter table: `source`, `position`.
+pub const DEAD_LETTER_KEY: [&str; 2] = ["source", "position"];
+
+/// [`DEAD_LETTER_COLUMNS`] as Arrow fields (`timestamptz` at UTC, as the
+/// catalog stores it).
+pub fn dead_letter_schema() -> SchemaRef {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    Arc::new(Schema::new(vec![
+        Field::new("source", DataType::Utf8, false),
+        Field::new("position", DataType::Utf8, false),
+        Field::new("record", DataType::Binary, true),
+        Field::new("error", DataType::Utf8, true),
+        Field::new(
+            "skipped_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+            true,
+        ),
+    ]))
+}
+
+/// The rows of a dead-letter table for records `source` skipped, each at
+/// the time (microseconds since the epoch) given.
+pub(crate) fn dead_letter_rows(source: &str, rejected: &[(Rejected, i64)]) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{BinaryArray, StringArray, TimestampMicrosecondArray};
+    let schema = dead_letter_schema();
+    Ok(RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                rejected.iter().map(|_| source),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                rejected.iter().map(|(r, _)| r.position.as_str()),
+            )),
+            Arc::new(BinaryArray::from_iter_values(
+                rejected.iter().map(|(r, _)| r.record.as_slice()),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                rejected.iter().map(|(r, _)| r.error.as_str()),
+            )),
+            Arc::new(
+                TimestampMicrosecondArray::from_iter_values(rejected.iter().map(|(_, t)| *t))
+                    .with_timezone("+00:00"),
+            ),
+        ],
+    )?)
 }
 
 /// Reads one split, in order.
@@ -109,7 +185,7 @@ pub const SOURCE_CONNECTORS: &[&str] = &["datagen", "file", "kafka", "nexmark", 
 /// options checked.
 pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn SourceConnector>> {
     // Connectors whose records are bytes check their FORMAT with ENCODE.
-    let decodes = matches!(spec.connector.as_str(), "kafka" | "file");
+    let decodes = decodes_records(&spec.connector);
     if !decodes && spec.format.as_deref().is_some_and(|f| f != "PLAIN") {
         return Err(ExecError::InvalidOption(format!(
             "connector {} takes FORMAT PLAIN, not FORMAT {}",
@@ -128,6 +204,12 @@ pub fn source(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Arc<dyn Source
             SOURCE_CONNECTORS.join(", ")
         ))),
     }
+}
+
+/// Whether `connector`'s records are bytes that a `FORMAT … ENCODE …`
+/// decodes (and so may fail to).
+pub fn decodes_records(connector: &str) -> bool {
+    matches!(connector, "kafka" | "file")
 }
 
 /// The SQL type of `INCLUDE what` for `connector`: the Kafka record's

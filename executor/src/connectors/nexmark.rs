@@ -422,6 +422,7 @@ impl SplitReader for NexmarkReader {
             position: count_position(self.generator.offset()),
             caught_up,
             as_of: std::time::Instant::now(),
+            rejected: Vec::new(),
         }))
     }
 }

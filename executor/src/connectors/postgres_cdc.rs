@@ -648,6 +648,7 @@ impl CdcReader {
             position: position.encode(),
             caught_up: false,
             as_of,
+            rejected: Vec::new(),
         })
     }
 
@@ -755,6 +756,7 @@ impl CdcReader {
                         position: position.encode(),
                         caught_up: false,
                         as_of: Instant::now(),
+                        rejected: Vec::new(),
                     });
                 }
                 ReplicationEvent::Message {
@@ -771,6 +773,7 @@ impl CdcReader {
                             position: position.encode(),
                             caught_up: true,
                             as_of,
+                            rejected: Vec::new(),
                         });
                     }
                 }

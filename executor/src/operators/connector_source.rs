@@ -10,6 +10,14 @@
 //! When every split it owns has ended (a bounded source, or none at all),
 //! the subtask's watermark goes to the end of time, as Flink's bounded
 //! sources do: windows downstream close.
+//!
+//! A record that cannot be decoded is skipped and counted, per split, in
+//! the same state as the split's position, so the count is exactly that of
+//! the records the completed checkpoints cover (`weir_catalog.source_errors`
+//! sums it from the acknowledgements). With a dead-letter table the
+//! skipped records are also kept there: they are written as a sink writes,
+//! through [`CommittingSink`] around a [`TableWriter`], applied to the
+//! table when the checkpoint that covers them completes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,17 +32,63 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::event_time::EventTime;
-use crate::connectors::{self, Pace, ReadBatch, SourceConnector};
+use crate::connectors::{self, Pace, ReadBatch, Rejected, SourceConnector};
 use crate::message::Watermark;
 use crate::operator::OperatorContext;
+use crate::sinks::{CommittingSink, TableWriter};
+use crate::task::{DecodeErrors, TableLog};
 use crate::{ExecError, Result, expr};
 
 const WATERMARK_KEY: &[u8] = b"watermark";
+/// The dead-letter writer's entries start with this.
+const DEAD_LETTERS_PREFIX: &[u8] = b"dead/";
 /// Batches fetched ahead of the task, over all its splits.
 const QUEUE: usize = 8;
 
 fn split_key(split: usize) -> Vec<u8> {
     format!("split/{split}").into_bytes()
+}
+
+fn errors_key(split: usize) -> Vec<u8> {
+    format!("errors/{split}").into_bytes()
+}
+
+/// The records of one split that could not be decoded.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct SplitErrors {
+    records: u64,
+    /// When (microseconds since the epoch) and why the last one failed.
+    last: Option<(i64, String)>,
+}
+
+impl SplitErrors {
+    /// `records`, then if there was one, the last error's time and text.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = self.records.to_be_bytes().to_vec();
+        if let Some((at, message)) = &self.last {
+            out.extend_from_slice(&at.to_be_bytes());
+            out.extend_from_slice(message.as_bytes());
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        let corrupt = || ExecError::Storage(storage::StorageError::Corrupt("source errors".into()));
+        let records = u64::from_be_bytes(
+            bytes
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(corrupt)?,
+        );
+        let last = match bytes.get(8..16) {
+            None => None,
+            Some(at) => Some((
+                i64::from_be_bytes(at.try_into().map_err(|_| corrupt())?),
+                String::from_utf8_lossy(&bytes[16..]).into_owned(),
+            )),
+        };
+        Ok(Self { records, last })
+    }
 }
 
 /// What a fetcher hands the task.
@@ -52,9 +106,11 @@ struct SplitState {
     /// (see [`ReadBatch::as_of`]); `None` while it has more.
     caught_up: Option<Instant>,
     ended: bool,
+    errors: SplitErrors,
 }
 
 pub struct ConnectorSource {
+    source_id: u64,
     name: String,
     connector: Arc<dyn SourceConnector>,
     projection: Vec<usize>,
@@ -70,6 +126,9 @@ pub struct ConnectorSource {
     last_barrier: Option<(u64, Instant)>,
     /// The splits' positions at each barrier not yet known completed.
     at_barrier: BTreeMap<u64, Vec<(usize, Vec<u8>)>>,
+    /// With a dead-letter table: its writer, and the records skipped since
+    /// the last barrier, with when.
+    dead_letters: Option<(CommittingSink, Vec<(Rejected, i64)>)>,
 }
 
 impl std::fmt::Debug for ConnectorSource {
@@ -90,21 +149,47 @@ impl Drop for ConnectorSource {
 }
 
 impl ConnectorSource {
-    pub fn new(spec: &OperatorSpec, output: &DFSchema) -> Result<Self> {
+    /// The source of `spec` for subtask `subtask` of job `job`, which
+    /// reaches Weir's tables (a dead-letter table) through `tables`.
+    pub fn new(
+        spec: &OperatorSpec,
+        output: &DFSchema,
+        job: u64,
+        subtask: usize,
+        tables: &Arc<dyn TableLog>,
+    ) -> Result<Self> {
         let OperatorSpec::ConnectorSource {
+            source_id,
             source_name,
             connector,
             source_schema,
             projection,
             state_table,
             watermark,
-            ..
         } = spec
         else {
             return Err(ExecError::Protocol("not a connector source".into()));
         };
         let columns = expr::output_schema(source_schema);
+        let dead_letters = connector.dead_letter_table.map(|table| {
+            let writer = TableWriter::new(
+                tables.clone(),
+                table,
+                job,
+                subtask,
+                connectors::dead_letter_schema(),
+            );
+            let sink = CommittingSink::with_writer(
+                format!("{source_name} (dead letters)"),
+                Box::new(writer),
+                *state_table,
+                DEAD_LETTERS_PREFIX,
+                subtask,
+            );
+            (sink, Vec::new())
+        });
         Ok(Self {
+            source_id: *source_id,
             name: source_name.clone(),
             connector: connectors::source(connector, &columns)?,
             projection: projection.clone(),
@@ -117,6 +202,7 @@ impl ConnectorSource {
             home: 0,
             last_barrier: None,
             at_barrier: BTreeMap::new(),
+            dead_letters,
         })
     }
 
@@ -146,7 +232,18 @@ impl ConnectorSource {
                 && let Some(state) = self.splits.get_mut(&split)
             {
                 state.position = Some(e.value);
+            } else if let Some(split) = std::str::from_utf8(&e.key)
+                .ok()
+                .and_then(|k| k.strip_prefix("errors/"))
+                .and_then(|n| n.parse::<usize>().ok())
+                && let Some(state) = self.splits.get_mut(&split)
+            {
+                state.errors = SplitErrors::decode(&e.value)?;
             }
+        }
+        // The dead letters of the checkpoint restored are applied first.
+        if let Some((sink, _)) = &mut self.dead_letters {
+            sink.open(ctx).await?;
         }
         if let Some(w) = watermark {
             self.event_time.advance(w);
@@ -208,6 +305,14 @@ impl ConnectorSource {
                 if let Some(s) = self.splits.get_mut(&split) {
                     s.position = Some(batch.position);
                     s.caught_up = batch.caught_up.then_some(batch.as_of);
+                    if let Some(last) = batch.rejected.last() {
+                        let now = crate::operator::processing_time_us();
+                        s.errors.records += batch.rejected.len() as u64;
+                        s.errors.last = Some((now, last.error.clone()));
+                        if let Some((_, pending)) = &mut self.dead_letters {
+                            pending.extend(batch.rejected.into_iter().map(|r| (r, now)));
+                        }
+                    }
                 }
                 if batch.data.num_rows() == 0 {
                     return Ok(None);
@@ -258,8 +363,9 @@ impl ConnectorSource {
     }
 
     /// Checkpoint `checkpoint` completed: the connector may let go of what
-    /// comes before the positions it holds.
-    pub fn committed(&mut self, checkpoint: u64) {
+    /// comes before the positions it holds, and the dead letters it covers
+    /// go into their table.
+    pub async fn committed(&mut self, checkpoint: u64) -> Result<()> {
         let later = self.at_barrier.split_off(&(checkpoint + 1));
         let done = std::mem::replace(&mut self.at_barrier, later);
         if let Some((_, positions)) = done.into_iter().next_back() {
@@ -267,21 +373,80 @@ impl ConnectorSource {
                 self.connector.committed(split, &position);
             }
         }
+        if let Some((sink, _)) = &mut self.dead_letters {
+            sink.commit(checkpoint).await?;
+        }
+        Ok(())
     }
 
-    /// Each split's position, and the watermark, as state writes.
-    pub fn snapshot(&self, writes: &mut Vec<StateWrite>) {
+    /// The barrier of `checkpoint`: each split's position and errors, the
+    /// watermark, and the dead letters prepared, as state writes.
+    pub async fn snapshot(&mut self, checkpoint: u64, writes: &mut Vec<StateWrite>) -> Result<()> {
         for (split, state) in &self.splits {
+            let key_group = connectors::split_key_group(*split);
             if let Some(p) = &state.position {
                 writes.push(StateWrite {
                     table: self.state_table,
-                    key_group: connectors::split_key_group(*split),
+                    key_group,
                     key: split_key(*split),
                     value: Some(p.clone()),
+                });
+            }
+            if state.errors.records > 0 {
+                writes.push(StateWrite {
+                    table: self.state_table,
+                    key_group,
+                    key: errors_key(*split),
+                    value: Some(state.errors.encode()),
                 });
             }
         }
         self.event_time
             .snapshot(self.state_table, self.home, WATERMARK_KEY, writes);
+        if let Some((sink, pending)) = &mut self.dead_letters {
+            if !pending.is_empty() {
+                let rows = connectors::dead_letter_rows(&self.name, pending)?;
+                pending.clear();
+                sink.write(&Chunk::inserts(rows)).await?;
+            }
+            sink.checkpoint(checkpoint, writes).await?;
+        }
+        Ok(())
+    }
+
+    /// The records this subtask's splits skipped, as of the last snapshot's
+    /// state: what its acknowledgement reports.
+    pub fn decode_errors(&self) -> DecodeErrors {
+        let mut all = DecodeErrors {
+            source: self.source_id,
+            ..Default::default()
+        };
+        for s in self.splits.values() {
+            all.add(&DecodeErrors {
+                source: self.source_id,
+                records: s.errors.records,
+                last: s.errors.last.clone(),
+            });
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_errors_round_trip() {
+        for e in [
+            SplitErrors::default(),
+            SplitErrors {
+                records: 3,
+                last: Some((1_700_000_000_000_000, "expected value at line 1".into())),
+            },
+        ] {
+            assert_eq!(SplitErrors::decode(&e.encode()).unwrap(), e);
+        }
+        assert!(SplitErrors::decode(&[1, 2]).is_err());
     }
 }

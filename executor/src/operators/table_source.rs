@@ -219,7 +219,7 @@ impl TableLog for storage::table::TableStore {
     async fn ingest(
         &self,
         table: u64,
-        writer: u32,
+        writer: storage::table::WriterId,
         checkpoint: u64,
         changes: &Chunk,
     ) -> Result<storage::table::Ingested> {

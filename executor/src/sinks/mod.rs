@@ -41,6 +41,7 @@ use crate::{ExecError, Result};
 
 pub use encode::Encoder;
 pub use table::TABLE_SINK;
+pub(crate) use table::TableWriter;
 
 /// The sink connectors Weir has, as `connector = '…'` names them.
 pub const SINK_CONNECTORS: &[&str] = &["blackhole", "file", "kafka", "postgres"];
@@ -237,9 +238,11 @@ pub(crate) fn upserts(chunk: &Chunk, key: &[usize]) -> Result<Vec<(usize, bool)>
 }
 
 /// The state key under which writer `subtask` keeps its pending
-/// committables.
-fn writer_key(subtask: usize) -> Vec<u8> {
-    (subtask as u32).to_be_bytes().to_vec()
+/// committables: `prefix subtask`.
+fn writer_key(prefix: &[u8], subtask: usize) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(&(subtask as u32).to_be_bytes());
+    key
 }
 
 fn encode_pending(pending: &BTreeMap<u64, Vec<u8>>) -> Vec<u8> {
@@ -272,6 +275,10 @@ pub struct CommittingSink {
     sink_name: String,
     writer: Box<dyn SinkWriter>,
     state_table: u64,
+    /// What the keys of its entries start with: nothing at the end of a
+    /// sink's subtask, which owns its state table; a tag where it shares
+    /// the table with an operator (a source's dead letters).
+    prefix: &'static [u8],
     subtask: usize,
     /// Where this subtask's entry lives: its first key group.
     home: u16,
@@ -301,15 +308,35 @@ impl CommittingSink {
         tables: &Arc<dyn TableLog>,
     ) -> Result<Self> {
         let (ctx, connector, sink_name, state_table) = context(spec, schema, subtask)?;
-        Ok(Self {
-            sink_name: sink_name.to_string(),
-            writer: sink(connector, &ctx, Some(tables))?.writer(&ctx)?,
+        let writer = sink(connector, &ctx, Some(tables))?.writer(&ctx)?;
+        Ok(Self::with_writer(
+            sink_name.to_string(),
+            writer,
             state_table,
+            b"",
+            subtask,
+        ))
+    }
+
+    /// Runs the protocol around `writer` of subtask `subtask`, keeping its
+    /// entries in `state_table` under keys that start with `prefix`.
+    pub(crate) fn with_writer(
+        sink_name: String,
+        writer: Box<dyn SinkWriter>,
+        state_table: u64,
+        prefix: &'static [u8],
+        subtask: usize,
+    ) -> Self {
+        Self {
+            sink_name,
+            writer,
+            state_table,
+            prefix,
             subtask,
             home: 0,
             pending: BTreeMap::new(),
             restored: Vec::new(),
-        })
+        }
     }
 
     /// Restores: commits the committables of the checkpoint restored from
@@ -320,9 +347,11 @@ impl CommittingSink {
         let mut committables = BTreeMap::new();
         let mut writers = vec![self.subtask];
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
+            let Some(writer) = e.key.strip_prefix(self.prefix) else {
+                continue;
+            };
             let writer = u32::from_be_bytes(
-                e.key
-                    .as_slice()
+                writer
                     .try_into()
                     .map_err(|_| ExecError::Protocol("corrupt sink state key".into()))?,
             ) as usize;
@@ -333,7 +362,7 @@ impl CommittingSink {
             if writer >= ctx.parallelism {
                 writers.push(writer);
             }
-            if (e.key_group, &e.key) != (self.home, &writer_key(self.subtask)) {
+            if (e.key_group, &e.key) != (self.home, &writer_key(self.prefix, self.subtask)) {
                 self.restored.push((e.key_group, e.key));
             }
         }
@@ -375,7 +404,7 @@ impl CommittingSink {
         writes.push(StateWrite {
             table: self.state_table,
             key_group: self.home,
-            key: writer_key(self.subtask),
+            key: writer_key(self.prefix, self.subtask),
             value: Some(encode_pending(&self.pending)),
         });
         Ok(())

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use storage::chunk::Chunk;
+use storage::table::WriterId;
 
 use super::{SinkConnector, SinkContext, SinkWriter};
 use crate::task::TableLog;
@@ -39,23 +40,48 @@ impl SinkConnector for TableSink {
     }
 
     fn writer(&self, ctx: &SinkContext) -> Result<Box<dyn SinkWriter>> {
-        Ok(Box::new(TableWriter {
-            tables: self.tables.clone(),
-            table: ctx.sink_id,
-            subtask: ctx.subtask as u32,
-            schema: ctx.schema.clone(),
-            epoch: Vec::new(),
-        }))
+        // The table's own job has the table's id.
+        Ok(Box::new(TableWriter::new(
+            self.tables.clone(),
+            ctx.sink_id,
+            ctx.sink_id,
+            ctx.subtask,
+            ctx.schema.clone(),
+        )))
     }
 }
 
 /// One subtask's writer: holds an epoch's changes until its checkpoint.
-struct TableWriter {
+pub(crate) struct TableWriter {
     tables: Arc<dyn TableLog>,
     table: u64,
+    /// The job writing; with a subtask's index, the table's marker of
+    /// what that writer applied.
+    job: u64,
     subtask: u32,
     schema: SchemaRef,
     epoch: Vec<Chunk>,
+}
+
+impl TableWriter {
+    /// Subtask `subtask` of job `job`, writing rows of `schema` into
+    /// table `table`.
+    pub(crate) fn new(
+        tables: Arc<dyn TableLog>,
+        table: u64,
+        job: u64,
+        subtask: usize,
+        schema: SchemaRef,
+    ) -> Self {
+        Self {
+            tables,
+            table,
+            job,
+            subtask: subtask as u32,
+            schema,
+            epoch: Vec::new(),
+        }
+    }
 }
 
 #[async_trait]
@@ -90,7 +116,15 @@ impl SinkWriter for TableWriter {
         };
         let done = self
             .tables
-            .ingest(self.table, u32::from_be_bytes(*writer), checkpoint, &chunk)
+            .ingest(
+                self.table,
+                WriterId {
+                    job: self.job,
+                    subtask: u32::from_be_bytes(*writer),
+                },
+                checkpoint,
+                &chunk,
+            )
             .await?;
         if done.null_rows > 0 {
             tracing::warn!(
@@ -167,7 +201,8 @@ mod tests {
         assert_eq!(v.values(), &[11, 20]);
         let empty = w.prepare(5).await.unwrap().unwrap();
         w.commit(5, &empty).await.unwrap();
-        assert_eq!(store.ingested(9).unwrap().borrow().get(&1), Some(&5));
+        let writer = WriterId { job: 9, subtask: 1 };
+        assert_eq!(store.ingested(9).unwrap().borrow().get(&writer), Some(&5));
         assert_eq!(store.last_seq(9).unwrap(), 1);
     }
 }
