@@ -211,11 +211,7 @@ pub async fn create_table(
                 late_rows: None,
                 ingest: None,
             };
-            let desc = table_desc(&entry)?;
-            let id = entry.id();
-            db.catalog.add(entry)?;
-            db.cluster.tables.open_table(desc)?;
-            Some(id)
+            Some(add_table(db, entry)?)
         }
         None => None,
     };
@@ -230,10 +226,18 @@ pub async fn create_table(
         late_rows,
         ingest: None,
     };
+    add_table(db, entry)?;
+    Ok(QueryResult::command(tag))
+}
+
+/// Adds a plain table's entry to the catalog and opens its storage;
+/// returns its id.
+pub(crate) fn add_table(db: &Database, entry: Entry) -> Result<u64> {
     let desc = table_desc(&entry)?;
+    let id = entry.id();
     db.catalog.add(entry)?;
     db.cluster.tables.open_table(desc)?;
-    Ok(QueryResult::command(tag))
+    Ok(id)
 }
 
 /// `CREATE TABLE … WITH (connector = …)`: the connector checks its

@@ -16,7 +16,7 @@ use executor::connectors::{DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, decodes_records
 use executor::formats::DEAD_LETTER_TABLE;
 use planner::spec::ConnectorSpec;
 
-use crate::catalog::{Column, Entry, table_desc};
+use crate::catalog::{Column, Entry};
 use crate::engine::Database;
 use crate::error::{Result, ServerError};
 use crate::types;
@@ -66,10 +66,7 @@ pub(crate) fn resolve(
         late_rows: None,
         ingest: None,
     };
-    let desc = table_desc(&entry)?;
-    let id = entry.id();
-    db.catalog.add(entry)?;
-    db.cluster.tables.open_table(desc)?;
+    let id = crate::ddl::add_table(db, entry)?;
     connector.dead_letter_table = Some(id);
     Ok(Some(id))
 }
