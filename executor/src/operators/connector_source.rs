@@ -53,42 +53,47 @@ fn errors_key(split: usize) -> Vec<u8> {
     format!("errors/{split}").into_bytes()
 }
 
-/// The records of one split that could not be decoded.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct SplitErrors {
-    records: u64,
-    /// When (microseconds since the epoch) and why the last one failed.
-    last: Option<(i64, String)>,
+/// The number in a state key `prefix N` (`split/3`, `errors/3`).
+fn split_of(key: &[u8], prefix: &str) -> Option<usize> {
+    std::str::from_utf8(key)
+        .ok()?
+        .strip_prefix(prefix)?
+        .parse()
+        .ok()
 }
 
-impl SplitErrors {
-    /// `records`, then if there was one, the last error's time and text.
-    fn encode(&self) -> Vec<u8> {
-        let mut out = self.records.to_be_bytes().to_vec();
-        if let Some((at, message)) = &self.last {
-            out.extend_from_slice(&at.to_be_bytes());
-            out.extend_from_slice(message.as_bytes());
-        }
-        out
+/// A split's skipped records as state: the count, then if there was one,
+/// the last error's time and text.
+fn encode_errors(e: &DecodeErrors) -> Vec<u8> {
+    let mut out = e.records.to_be_bytes().to_vec();
+    if let Some((at, message)) = &e.last {
+        out.extend_from_slice(&at.to_be_bytes());
+        out.extend_from_slice(message.as_bytes());
     }
+    out
+}
 
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        let corrupt = || ExecError::Storage(storage::StorageError::Corrupt("source errors".into()));
-        let records = u64::from_be_bytes(
-            bytes
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(corrupt)?,
-        );
-        let last = match bytes.get(8..16) {
-            None => None,
-            Some(at) => Some((
-                i64::from_be_bytes(at.try_into().map_err(|_| corrupt())?),
-                String::from_utf8_lossy(&bytes[16..]).into_owned(),
-            )),
-        };
-        Ok(Self { records, last })
-    }
+/// [`encode_errors`]'s bytes, as the skipped records of `source`.
+fn decode_errors(source: u64, bytes: &[u8]) -> Result<DecodeErrors> {
+    let corrupt = || ExecError::Storage(storage::StorageError::Corrupt("source errors".into()));
+    let records = u64::from_be_bytes(
+        bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(corrupt)?,
+    );
+    let last = match bytes.get(8..16) {
+        None => None,
+        Some(at) => Some((
+            i64::from_be_bytes(at.try_into().map_err(|_| corrupt())?),
+            String::from_utf8_lossy(&bytes[16..]).into_owned(),
+        )),
+    };
+    Ok(DecodeErrors {
+        source,
+        records,
+        last,
+    })
 }
 
 /// What a fetcher hands the task.
@@ -106,7 +111,8 @@ struct SplitState {
     /// (see [`ReadBatch::as_of`]); `None` while it has more.
     caught_up: Option<Instant>,
     ended: bool,
-    errors: SplitErrors,
+    /// The records it skipped (its source's id is not set).
+    errors: DecodeErrors,
 }
 
 pub struct ConnectorSource {
@@ -225,20 +231,14 @@ impl ConnectorSource {
                     .map_err(|_| storage::StorageError::Corrupt("source watermark".into()))?;
                 let v = i64::from_be_bytes(v);
                 watermark = Some(watermark.map_or(v, |w| w.min(v)));
-            } else if let Some(split) = std::str::from_utf8(&e.key)
-                .ok()
-                .and_then(|k| k.strip_prefix("split/"))
-                .and_then(|n| n.parse::<usize>().ok())
+            } else if let Some(split) = split_of(&e.key, "split/")
                 && let Some(state) = self.splits.get_mut(&split)
             {
                 state.position = Some(e.value);
-            } else if let Some(split) = std::str::from_utf8(&e.key)
-                .ok()
-                .and_then(|k| k.strip_prefix("errors/"))
-                .and_then(|n| n.parse::<usize>().ok())
+            } else if let Some(split) = split_of(&e.key, "errors/")
                 && let Some(state) = self.splits.get_mut(&split)
             {
-                state.errors = SplitErrors::decode(&e.value)?;
+                state.errors = decode_errors(0, &e.value)?;
             }
         }
         // The dead letters of the checkpoint restored are applied first.
@@ -397,7 +397,7 @@ impl ConnectorSource {
                     table: self.state_table,
                     key_group,
                     key: errors_key(*split),
-                    value: Some(state.errors.encode()),
+                    value: Some(encode_errors(&state.errors)),
                 });
             }
         }
@@ -422,11 +422,7 @@ impl ConnectorSource {
             ..Default::default()
         };
         for s in self.splits.values() {
-            all.add(&DecodeErrors {
-                source: self.source_id,
-                records: s.errors.records,
-                last: s.errors.last.clone(),
-            });
+            all.add(&s.errors);
         }
         all
     }
@@ -439,14 +435,17 @@ mod tests {
     #[test]
     fn split_errors_round_trip() {
         for e in [
-            SplitErrors::default(),
-            SplitErrors {
+            DecodeErrors::default(),
+            DecodeErrors {
+                source: 0,
                 records: 3,
                 last: Some((1_700_000_000_000_000, "expected value at line 1".into())),
             },
         ] {
-            assert_eq!(SplitErrors::decode(&e.encode()).unwrap(), e);
+            assert_eq!(decode_errors(0, &encode_errors(&e)).unwrap(), e);
         }
-        assert!(SplitErrors::decode(&[1, 2]).is_err());
+        assert!(decode_errors(0, &[1, 2]).is_err());
+        assert_eq!(split_of(b"errors/12", "errors/"), Some(12));
+        assert_eq!(split_of(b"split/12", "errors/"), None);
     }
 }
