@@ -90,6 +90,8 @@ pub struct Database {
     /// as of its last write; inserts into such a stream hold this lock.
     pub(crate) stream_watermarks: tokio::sync::Mutex<std::collections::HashMap<u64, i64>>,
     pub default_parallelism: usize,
+    /// When this server started (`pg_postmaster_start_time()`).
+    pub started_at: std::time::SystemTime,
 }
 
 impl Database {
@@ -124,6 +126,7 @@ impl Database {
             ddl_lock: tokio::sync::Mutex::new(()),
             stream_watermarks: Default::default(),
             default_parallelism,
+            started_at: std::time::SystemTime::now(),
         });
         for entry in db.catalog.all() {
             match &entry {
@@ -287,7 +290,7 @@ impl Database {
         s: Statement,
     ) -> Result<QueryResult> {
         match s {
-            Statement::Query(q) => query::select(self, *q).await,
+            Statement::Query(q) => query::select(self, session, *q).await,
             Statement::Insert(insert) => dml::insert(self, insert).await,
             Statement::Update(update) => dml::update(self, update).await,
             Statement::Delete(delete) => dml::delete(self, delete).await,
@@ -308,7 +311,7 @@ impl Database {
                 Statement::CreateView(cv) if cv.materialized => {
                     ddl::explain_view(self, session, cv, false).await
                 }
-                Statement::Query(q) if !analyze => query::explain(self, *q).await,
+                Statement::Query(q) if !analyze => query::explain(self, session, *q).await,
                 other => Err(ServerError::unsupported(format!(
                     "EXPLAIN of {}",
                     leading_words(&other.to_string())

@@ -13,6 +13,7 @@ pub mod error;
 pub mod ingest;
 pub mod params;
 pub mod pg;
+pub mod pg_catalog;
 pub mod proctime;
 pub mod query;
 pub mod savepoint;

@@ -28,7 +28,7 @@ use pgwire::messages::data::{DataRow, RowDescription};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
-use crate::context::{Mode, context, plan_statement};
+use crate::context::plan_statement;
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::params;
@@ -94,6 +94,7 @@ impl Parser {
             let planned = match s.as_ref() {
                 Statement::Query(q) => {
                     let mut q = q.clone();
+                    crate::pg_catalog::rewrite::rewrite(&mut q)?;
                     stmt::apply_pg_names(&mut q);
                     Some(Statement::Query(q))
                 }
@@ -107,7 +108,10 @@ impl Parser {
             let mut inferred = HashMap::new();
             if let Some(planned) = planned {
                 let is_query = matches!(planned, Statement::Query(_));
-                let ctx = context(&self.db, Mode::Batch);
+                let ctx = {
+                    let session = self.session.lock().await;
+                    crate::query::query_context(&self.db, &session)
+                };
                 match plan_statement(&ctx, planned).await {
                     Ok(plan) => {
                         if is_query {

@@ -3,27 +3,39 @@
 
 use std::sync::Arc;
 
+use datafusion::execution::context::SessionContext;
 use datafusion::sql::sqlparser::ast::{Query, Statement};
 
 use crate::context::{Mode, context, plan_statement};
 use crate::engine::{Database, QueryResult};
 use crate::error::Result;
+use crate::session::Session;
 use crate::stmt::apply_pg_names;
 
 /// `SELECT …`.
-pub async fn select(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
+pub async fn select(db: &Arc<Database>, session: &Session, mut q: Query) -> Result<QueryResult> {
+    crate::pg_catalog::rewrite::rewrite(&mut q)?;
     apply_pg_names(&mut q);
-    let ctx = context(db, Mode::Batch);
+    let ctx = query_context(db, session);
     let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
     let schema = plan.schema().inner().clone();
     let batches = ctx.execute_logical_plan(plan).await?.collect().await?;
     Ok(QueryResult::Rows { schema, batches })
 }
 
-/// `EXPLAIN SELECT …`: DataFusion's logical and physical plans.
-pub async fn explain(db: &Arc<Database>, mut q: Query) -> Result<QueryResult> {
-    apply_pg_names(&mut q);
+/// A batch query's context: the catalog's tables and views, and the
+/// catalogs Postgres clients read with their functions.
+pub fn query_context(db: &Arc<Database>, session: &Session) -> SessionContext {
     let ctx = context(db, Mode::Batch);
+    crate::pg_catalog::register(&ctx, db, crate::pg_catalog::SessionInfo::of(session));
+    ctx
+}
+
+/// `EXPLAIN SELECT …`: DataFusion's logical and physical plans.
+pub async fn explain(db: &Arc<Database>, session: &Session, mut q: Query) -> Result<QueryResult> {
+    crate::pg_catalog::rewrite::rewrite(&mut q)?;
+    apply_pg_names(&mut q);
+    let ctx = query_context(db, session);
     let sql = format!("EXPLAIN {q}");
     let df = ctx.sql(&sql).await?;
     let schema = df.schema().inner().clone();

@@ -22,7 +22,14 @@ pub struct Session {
     /// `DECLARE … CURSOR FOR SUBSCRIBE`: open until `CLOSE` or the end of
     /// the connection (transactions do not close them).
     pub cursors: HashMap<String, Subscription>,
+    /// The user the connection logged in as.
+    pub user: String,
+    /// The number `pg_backend_pid()` answers, unique per connection.
+    pub backend_pid: i32,
 }
+
+/// Backend ids, one per connection since the server started.
+static NEXT_BACKEND_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
 
 impl Session {
     pub fn new(default_parallelism: usize) -> Self {
@@ -49,7 +56,31 @@ impl Session {
             state_ttl_us: None,
             vars,
             cursors: HashMap::new(),
+            user: crate::pg::USER.to_string(),
+            backend_pid: NEXT_BACKEND_PID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// Every setting with its value, as `SHOW ALL` and `pg_settings` list
+    /// them.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = self
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for name in [
+            "streaming_parallelism",
+            "streaming_chaining",
+            "checkpoint_mode",
+            "streaming_state_ttl",
+        ] {
+            if let Ok(v) = self.get(name) {
+                all.push((name.to_string(), v));
+            }
+        }
+        all.sort();
+        all
     }
 
     /// `SET name = value`.

@@ -1055,7 +1055,7 @@ pub fn bind(stmt: &mut Statement, values: &HashMap<String, SqlExpr>) -> Result<(
 /// The column name Postgres gives an unnamed select item, when it differs
 /// from DataFusion's: the function's name for a call, the column's name
 /// through a cast, `?column?` for other expressions.
-fn pg_name(e: &SqlExpr) -> Option<String> {
+pub(crate) fn pg_name(e: &SqlExpr) -> Option<String> {
     match e {
         SqlExpr::Identifier(_) | SqlExpr::CompoundIdentifier(_) => None,
         SqlExpr::Function(f) => f
@@ -1142,6 +1142,110 @@ pub fn object_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result
             "improper qualified name: {name}"
         ))),
     }
+}
+
+/// An identifier as Postgres's `quote_ident` writes it: quoted unless it
+/// is lower-case letters, digits and underscores, not starting with a
+/// digit, and not a keyword.
+pub fn quote_ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !is_reserved(name);
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// Whether Postgres reserves this word (so `quote_ident` quotes it).
+fn is_reserved(word: &str) -> bool {
+    const RESERVED: &[&str] = &[
+        "all",
+        "analyse",
+        "analyze",
+        "and",
+        "any",
+        "array",
+        "as",
+        "asc",
+        "asymmetric",
+        "both",
+        "case",
+        "cast",
+        "check",
+        "collate",
+        "column",
+        "constraint",
+        "create",
+        "current_catalog",
+        "current_date",
+        "current_role",
+        "current_time",
+        "current_timestamp",
+        "current_user",
+        "default",
+        "deferrable",
+        "desc",
+        "distinct",
+        "do",
+        "else",
+        "end",
+        "except",
+        "false",
+        "fetch",
+        "for",
+        "foreign",
+        "from",
+        "grant",
+        "group",
+        "having",
+        "in",
+        "initially",
+        "intersect",
+        "into",
+        "lateral",
+        "leading",
+        "limit",
+        "localtime",
+        "localtimestamp",
+        "not",
+        "null",
+        "offset",
+        "on",
+        "only",
+        "or",
+        "order",
+        "placing",
+        "primary",
+        "references",
+        "returning",
+        "select",
+        "session_user",
+        "some",
+        "symmetric",
+        "system_user",
+        "table",
+        "then",
+        "to",
+        "trailing",
+        "true",
+        "union",
+        "unique",
+        "user",
+        "using",
+        "variadic",
+        "when",
+        "where",
+        "window",
+        "with",
+    ];
+    RESERVED.contains(&word)
 }
 
 /// Normalises an identifier as Postgres does.

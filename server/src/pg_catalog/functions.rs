@@ -1,0 +1,845 @@
+//! The functions clients call on the catalogs (`format_type`,
+//! `pg_get_userbyid`, `pg_table_is_visible`, `current_setting`, …) and the
+//! `reg*` conversions between names and oids, as DataFusion UDFs over one
+//! statement's view of the catalog and session.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, ListBuilder, StringArray,
+    StringBuilder, TimestampMicrosecondArray,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, TimeUnit};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+
+use super::tables::{Kind, V, row};
+use super::*;
+use crate::catalog::Entry;
+
+/// What the functions know of the relations: built from the catalog's
+/// entries alone (no view is planned), once per statement.
+#[derive(Debug, Default)]
+pub struct Names {
+    /// oid → (schema, name, relkind).
+    by_oid: HashMap<i32, (String, String, &'static str)>,
+    /// (schema, name) → oid.
+    by_name: HashMap<(String, String), i32>,
+    /// A view's query, by oid.
+    definitions: HashMap<i32, String>,
+    /// A primary key's index or constraint oid → its table's key columns and
+    /// name.
+    keys: HashMap<i32, (String, Vec<String>)>,
+}
+
+impl Names {
+    fn of(db: &Arc<Database>) -> Self {
+        let mut names = Names::default();
+        let mut add = |oid: i32, schema: &str, name: &str, kind: &'static str| {
+            names
+                .by_oid
+                .insert(oid, (schema.to_string(), name.to_string(), kind));
+            names
+                .by_name
+                .insert((schema.to_string(), name.to_string()), oid);
+        };
+        for (i, t) in super::TABLE_NAMES.iter().enumerate() {
+            add(system_oid(t, i), "pg_catalog", t, "r");
+        }
+        for (i, t) in super::information_schema::VIEW_NAMES.iter().enumerate() {
+            add(12_500 + i as i32, "information_schema", t, "v");
+        }
+        let entries = db.catalog.all();
+        for e in &entries {
+            let oid = relation_oid(e.id());
+            let kind = match e {
+                Entry::Table { .. } => "r",
+                Entry::View { .. } => "v",
+                Entry::MaterializedView { .. } => "m",
+                Entry::Source { .. } | Entry::Sink { .. } => "f",
+            };
+            add(oid, "public", e.name(), kind);
+            if let Entry::Table { primary_key, .. } = e
+                && !primary_key.is_empty()
+            {
+                add(
+                    index_oid(e.id()),
+                    "public",
+                    &format!("{}_pkey", e.name()),
+                    "i",
+                );
+            }
+        }
+        for e in entries {
+            let id = e.id();
+            let oid = relation_oid(id);
+            match e {
+                Entry::View { sql, .. } | Entry::MaterializedView { sql, .. } => {
+                    names.definitions.insert(oid, sql);
+                }
+                Entry::Table {
+                    name, primary_key, ..
+                } if !primary_key.is_empty() => {
+                    names
+                        .keys
+                        .insert(index_oid(id), (name.clone(), primary_key.clone()));
+                    names.keys.insert(constraint_oid(id), (name, primary_key));
+                }
+                _ => {}
+            }
+        }
+        names
+    }
+
+    /// `'name'::regclass`: a relation named as SQL names it (`t`,
+    /// `public.t`, `"T"`), in the search path when unqualified.
+    fn regclass(&self, text: &str, search_path: &[String]) -> Option<i32> {
+        if let Ok(oid) = text.trim().parse::<i32>() {
+            return Some(oid);
+        }
+        let parts = split_name(text);
+        match parts.as_slice() {
+            [name] => ["pg_catalog".to_string()]
+                .iter()
+                .chain(search_path)
+                .find_map(|s| self.by_name.get(&(s.clone(), name.clone())).copied()),
+            [schema, name] => self.by_name.get(&(schema.clone(), name.clone())).copied(),
+            [_db, schema, name] => self.by_name.get(&(schema.clone(), name.clone())).copied(),
+            _ => None,
+        }
+    }
+}
+
+/// The oid of a `pg_catalog` table: Postgres's own for those clients name
+/// by number, others after them.
+pub fn system_oid(table: &str, index: usize) -> i32 {
+    match table {
+        "pg_type" => 1247,
+        "pg_attribute" => 1249,
+        "pg_proc" => 1255,
+        "pg_class" => 1259,
+        "pg_database" => 1262,
+        "pg_namespace" => 2615,
+        "pg_constraint" => 2606,
+        "pg_index" => 2610,
+        "pg_description" => 2609,
+        "pg_attrdef" => 2604,
+        "pg_am" => 2601,
+        "pg_authid" => 1260,
+        _ => 12_000 + index as i32,
+    }
+}
+
+/// `a.b`, `"A".b`: the parts of a qualified name, as SQL resolves them.
+fn split_name(text: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut was_quoted = false;
+    let mut chars = text.trim().chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => {
+                quoted = !quoted;
+                was_quoted = true;
+            }
+            '.' if !quoted => {
+                parts.push(if was_quoted {
+                    cur.clone()
+                } else {
+                    cur.to_lowercase()
+                });
+                cur.clear();
+                was_quoted = false;
+            }
+            c => cur.push(c),
+        }
+    }
+    parts.push(if was_quoted { cur } else { cur.to_lowercase() });
+    parts
+}
+
+type Body = dyn Fn(&[ArrayRef], usize) -> DfResult<ArrayRef> + Send + Sync;
+type ReturnType = dyn Fn(&[DataType]) -> DfResult<DataType> + Send + Sync;
+
+/// A function given by a closure over whole columns.
+struct Udf {
+    name: String,
+    signature: Signature,
+    returns: Box<ReturnType>,
+    body: Box<Body>,
+}
+
+impl std::fmt::Debug for Udf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Udf").field("name", &self.name).finish()
+    }
+}
+
+impl PartialEq for Udf {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Udf {}
+
+impl std::hash::Hash for Udf {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state)
+    }
+}
+
+impl ScalarUDFImpl for Udf {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> DfResult<DataType> {
+        (self.returns)(args)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let rows = args.number_rows;
+        let arrays = args
+            .args
+            .iter()
+            .map(|a| a.to_array(rows))
+            .collect::<DfResult<Vec<_>>>()?;
+        (self.body)(&arrays, rows).map(ColumnarValue::Array)
+    }
+}
+
+fn udf(
+    name: &str,
+    arity: std::ops::RangeInclusive<usize>,
+    returns: impl Fn(&[DataType]) -> DfResult<DataType> + Send + Sync + 'static,
+    body: impl Fn(&[ArrayRef], usize) -> DfResult<ArrayRef> + Send + Sync + 'static,
+) -> ScalarUDF {
+    let fname = name.to_string();
+    let signature = if *arity.start() == 0 && *arity.end() == 0 {
+        Signature::nullary(Volatility::Stable)
+    } else {
+        Signature::variadic_any(Volatility::Stable)
+    };
+    ScalarUDF::new_from_impl(Udf {
+        name: name.to_string(),
+        signature,
+        returns: Box::new(move |args: &[DataType]| {
+            if !arity.contains(&args.len()) {
+                return Err(DataFusionError::Plan(format!(
+                    "function {fname} does not take {} arguments",
+                    args.len()
+                )));
+            }
+            returns(args)
+        }),
+        body: Box::new(body),
+    })
+}
+
+/// Column `i` as Int32 (oids), NULL where absent or not a number.
+fn ints(args: &[ArrayRef], i: usize, rows: usize) -> DfResult<Int32Array> {
+    match args.get(i) {
+        Some(a) if a.data_type() == &DataType::Utf8 => {
+            let s = a.as_string::<i32>();
+            Ok(s.iter()
+                .map(|v| v.and_then(|v| v.trim().parse::<i32>().ok()))
+                .collect())
+        }
+        Some(a) => Ok(cast(a, &DataType::Int32)?
+            .as_primitive::<Int32Type>()
+            .clone()),
+        None => Ok(Int32Array::new_null(rows)),
+    }
+}
+
+fn texts(args: &[ArrayRef], i: usize, rows: usize) -> DfResult<StringArray> {
+    match args.get(i) {
+        Some(a) => Ok(cast(a, &DataType::Utf8)?.as_string::<i32>().clone()),
+        None => Ok(StringArray::new_null(rows)),
+    }
+}
+
+fn utf8(_: &[DataType]) -> DfResult<DataType> {
+    Ok(DataType::Utf8)
+}
+
+fn boolean(_: &[DataType]) -> DfResult<DataType> {
+    Ok(DataType::Boolean)
+}
+
+/// A text function of the first argument as an oid.
+fn by_oid_text(
+    name: &str,
+    arity: std::ops::RangeInclusive<usize>,
+    f: impl Fn(Option<i32>) -> Option<String> + Send + Sync + 'static,
+) -> ScalarUDF {
+    udf(name, arity, utf8, move |args, rows| {
+        let oids = ints(args, 0, rows)?;
+        Ok(Arc::new(oids.iter().map(&f).collect::<StringArray>()))
+    })
+}
+
+/// A function that is the same for every row.
+fn constant(
+    name: &str,
+    arity: std::ops::RangeInclusive<usize>,
+    t: DataType,
+    value: V,
+) -> ScalarUDF {
+    let rt = t.clone();
+    udf(
+        name,
+        arity,
+        move |_| Ok(rt.clone()),
+        move |_, rows| {
+            let a: ArrayRef = match (&t, &value) {
+                (DataType::Utf8, V::T(s)) => Arc::new(StringArray::from(vec![s.as_str(); rows])),
+                (DataType::Utf8, _) => Arc::new(StringArray::new_null(rows)),
+                (DataType::Boolean, V::B(b)) => Arc::new(BooleanArray::from(vec![*b; rows])),
+                (DataType::Int32, V::I(i)) => Arc::new(Int32Array::from(vec![*i as i32; rows])),
+                (DataType::Int64, V::I(i)) => Arc::new(Int64Array::from(vec![*i; rows])),
+                (DataType::Int64, _) => Arc::new(Int64Array::new_null(rows)),
+                (DataType::Timestamp(_, _), V::I(us)) => Arc::new(
+                    TimestampMicrosecondArray::from(vec![*us; rows])
+                        .with_timezone(crate::types::UTC),
+                ),
+                _ => {
+                    return Err(DataFusionError::Internal(format!(
+                        "constant {value:?} as {t}"
+                    )));
+                }
+            };
+            Ok(a)
+        },
+    )
+}
+
+/// Registers the catalog functions in a statement's context.
+pub fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<SessionInfo>) {
+    let names = Arc::new(Names::of(db));
+    let mut fns = vec![
+        constant(
+            "version",
+            0..=0,
+            DataType::Utf8,
+            V::T(format!(
+                "PostgreSQL {} on {}-linux, compiled by rustc",
+                crate::SERVER_VERSION,
+                std::env::consts::ARCH
+            )),
+        ),
+        constant(
+            "current_database",
+            0..=0,
+            DataType::Utf8,
+            session.database.as_str().into(),
+        ),
+        constant(
+            "current_user",
+            0..=0,
+            DataType::Utf8,
+            session.user.as_str().into(),
+        ),
+        constant(
+            "session_user",
+            0..=0,
+            DataType::Utf8,
+            session.user.as_str().into(),
+        ),
+        constant(
+            "pg_backend_pid",
+            0..=0,
+            DataType::Int32,
+            V::I(session.backend_pid as i64),
+        ),
+        constant(
+            "pg_postmaster_start_time",
+            0..=0,
+            DataType::Timestamp(TimeUnit::Microsecond, Some(crate::types::UTC.into())),
+            V::I(
+                db.started_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64),
+            ),
+        ),
+        constant("pg_is_in_recovery", 0..=0, DataType::Boolean, V::B(false)),
+        // Comments are not kept: every object's description is NULL.
+        constant("obj_description", 1..=2, DataType::Utf8, V::N),
+        constant("col_description", 2..=2, DataType::Utf8, V::N),
+        constant("shobj_description", 2..=2, DataType::Utf8, V::N),
+        // Sizes are not measured per relation.
+        constant("pg_table_size", 1..=1, DataType::Int64, V::N),
+        constant("pg_relation_size", 1..=2, DataType::Int64, V::N),
+        constant("pg_total_relation_size", 1..=1, DataType::Int64, V::N),
+        constant("pg_indexes_size", 1..=1, DataType::Int64, V::N),
+        constant("pg_database_size", 1..=1, DataType::Int64, V::N),
+        constant(
+            "pg_relation_is_publishable",
+            1..=1,
+            DataType::Boolean,
+            V::B(false),
+        ),
+        constant(
+            "pg_get_statisticsobjdef_columns",
+            1..=1,
+            DataType::Utf8,
+            V::N,
+        ),
+        constant("pg_get_partkeydef", 1..=1, DataType::Utf8, V::N),
+        constant(
+            "pg_function_is_visible",
+            1..=1,
+            DataType::Boolean,
+            V::B(true),
+        ),
+        constant("pg_type_is_visible", 1..=1, DataType::Boolean, V::B(true)),
+        udf("pg_size_pretty", 1..=1, utf8, |args, rows| {
+            let n = cast(&args[0], &DataType::Int64)?;
+            let n = n.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+            let _ = rows;
+            Ok(Arc::new(
+                n.iter()
+                    .map(|v| v.map(size_pretty))
+                    .collect::<StringArray>(),
+            ))
+        }),
+        udf("format_type", 2..=2, utf8, |args, rows| {
+            let oids = ints(args, 0, rows)?;
+            let mods = ints(args, 1, rows)?;
+            Ok(Arc::new(
+                oids.iter()
+                    .zip(mods.iter())
+                    .map(|(o, m)| {
+                        o.map(|o| {
+                            types::format_type(o, m.unwrap_or(-1)).unwrap_or_else(|| "???".into())
+                        })
+                    })
+                    .collect::<StringArray>(),
+            ))
+        }),
+        udf("pg_get_expr", 2..=3, utf8, |args, rows| {
+            Ok(Arc::new(texts(args, 0, rows)?))
+        }),
+        by_oid_text("pg_get_userbyid", 1..=1, |o| {
+            o.map(|o| {
+                if o == SUPERUSER_OID {
+                    crate::pg::USER.to_string()
+                } else {
+                    format!("unknown (OID={o})")
+                }
+            })
+        }),
+        udf("pg_encoding_to_char", 1..=1, utf8, |args, rows| {
+            let e = ints(args, 0, rows)?;
+            Ok(Arc::new(
+                e.iter()
+                    .map(|e| {
+                        e.map(|e| match e {
+                            0 => "SQL_ASCII",
+                            6 => "UTF8",
+                            _ => "",
+                        })
+                    })
+                    .collect::<StringArray>(),
+            ))
+        }),
+        udf("quote_ident", 1..=1, utf8, |args, rows| {
+            let t = texts(args, 0, rows)?;
+            Ok(Arc::new(
+                t.iter()
+                    .map(|v| v.map(crate::stmt::quote_ident))
+                    .collect::<StringArray>(),
+            ))
+        }),
+        udf(
+            "array_upper",
+            2..=2,
+            |_| Ok(DataType::Int32),
+            |args, rows| list_bound(args, rows, true),
+        ),
+        udf(
+            "array_lower",
+            2..=2,
+            |_| Ok(DataType::Int32),
+            |args, rows| list_bound(args, rows, false),
+        ),
+        udf("pg_typeof", 1..=1, utf8, |args, rows| {
+            let (oid, m) = types::of_arrow(args[0].data_type());
+            let name = types::format_type(oid, m).unwrap_or_else(|| "unknown".into());
+            Ok(Arc::new(StringArray::from(vec![name; rows])))
+        }),
+        udf("pg_get_function_result", 1..=1, utf8, |args, rows| {
+            Ok(Arc::new(StringArray::new_null(ints(args, 0, rows)?.len())))
+        }),
+        udf("pg_get_function_arguments", 1..=1, utf8, |args, rows| {
+            Ok(Arc::new(StringArray::new_null(ints(args, 0, rows)?.len())))
+        }),
+        udf(
+            "pg_get_function_identity_arguments",
+            1..=1,
+            utf8,
+            |args, rows| Ok(Arc::new(StringArray::new_null(ints(args, 0, rows)?.len()))),
+        ),
+    ];
+    for (name, arity) in [
+        ("has_table_privilege", 2..=3),
+        ("has_schema_privilege", 2..=3),
+        ("has_database_privilege", 2..=3),
+        ("has_column_privilege", 3..=4),
+        ("has_any_column_privilege", 2..=3),
+        ("has_function_privilege", 2..=3),
+        ("has_sequence_privilege", 2..=3),
+        ("has_type_privilege", 2..=3),
+        ("pg_has_role", 2..=3),
+    ] {
+        // The only user is a superuser, who holds every privilege.
+        fns.push(constant(name, arity, DataType::Boolean, V::B(true)));
+    }
+    let s = session.clone();
+    fns.push(udf("current_setting", 1..=2, utf8, move |args, rows| {
+        let n = texts(args, 0, rows)?;
+        let missing_ok = args.get(1).map(|a| {
+            cast(a, &DataType::Boolean)
+                .ok()
+                .and_then(|b| b.as_boolean().iter().next().flatten())
+                .unwrap_or(false)
+        });
+        n.iter()
+            .map(|n| match n {
+                None => Ok(None),
+                Some(n) => match s.setting(n) {
+                    Some(v) => Ok(Some(v.to_string())),
+                    None if missing_ok == Some(true) => Ok(None),
+                    None => Err(DataFusionError::Execution(format!(
+                        "unrecognized configuration parameter \"{n}\""
+                    ))),
+                },
+            })
+            .collect::<DfResult<StringArray>>()
+            .map(|a| Arc::new(a) as ArrayRef)
+    }));
+    let s = session.clone();
+    fns.push(udf("current_schema", 0..=0, utf8, move |_, rows| {
+        let first = s
+            .search_path
+            .iter()
+            .find(|p| {
+                *p == "public"
+                    || *p == "pg_catalog"
+                    || *p == "information_schema"
+                    || *p == crate::system::SCHEMA
+            })
+            .cloned();
+        Ok(Arc::new(StringArray::from(vec![first; rows])))
+    }));
+    let s = session.clone();
+    fns.push(udf(
+        "current_schemas",
+        1..=1,
+        |_| {
+            Ok(DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Utf8,
+                true,
+            ))))
+        },
+        move |args, rows| {
+            let implicit = cast(&args[0], &DataType::Boolean)?;
+            let implicit = implicit.as_boolean();
+            let mut b = ListBuilder::new(StringBuilder::new());
+            for i in 0..rows {
+                if implicit.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                if implicit.value(i) && !s.search_path.iter().any(|p| p == "pg_catalog") {
+                    b.values().append_value("pg_catalog");
+                }
+                for p in &s.search_path {
+                    b.values().append_value(p);
+                }
+                b.append(true);
+            }
+            Ok(Arc::new(b.finish()))
+        },
+    ));
+    let (n, s) = (names.clone(), session.clone());
+    fns.push(udf(
+        "pg_table_is_visible",
+        1..=1,
+        boolean,
+        move |args, rows| {
+            let oids = ints(args, 0, rows)?;
+            Ok(Arc::new(
+                oids.iter()
+                    .map(|o| {
+                        o.map(|o| {
+                            n.by_oid.get(&o).is_some_and(|(schema, _, _)| {
+                                schema == "pg_catalog" || s.search_path.contains(schema)
+                            })
+                        })
+                    })
+                    .collect::<BooleanArray>(),
+            ))
+        },
+    ));
+    let n = names.clone();
+    fns.push(udf("pg_get_viewdef", 1..=2, utf8, move |args, rows| {
+        let s = session_less_regclass(&n, args, rows)?;
+        Ok(Arc::new(
+            s.iter()
+                .map(|o| o.and_then(|o| n.definitions.get(&o).map(|d| format!(" {d};"))))
+                .collect::<StringArray>(),
+        ))
+    }));
+    let n = names.clone();
+    fns.push(by_oid_text("pg_get_indexdef", 1..=3, move |o| {
+        let (table, key) = n.keys.get(&o?)?;
+        Some(format!(
+            "CREATE UNIQUE INDEX {} ON public.{} USING btree ({})",
+            crate::stmt::quote_ident(&format!("{table}_pkey")),
+            crate::stmt::quote_ident(table),
+            key.iter()
+                .map(|c| crate::stmt::quote_ident(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }));
+    let n = names.clone();
+    fns.push(by_oid_text("pg_get_constraintdef", 1..=2, move |o| {
+        let (_, key) = n.keys.get(&o?)?;
+        Some(format!(
+            "PRIMARY KEY ({})",
+            key.iter()
+                .map(|c| crate::stmt::quote_ident(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }));
+    // The reg* conversions the rewrite turns `::regclass` (and kin) into:
+    // from text, the object's oid; from an oid, its name.
+    for kind in [
+        "regclass",
+        "regtype",
+        "regnamespace",
+        "regproc",
+        "regrole",
+        "to_regclass",
+    ] {
+        let (n, s) = (names.clone(), session.clone());
+        fns.push(udf(
+            &format!("weir_{kind}"),
+            1..=1,
+            move |args| {
+                Ok(
+                    if matches!(
+                        args[0],
+                        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+                    ) && kind != "regproc"
+                    {
+                        DataType::Int32
+                    } else {
+                        DataType::Utf8
+                    },
+                )
+            },
+            move |args, rows| reg_convert(kind, &n, &s, &args[0], rows),
+        ));
+    }
+    for f in fns {
+        ctx.register_udf(f);
+    }
+}
+
+/// `pg_get_viewdef` takes an oid or a name.
+fn session_less_regclass(n: &Names, args: &[ArrayRef], rows: usize) -> DfResult<Int32Array> {
+    if args[0].data_type() == &DataType::Utf8 {
+        let t = texts(args, 0, rows)?;
+        Ok(t.iter()
+            .map(|t| t.and_then(|t| n.regclass(t, &["public".to_string()])))
+            .collect())
+    } else {
+        ints(args, 0, rows)
+    }
+}
+
+fn reg_convert(
+    kind: &str,
+    n: &Names,
+    s: &SessionInfo,
+    arg: &ArrayRef,
+    rows: usize,
+) -> DfResult<ArrayRef> {
+    let is_text = matches!(
+        arg.data_type(),
+        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+    );
+    if kind == "regproc" {
+        // Functions are named by name in Weir's catalogs.
+        return Ok(cast(arg, &DataType::Utf8)?);
+    }
+    if is_text {
+        let t = cast(arg, &DataType::Utf8)?;
+        let t = t.as_string::<i32>();
+        let mut out = Vec::with_capacity(rows);
+        for v in t.iter() {
+            let Some(v) = v else {
+                out.push(None);
+                continue;
+            };
+            let oid = match kind {
+                "regclass" | "to_regclass" => n.regclass(v, &s.search_path),
+                "regtype" => {
+                    let name = v.trim().trim_start_matches("pg_catalog.");
+                    types::TYPES
+                        .iter()
+                        .find(|t| t.name == name || t.sql_name == name)
+                        .map(|t| t.oid)
+                        .or_else(|| name.parse().ok())
+                }
+                "regnamespace" => NAMESPACES
+                    .iter()
+                    .find(|(_, ns)| *ns == v.trim())
+                    .map(|(o, _)| *o)
+                    .or_else(|| v.trim().parse().ok()),
+                "regrole" => (v.trim() == s.user).then_some(SUPERUSER_OID),
+                _ => None,
+            };
+            match oid {
+                Some(o) => out.push(Some(o)),
+                None if kind == "to_regclass" => out.push(None),
+                None => {
+                    let what = match kind {
+                        "regclass" => format!("relation \"{v}\" does not exist"),
+                        "regtype" => format!("type \"{v}\" does not exist"),
+                        "regnamespace" => format!("schema \"{v}\" does not exist"),
+                        _ => format!("role \"{v}\" does not exist"),
+                    };
+                    return Err(DataFusionError::Execution(what));
+                }
+            }
+        }
+        return Ok(Arc::new(Int32Array::from(out)));
+    }
+    let oids = ints(std::slice::from_ref(arg), 0, rows)?;
+    Ok(Arc::new(
+        oids.iter()
+            .map(|o| {
+                o.map(|o| match kind {
+                    "regtype" => types::format_type(o, -1).unwrap_or_else(|| o.to_string()),
+                    "regnamespace" => NAMESPACES
+                        .iter()
+                        .find(|(oid, _)| *oid == o)
+                        .map_or_else(|| o.to_string(), |(_, n)| n.to_string()),
+                    "regrole" if o == SUPERUSER_OID => s.user.clone(),
+                    _ => match n.by_oid.get(&o) {
+                        Some((schema, name, _))
+                            if schema == "pg_catalog" || s.search_path.contains(schema) =>
+                        {
+                            crate::stmt::quote_ident(name)
+                        }
+                        Some((schema, name, _)) => format!(
+                            "{}.{}",
+                            crate::stmt::quote_ident(schema),
+                            crate::stmt::quote_ident(name)
+                        ),
+                        None => o.to_string(),
+                    },
+                })
+            })
+            .collect::<StringArray>(),
+    ))
+}
+
+fn list_bound(args: &[ArrayRef], rows: usize, upper: bool) -> DfResult<ArrayRef> {
+    let dims = ints(args, 1, rows)?;
+    let out: Int32Array = match args[0].data_type() {
+        DataType::List(_) => {
+            let l = args[0].as_list::<i32>();
+            (0..rows)
+                .map(|i| {
+                    if l.is_null(i) || dims.value(i) != 1 || dims.is_null(i) {
+                        return None;
+                    }
+                    let len = l.value_length(i);
+                    (len > 0).then_some(if upper { len } else { 1 })
+                })
+                .collect()
+        }
+        _ => Int32Array::new_null(rows),
+    };
+    Ok(Arc::new(out))
+}
+
+fn size_pretty(bytes: i64) -> String {
+    let mut v = bytes as f64;
+    for unit in ["bytes", "kB", "MB", "GB", "TB"] {
+        if v.abs() < 10_240.0 || unit == "TB" {
+            return format!("{} {unit}", v.round() as i64);
+        }
+        v /= 1024.0;
+    }
+    unreachable!()
+}
+
+/// `pg_proc`: the functions DataFusion offers, in `pg_catalog`.
+pub fn proc_rows(db: &Arc<Database>, cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
+    let _ = db;
+    let ctx = crate::context::new_context();
+    let state = ctx.state();
+    let mut names: Vec<(String, &str)> = state
+        .scalar_functions()
+        .keys()
+        .map(|n| (n.clone(), "f"))
+        .chain(state.aggregate_functions().keys().map(|n| (n.clone(), "a")))
+        .chain(state.window_functions().keys().map(|n| (n.clone(), "w")))
+        .collect();
+    names.sort();
+    names.dedup_by(|a, b| a.0 == b.0);
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, kind))| {
+            row(
+                cols,
+                vec![
+                    ("oid", V::I(20_000 + i as i64)),
+                    ("proname", name.into()),
+                    ("pronamespace", PG_CATALOG_OID.into()),
+                    ("proowner", SUPERUSER_OID.into()),
+                    ("prolang", 12.into()),
+                    ("procost", V::F(1.0)),
+                    ("prorows", V::F(0.0)),
+                    ("provariadic", 0.into()),
+                    ("prosupport", "-".into()),
+                    ("prokind", kind.into()),
+                    ("prosecdef", false.into()),
+                    ("proleakproof", false.into()),
+                    ("proisstrict", false.into()),
+                    ("proretset", false.into()),
+                    ("provolatile", "i".into()),
+                    ("proparallel", "s".into()),
+                    ("pronargs", 0.into()),
+                    ("pronargdefaults", 0.into()),
+                    ("prorettype", 2283.into()),
+                    ("proargtypes", V::A(Vec::new())),
+                ],
+            )
+        })
+        .collect()
+}

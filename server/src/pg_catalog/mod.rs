@@ -1,0 +1,161 @@
+//! The catalogs Postgres clients read: `pg_catalog` and
+//! `information_schema`, filled from Weir's catalog on every statement.
+//!
+//! psql's meta-commands, JDBC's `DatabaseMetaData`, ODBC's catalog
+//! functions and BI tools learn what a database holds by querying these
+//! tables, so they must say what Postgres would say about the same objects:
+//! tables (and streams) are relkind `r`, views `v`, materialized views `m`,
+//! and sources and sinks, which hold no rows of their own, are foreign
+//! tables (`f`), as an external table is in Postgres. A primary key is a
+//! unique index and a `p` constraint; a column default is a `pg_attrdef`.
+//!
+//! Object ids are stable: a relation's oid is `16384 +` its catalog id
+//! (16384 is Postgres's first user oid), its key's index and constraint
+//! follow in ranges of their own, and the built-in namespaces, types, roles
+//! and access methods keep Postgres's own oids, which clients hard-code.
+//!
+//! Tables Postgres has but Weir never fills (policies, publications,
+//! inheritance, …) exist with their columns and no rows, so that a client's
+//! query plans; [`rewrite`] drops the parts of a query that read them when
+//! that cannot change its answer, since those are also where the queries use
+//! SQL that DataFusion does not plan.
+
+mod columns;
+mod functions;
+mod information_schema;
+pub mod rewrite;
+mod tables;
+mod types;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::catalog::{MemTable, SchemaProvider, TableProvider};
+use datafusion::error::Result as DfResult;
+use datafusion::execution::context::SessionContext;
+
+use crate::engine::Database;
+use crate::session::Session;
+
+pub use tables::{EMPTY_TABLES, NAMESPACES, TABLE_NAMES};
+
+/// Namespace oids, as in Postgres (`public` 2200, `pg_catalog` 11); Weir's
+/// own schemas follow.
+pub const PG_CATALOG_OID: i32 = 11;
+pub const PUBLIC_OID: i32 = 2200;
+pub const INFORMATION_SCHEMA_OID: i32 = 13_000;
+pub const WEIR_CATALOG_OID: i32 = 13_001;
+/// The one database, `weir`.
+pub const DATABASE_OID: i32 = 16_383;
+/// The bootstrap superuser's oid, as in Postgres.
+pub const SUPERUSER_OID: i32 = 10;
+/// First oid of user objects (`FirstNormalObjectId`).
+pub const FIRST_USER_OID: i32 = 16_384;
+/// A primary key's index and constraint: these plus the table's id.
+const INDEX_OID_BASE: i32 = 1_000_000_000;
+const CONSTRAINT_OID_BASE: i32 = 1_100_000_000;
+
+/// The oid of the relation with catalog id `id`.
+pub fn relation_oid(id: u64) -> i32 {
+    FIRST_USER_OID + id as i32
+}
+
+pub fn index_oid(id: u64) -> i32 {
+    INDEX_OID_BASE + id as i32
+}
+
+pub fn constraint_oid(id: u64) -> i32 {
+    CONSTRAINT_OID_BASE + id as i32
+}
+
+/// What a statement's catalog functions know of its connection.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    pub user: String,
+    pub database: String,
+    /// Settings as `SHOW` answers them, by lower-case name.
+    pub settings: Vec<(String, String)>,
+    pub search_path: Vec<String>,
+    pub backend_pid: i32,
+}
+
+impl SessionInfo {
+    pub fn of(session: &Session) -> Self {
+        let settings = session.settings();
+        let search_path = settings
+            .iter()
+            .find(|(k, _)| k == "search_path")
+            .map(|(_, v)| {
+                v.split(',')
+                    .map(|s| s.trim().trim_matches('"').to_string())
+                    .filter(|s| !s.is_empty() && s != "$user")
+                    .collect()
+            })
+            .unwrap_or_else(|| vec!["public".to_string()]);
+        Self {
+            user: session.user.clone(),
+            database: crate::pg::DATABASE.to_string(),
+            settings,
+            search_path,
+            backend_pid: session.backend_pid,
+        }
+    }
+
+    pub fn setting(&self, name: &str) -> Option<&str> {
+        let name = name.to_lowercase();
+        self.settings
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Adds `pg_catalog`, `information_schema` and the catalog functions to a
+/// statement's context.
+pub fn register(ctx: &SessionContext, db: &Arc<Database>, session: SessionInfo) {
+    let session = Arc::new(session);
+    if let Some(catalog) = ctx.catalog("weir") {
+        let _ = catalog.register_schema(
+            "pg_catalog",
+            Arc::new(PgCatalogSchema {
+                db: db.clone(),
+                session: session.clone(),
+            }),
+        );
+        let _ = catalog.register_schema(
+            "information_schema",
+            Arc::new(information_schema::InformationSchema {
+                db: db.clone(),
+                session: session.clone(),
+            }),
+        );
+    }
+    functions::register(ctx, db, &session);
+}
+
+/// `pg_catalog` for one statement: each table is built when the statement
+/// names it.
+#[derive(Debug)]
+pub struct PgCatalogSchema {
+    db: Arc<Database>,
+    session: Arc<SessionInfo>,
+}
+
+#[async_trait]
+impl SchemaProvider for PgCatalogSchema {
+    fn table_names(&self) -> Vec<String> {
+        TABLE_NAMES.iter().map(|s| s.to_string()).collect()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        let Some(batch) = tables::build(&self.db, &self.session, name).await? else {
+            return Ok(None);
+        };
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
+        Ok(Some(Arc::new(table)))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        TABLE_NAMES.contains(&name)
+    }
+}

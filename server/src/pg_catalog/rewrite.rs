@@ -1,0 +1,477 @@
+//! Postgres spellings in the queries clients send about the catalogs,
+//! rewritten into SQL that DataFusion plans with the same answer:
+//!
+//! - `OPERATOR(pg_catalog.~)` is `~`; `pg_catalog.f(…)` is `f(…)`;
+//! - `COLLATE "C"` (or `default`, `POSIX`) is how Weir compares text
+//!   anyway, so it is dropped; another collation is refused;
+//! - `x::regclass` (and `regtype`, `regnamespace`, `regproc`, `regrole`)
+//!   becomes a lookup: from a name, the object's oid; from an oid, its
+//!   name, as Postgres prints such a value; `::oid`, `::name`, `::"char"`
+//!   and `pg_catalog.`-qualified types become the types Weir stores them as;
+//! - an unqualified `pg_*` catalog table is `pg_catalog`'s, as Postgres
+//!   searches `pg_catalog` first;
+//! - `ARRAY(SELECT x …)` is `(SELECT array_agg(x) …)`;
+//! - a `SELECT` without aggregation that inner-joins a catalog table Weir
+//!   never fills (policies, publications, inheritance, …) returns no rows,
+//!   so its expressions (which use SQL DataFusion does not plan, such as
+//!   `generate_series` over a correlated array) are never evaluated and are
+//!   replaced by NULLs, and its condition by `false`.
+
+use std::ops::ControlFlow;
+
+use datafusion::sql::sqlparser::ast::{
+    ArrayElemTypeDef, BinaryOperator, CastKind, DataType as SqlType, Expr, Function, FunctionArg,
+    FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident, ObjectName,
+    ObjectNamePart, Query, Select, SelectItem, SetExpr, TableFactor, Value, VisitMut, VisitorMut,
+};
+
+use super::tables::{EMPTY_TABLES, TABLE_NAMES};
+use crate::error::{Result, ServerError};
+
+/// Rewrites `query` in place.
+pub fn rewrite(query: &mut Query) -> Result<()> {
+    let mut v = Rewriter { error: None };
+    let _ = query.visit(&mut v);
+    match v.error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+struct Rewriter {
+    error: Option<ServerError>,
+}
+
+impl VisitorMut for Rewriter {
+    type Break = ();
+
+    fn post_visit_relation(&mut self, name: &mut ObjectName) -> ControlFlow<()> {
+        if let [ObjectNamePart::Identifier(i)] = name.0.as_slice() {
+            let n = crate::stmt::ident(i);
+            if TABLE_NAMES.contains(&n.as_str()) {
+                name.0
+                    .insert(0, ObjectNamePart::Identifier(Ident::new("pg_catalog")));
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        match rewrite_expr(expr) {
+            Ok(Some(new)) => *expr = new,
+            Ok(None) => {}
+            Err(e) => {
+                self.error = Some(e);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        prune_set_expr(&mut query.body);
+        ControlFlow::Continue(())
+    }
+}
+
+fn last_name(name: &ObjectName) -> Option<String> {
+    match name.0.last()? {
+        ObjectNamePart::Identifier(i) => Some(crate::stmt::ident(i)),
+        _ => None,
+    }
+}
+
+/// A name that is `x` or `pg_catalog.x`: `x`.
+fn unqualified(name: &ObjectName) -> Option<String> {
+    match name.0.as_slice() {
+        [ObjectNamePart::Identifier(i)] => Some(crate::stmt::ident(i)),
+        [ObjectNamePart::Identifier(s), ObjectNamePart::Identifier(i)]
+            if crate::stmt::ident(s) == "pg_catalog" =>
+        {
+            Some(crate::stmt::ident(i))
+        }
+        _ => None,
+    }
+}
+
+fn call(name: &str, args: Vec<Expr>) -> Expr {
+    Expr::Function(Function {
+        name: ObjectName::from(vec![Ident::new(name)]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args
+                .into_iter()
+                .map(|e| FunctionArg::Unnamed(FunctionArgExpr::Expr(e)))
+                .collect(),
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
+}
+
+const REG_TYPES: &[&str] = &["regclass", "regtype", "regnamespace", "regproc", "regrole"];
+
+/// The type Weir stores a Postgres type spelled with a schema, or as one of
+/// the catalog's own types, as.
+fn plain_type(t: &SqlType) -> Option<SqlType> {
+    match t {
+        SqlType::Custom(name, modifiers) if modifiers.is_empty() => {
+            Some(match unqualified(name)?.as_str() {
+                "text" | "name" | "char" | "bpchar" | "varchar" | "pg_node_tree" => SqlType::Text,
+                "oid" | "int4" | "xid" | "cid" => SqlType::Int(None),
+                "int2" => SqlType::SmallInt(None),
+                "int8" => SqlType::BigInt(None),
+                "bool" => SqlType::Boolean,
+                "float4" => SqlType::Real,
+                "float8" => SqlType::DoublePrecision,
+                "int2vector" => array_of(SqlType::SmallInt(None)),
+                "oidvector" => array_of(SqlType::Int(None)),
+                "timestamptz" => return None,
+                _ => return None,
+            })
+        }
+        SqlType::Array(ArrayElemTypeDef::SquareBracket(inner, size)) => plain_type(inner)
+            .map(|i| SqlType::Array(ArrayElemTypeDef::SquareBracket(Box::new(i), *size))),
+        _ => None,
+    }
+}
+
+fn array_of(t: SqlType) -> SqlType {
+    SqlType::Array(ArrayElemTypeDef::SquareBracket(Box::new(t), None))
+}
+
+fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
+    Ok(Some(match expr {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::PGCustomBinaryOperator(parts),
+            right,
+        } => {
+            let op = match parts.as_slice() {
+                [schema, op] if schema.eq_ignore_ascii_case("pg_catalog") => op.as_str(),
+                _ => return Ok(None),
+            };
+            let op = match op {
+                "~" => BinaryOperator::PGRegexMatch,
+                "~*" => BinaryOperator::PGRegexIMatch,
+                "!~" => BinaryOperator::PGRegexNotMatch,
+                "!~*" => BinaryOperator::PGRegexNotIMatch,
+                "~~" => BinaryOperator::PGLikeMatch,
+                "!~~" => BinaryOperator::PGNotLikeMatch,
+                "~~*" => BinaryOperator::PGILikeMatch,
+                "!~~*" => BinaryOperator::PGNotILikeMatch,
+                "=" => BinaryOperator::Eq,
+                "<>" | "!=" => BinaryOperator::NotEq,
+                "<" => BinaryOperator::Lt,
+                "<=" => BinaryOperator::LtEq,
+                ">" => BinaryOperator::Gt,
+                ">=" => BinaryOperator::GtEq,
+                "||" => BinaryOperator::StringConcat,
+                "+" => BinaryOperator::Plus,
+                "-" => BinaryOperator::Minus,
+                "*" => BinaryOperator::Multiply,
+                "/" => BinaryOperator::Divide,
+                other => {
+                    return Err(ServerError::unsupported(format!(
+                        "the operator pg_catalog.{other}"
+                    )));
+                }
+            };
+            Expr::BinaryOp {
+                left: left.clone(),
+                op,
+                right: right.clone(),
+            }
+        }
+        Expr::Collate { expr, collation } => {
+            let name = unqualified(collation).unwrap_or_default();
+            if !matches!(
+                name.as_str(),
+                "default" | "c" | "C" | "posix" | "POSIX" | "ucs_basic"
+            ) {
+                return Err(ServerError::unsupported(format!(
+                    "the collation {collation}"
+                )));
+            }
+            (**expr).clone()
+        }
+        Expr::Function(f) if f.name.0.len() == 2 => {
+            let schema = match &f.name.0[0] {
+                ObjectNamePart::Identifier(i) => crate::stmt::ident(i),
+                _ => return Ok(None),
+            };
+            if schema != "pg_catalog" {
+                return Ok(None);
+            }
+            let mut f = f.clone();
+            f.name.0.remove(0);
+            Expr::Function(f)
+        }
+        // `ARRAY(SELECT x FROM …)`: the rows' x as an array.
+        Expr::Function(f)
+            if last_name(&f.name).as_deref() == Some("array")
+                && matches!(f.args, FunctionArguments::Subquery(_)) =>
+        {
+            let FunctionArguments::Subquery(q) = &f.args else {
+                return Ok(None);
+            };
+            array_subquery(q).unwrap_or_else(|| expr.clone())
+        }
+        Expr::Cast {
+            kind,
+            expr: inner,
+            data_type,
+            array,
+            format,
+        } => {
+            let type_name = match data_type {
+                SqlType::Custom(name, m) if m.is_empty() => unqualified(name),
+                SqlType::Regclass => Some("regclass".to_string()),
+                _ => None,
+            };
+            if let Some(reg) = type_name.as_deref().filter(|t| REG_TYPES.contains(t)) {
+                return Ok(Some(call(&format!("weir_{reg}"), vec![(**inner).clone()])));
+            }
+            // `'t'::regclass::oid` is the oid already; `c.oid::regclass::oid`
+            // is `c.oid`.
+            if type_name.as_deref() == Some("oid")
+                && let Expr::Function(f) = inner.as_ref()
+                && last_name(&f.name).is_some_and(|n| n.starts_with("weir_reg"))
+                && let FunctionArguments::List(list) = &f.args
+                && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice()
+            {
+                let is_text = matches!(arg, Expr::Value(v) if matches!(v.value, Value::SingleQuotedString(_)));
+                return Ok(Some(if is_text {
+                    (**inner).clone()
+                } else {
+                    Expr::Cast {
+                        kind: CastKind::Cast,
+                        expr: Box::new(arg.clone()),
+                        data_type: SqlType::Int(None),
+                        array: false,
+                        format: None,
+                    }
+                }));
+            }
+            let Some(plain) = plain_type(data_type) else {
+                return Ok(None);
+            };
+            Expr::Cast {
+                kind: kind.clone(),
+                expr: inner.clone(),
+                data_type: plain,
+                array: *array,
+                format: format.clone(),
+            }
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// `ARRAY(SELECT e FROM … [ORDER BY …])` as `(SELECT array_agg(e [ORDER BY
+/// …]) FROM …)`, when the subquery is a plain `SELECT` of one column.
+fn array_subquery(q: &Query) -> Option<Expr> {
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return None;
+    };
+    if select.projection.len() != 1
+        || select.distinct.is_some()
+        || !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty())
+        || select.having.is_some()
+        || q.limit_clause.is_some()
+    {
+        return None;
+    }
+    let item = match &select.projection[0] {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e.clone(),
+        _ => return None,
+    };
+    let mut agg = call("array_agg", vec![item.clone()]);
+    if let (Expr::Function(f), Some(order)) = (&mut agg, &q.order_by)
+        && let datafusion::sql::sqlparser::ast::OrderByKind::Expressions(exprs) = &order.kind
+        && let FunctionArguments::List(list) = &mut f.args
+    {
+        let exprs = exprs
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                // `ORDER BY 1` names the one column.
+                if matches!(&o.expr, Expr::Value(v) if v.value == Value::Number("1".into(), false))
+                {
+                    o.expr = item.clone();
+                }
+                o
+            })
+            .collect();
+        list.clauses
+            .push(datafusion::sql::sqlparser::ast::FunctionArgumentClause::OrderBy(exprs));
+    }
+    let mut inner = (**select).clone();
+    inner.projection = vec![SelectItem::UnnamedExpr(agg)];
+    Some(Expr::Subquery(Box::new(Query {
+        body: Box::new(SetExpr::Select(Box::new(inner))),
+        order_by: None,
+        ..q.clone()
+    })))
+}
+
+fn prune_set_expr(body: &mut SetExpr) {
+    match body {
+        SetExpr::Select(select) => prune_select(select),
+        SetExpr::SetOperation { left, right, .. } => {
+            prune_set_expr(left);
+            prune_set_expr(right);
+        }
+        _ => {}
+    }
+}
+
+/// Whether `factor` is a catalog table Weir never fills.
+fn is_empty_table(factor: &TableFactor) -> bool {
+    let TableFactor::Table { name, .. } = factor else {
+        return false;
+    };
+    match name.0.as_slice() {
+        [ObjectNamePart::Identifier(s), ObjectNamePart::Identifier(t)] => {
+            crate::stmt::ident(s) == "pg_catalog"
+                && EMPTY_TABLES.contains(&crate::stmt::ident(t).as_str())
+        }
+        _ => false,
+    }
+}
+
+const AGGREGATES: &[&str] = &[
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "string_agg",
+    "array_agg",
+    "bool_and",
+    "bool_or",
+    "every",
+    "json_agg",
+    "jsonb_agg",
+];
+
+fn has_aggregate(select: &Select) -> bool {
+    let mut found = false;
+    let mut items = select.projection.clone();
+    let _ = datafusion::sql::sqlparser::ast::visit_expressions(&mut items, |e| {
+        if let Expr::Function(f) = e
+            && f.over.is_none()
+            && last_name(&f.name).is_some_and(|n| AGGREGATES.contains(&n.as_str()))
+        {
+            found = true;
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+fn prune_select(select: &mut Select) {
+    use datafusion::sql::sqlparser::ast::JoinOperator as J;
+    let reads_empty = select.from.iter().any(|twj| {
+        is_empty_table(&twj.relation)
+            || twj.joins.iter().any(|j| {
+                matches!(
+                    j.join_operator,
+                    J::Join(_) | J::Inner(_) | J::CrossJoin(_) | J::LeftSemi(_) | J::RightSemi(_)
+                ) && is_empty_table(&j.relation)
+            })
+    });
+    let grouped = !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty())
+        || select.having.is_some();
+    if !reads_empty || grouped || has_aggregate(select) {
+        return;
+    }
+    select.selection = Some(Expr::Value(Value::Boolean(false).into()));
+    for (i, item) in select.projection.iter_mut().enumerate() {
+        let (expr, alias) = match item {
+            SelectItem::UnnamedExpr(e) => (e.clone(), None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr.clone(), Some(alias.clone())),
+            _ => continue,
+        };
+        if matches!(
+            expr,
+            Expr::Identifier(_) | Expr::CompoundIdentifier(_) | Expr::Value(_)
+        ) {
+            continue;
+        }
+        let alias = alias.unwrap_or_else(|| {
+            Ident::with_quote(
+                '"',
+                crate::stmt::pg_name(&expr).unwrap_or_else(|| format!("?column{i}?")),
+            )
+        });
+        *item = SelectItem::ExprWithAlias {
+            expr: Expr::Value(Value::Null.into()),
+            alias,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::sqlparser::ast::Statement;
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+
+    fn rw(sql: &str) -> String {
+        let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql).unwrap();
+        let Statement::Query(mut q) = stmts.remove(0) else {
+            panic!()
+        };
+        rewrite(&mut q).unwrap();
+        q.to_string()
+    }
+
+    #[test]
+    fn psql_spellings() {
+        assert_eq!(
+            rw(
+                "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relname OPERATOR(pg_catalog.~) '^(t)$' COLLATE pg_catalog.default AND pg_catalog.pg_table_is_visible(c.oid)"
+            ),
+            "SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.relname ~ '^(t)$' AND pg_table_is_visible(c.oid)"
+        );
+        assert_eq!(
+            rw(
+                "SELECT c.oid::pg_catalog.regclass::pg_catalog.text, 'x'::regclass::oid, a::oid FROM pg_class"
+            ),
+            "SELECT CAST(weir_regclass(c.oid) AS TEXT), weir_regclass('x'), CAST(a AS INT) FROM pg_catalog.pg_class"
+        );
+    }
+
+    #[test]
+    fn selects_over_empty_catalogs_read_nothing() {
+        assert_eq!(
+            rw(
+                "SELECT pol.polname, array_to_string(array(select 1), ',') AS r FROM pg_catalog.pg_policy pol WHERE pol.polrelid = 1 ORDER BY 1"
+            ),
+            "SELECT pol.polname, NULL AS r FROM pg_catalog.pg_policy AS pol WHERE false ORDER BY 1"
+        );
+        // An aggregate has a row even over no rows; an outer join keeps its
+        // left side.
+        let kept = "SELECT count(*) FROM pg_catalog.pg_policy";
+        assert_eq!(rw(kept), kept);
+        let kept = "SELECT c.relname FROM pg_catalog.pg_class AS c LEFT JOIN pg_catalog.pg_inherits AS i ON i.inhrelid = c.oid";
+        assert_eq!(rw(kept), kept);
+    }
+
+    #[test]
+    fn other_collations_are_refused() {
+        let mut stmts =
+            Parser::parse_sql(&PostgreSqlDialect {}, "SELECT 'a' COLLATE \"de_DE\"").unwrap();
+        let Statement::Query(q) = &mut stmts[0] else {
+            panic!()
+        };
+        assert!(rewrite(q).is_err());
+    }
+}

@@ -1,0 +1,1112 @@
+//! The rows of `pg_catalog`'s tables, built from Weir's catalog.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanBuilder, Float32Builder, Float64Builder, Int16Builder, Int32Builder,
+    Int64Builder, ListBuilder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::error::{DataFusionError, Result as DfResult};
+
+use super::columns::PG_CATALOG;
+use super::types::{self, TYPES};
+use super::*;
+use crate::catalog::Entry;
+
+/// Every table of `pg_catalog`.
+pub const TABLE_NAMES: &[&str] = &[
+    "pg_aggregate",
+    "pg_am",
+    "pg_attrdef",
+    "pg_attribute",
+    "pg_auth_members",
+    "pg_authid",
+    "pg_cast",
+    "pg_class",
+    "pg_collation",
+    "pg_constraint",
+    "pg_conversion",
+    "pg_database",
+    "pg_default_acl",
+    "pg_depend",
+    "pg_description",
+    "pg_enum",
+    "pg_event_trigger",
+    "pg_extension",
+    "pg_foreign_data_wrapper",
+    "pg_foreign_server",
+    "pg_foreign_table",
+    "pg_group",
+    "pg_index",
+    "pg_indexes",
+    "pg_inherits",
+    "pg_init_privs",
+    "pg_language",
+    "pg_matviews",
+    "pg_namespace",
+    "pg_opclass",
+    "pg_operator",
+    "pg_partitioned_table",
+    "pg_policy",
+    "pg_proc",
+    "pg_publication",
+    "pg_publication_namespace",
+    "pg_publication_rel",
+    "pg_range",
+    "pg_rewrite",
+    "pg_roles",
+    "pg_sequence",
+    "pg_sequences",
+    "pg_settings",
+    "pg_shadow",
+    "pg_shdescription",
+    "pg_stat_all_tables",
+    "pg_stat_user_tables",
+    "pg_statio_user_tables",
+    "pg_statistic_ext",
+    "pg_tables",
+    "pg_tablespace",
+    "pg_trigger",
+    "pg_type",
+    "pg_user",
+    "pg_user_mappings",
+    "pg_views",
+];
+
+/// The tables that hold no rows in Weir, whatever its catalog holds: Weir
+/// has no policies, publications, inheritance, triggers, rules, sequences,
+/// extensions, enums, user-defined casts, operators or aggregates of its
+/// own, role memberships, comments on shared objects or foreign servers.
+/// [`super::rewrite`] relies on this list: a query part that must read a
+/// row of one of them has none.
+pub const EMPTY_TABLES: &[&str] = &[
+    "pg_aggregate",
+    "pg_auth_members",
+    "pg_cast",
+    "pg_conversion",
+    "pg_default_acl",
+    "pg_depend",
+    "pg_enum",
+    "pg_event_trigger",
+    "pg_extension",
+    "pg_foreign_data_wrapper",
+    "pg_foreign_server",
+    "pg_group",
+    "pg_inherits",
+    "pg_init_privs",
+    "pg_opclass",
+    "pg_operator",
+    "pg_partitioned_table",
+    "pg_policy",
+    "pg_publication",
+    "pg_publication_namespace",
+    "pg_publication_rel",
+    "pg_range",
+    "pg_rewrite",
+    "pg_sequence",
+    "pg_sequences",
+    "pg_shdescription",
+    "pg_statistic_ext",
+    "pg_trigger",
+    "pg_user_mappings",
+];
+
+/// How a catalog column is stored in Arrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `oid` (and `regtype`): Int32, reported to clients as `oid`.
+    Oid,
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    Bool,
+    /// `name`, `text`, `regproc` (as the function's name), `pg_node_tree`
+    /// (as SQL text).
+    Text,
+    /// Postgres's one-byte `"char"`.
+    Char,
+    Timestamptz,
+    TextArray,
+    Int2Array,
+    OidArray,
+}
+
+/// One value of a catalog row.
+#[derive(Debug, Clone)]
+pub enum V {
+    N,
+    I(i64),
+    F(f64),
+    B(bool),
+    T(String),
+    A(Vec<V>),
+}
+
+impl From<&str> for V {
+    fn from(s: &str) -> Self {
+        V::T(s.to_string())
+    }
+}
+
+impl From<String> for V {
+    fn from(s: String) -> Self {
+        V::T(s)
+    }
+}
+
+impl From<i32> for V {
+    fn from(i: i32) -> Self {
+        V::I(i as i64)
+    }
+}
+
+impl From<i64> for V {
+    fn from(i: i64) -> Self {
+        V::I(i)
+    }
+}
+
+impl From<bool> for V {
+    fn from(b: bool) -> Self {
+        V::B(b)
+    }
+}
+
+impl<T: Into<V>> From<Option<T>> for V {
+    fn from(o: Option<T>) -> Self {
+        o.map_or(V::N, Into::into)
+    }
+}
+
+fn field(name: &str, kind: Kind) -> Field {
+    let item = |t: DataType| Arc::new(Field::new("item", t, true));
+    let (t, meta) = match kind {
+        Kind::Oid => (DataType::Int32, Some(("pg.oid_alias", "oid"))),
+        Kind::Int2 => (DataType::Int16, None),
+        Kind::Int4 => (DataType::Int32, None),
+        Kind::Int8 => (DataType::Int64, None),
+        Kind::Float4 => (DataType::Float32, None),
+        Kind::Float8 => (DataType::Float64, None),
+        Kind::Bool => (DataType::Boolean, None),
+        Kind::Text => (DataType::Utf8, None),
+        Kind::Char => (DataType::Utf8, Some(("pg.char", "true"))),
+        Kind::Timestamptz => (
+            DataType::Timestamp(TimeUnit::Microsecond, Some(crate::types::UTC.into())),
+            None,
+        ),
+        Kind::TextArray => (DataType::List(item(DataType::Utf8)), None),
+        Kind::Int2Array => (DataType::List(item(DataType::Int16)), None),
+        Kind::OidArray => (DataType::List(item(DataType::Int32)), None),
+    };
+    let f = Field::new(name, t, true);
+    match meta {
+        Some((k, v)) => f.with_metadata(HashMap::from([(k.to_string(), v.to_string())])),
+        None => f,
+    }
+}
+
+/// A batch of `columns` from `rows` (each row a value per column).
+pub fn batch(columns: &[(&str, Kind)], rows: Vec<Vec<V>>) -> DfResult<RecordBatch> {
+    let schema: SchemaRef = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(n, k)| field(n, *k))
+            .collect::<Vec<_>>(),
+    ));
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len());
+    for (i, (name, kind)) in columns.iter().enumerate() {
+        let values = rows.iter().map(|r| r.get(i).unwrap_or(&V::N));
+        let bad = |v: &V| {
+            DataFusionError::Internal(format!("catalog column {name} ({kind:?}) given {v:?}"))
+        };
+        let array: ArrayRef = match kind {
+            Kind::Oid | Kind::Int4 => {
+                let mut b = Int32Builder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::I(i) => b.append_value(*i as i32),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Int2 => {
+                let mut b = Int16Builder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::I(i) => b.append_value(*i as i16),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Int8 => {
+                let mut b = Int64Builder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::I(i) => b.append_value(*i),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Float4 => {
+                let mut b = Float32Builder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::F(f) => b.append_value(*f as f32),
+                        V::I(i) => b.append_value(*i as f32),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Float8 => {
+                let mut b = Float64Builder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::F(f) => b.append_value(*f),
+                        V::I(i) => b.append_value(*i as f64),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Bool => {
+                let mut b = BooleanBuilder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::B(x) => b.append_value(*x),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Text | Kind::Char => {
+                let mut b = StringBuilder::new();
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::T(s) => b.append_value(s),
+                        V::I(i) => b.append_value(i.to_string()),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Timestamptz => {
+                let mut b = TimestampMicrosecondBuilder::new().with_timezone(crate::types::UTC);
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::I(us) => b.append_value(*us),
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::TextArray => {
+                let mut b = ListBuilder::new(StringBuilder::new());
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::A(items) => {
+                            for item in items {
+                                match item {
+                                    V::T(s) => b.values().append_value(s),
+                                    _ => b.values().append_null(),
+                                }
+                            }
+                            b.append(true);
+                        }
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::Int2Array => {
+                let mut b = ListBuilder::new(Int16Builder::new());
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::A(items) => {
+                            for item in items {
+                                match item {
+                                    V::I(i) => b.values().append_value(*i as i16),
+                                    _ => b.values().append_null(),
+                                }
+                            }
+                            b.append(true);
+                        }
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Kind::OidArray => {
+                let mut b = ListBuilder::new(Int32Builder::new());
+                for v in values {
+                    match v {
+                        V::N => b.append_null(),
+                        V::A(items) => {
+                            for item in items {
+                                match item {
+                                    V::I(i) => b.values().append_value(*i as i32),
+                                    _ => b.values().append_null(),
+                                }
+                            }
+                            b.append(true);
+                        }
+                        other => return Err(bad(other)),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+        };
+        arrays.push(array);
+    }
+    let list_fields_match = schema.fields().iter().zip(&arrays).all(|(f, a)| {
+        !matches!(f.data_type(), DataType::List(_)) || f.data_type() == a.data_type()
+    });
+    if !list_fields_match {
+        return Err(DataFusionError::Internal(
+            "catalog list column of the wrong type".into(),
+        ));
+    }
+    Ok(RecordBatch::try_new(schema, arrays)?)
+}
+
+/// A table's column list, as Postgres 15 has it.
+pub fn columns_of(
+    list: &'static [(&'static str, &'static [(&'static str, Kind)])],
+    table: &str,
+) -> Option<&'static [(&'static str, Kind)]> {
+    list.iter().find(|(t, _)| *t == table).map(|(_, c)| *c)
+}
+
+/// A row given as `(column, value)` pairs; the columns not named are NULL.
+pub fn row(columns: &[(&str, Kind)], values: Vec<(&str, V)>) -> Vec<V> {
+    let mut out = vec![V::N; columns.len()];
+    for (name, v) in values {
+        if let Some(i) = columns.iter().position(|(c, _)| *c == name) {
+            out[i] = v;
+        } else {
+            debug_assert!(false, "no catalog column {name}");
+        }
+    }
+    out
+}
+
+/// A relation of Weir's catalog, as the catalogs describe it.
+#[derive(Debug, Clone)]
+pub struct Relation {
+    pub id: u64,
+    pub oid: i32,
+    pub name: String,
+    pub schema: &'static str,
+    pub namespace: i32,
+    /// `r`, `v`, `m` or `f`.
+    pub relkind: &'static str,
+    pub columns: Vec<Attribute>,
+    /// Positions (0-based) of the primary key's columns.
+    pub primary_key: Vec<usize>,
+    /// A view's query.
+    pub definition: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Attribute {
+    pub name: String,
+    pub type_oid: i32,
+    pub typmod: i32,
+    pub not_null: bool,
+    pub default: Option<String>,
+}
+
+impl Relation {
+    pub fn key_name(&self) -> String {
+        format!("{}_pkey", self.name)
+    }
+
+    pub fn key_columns(&self) -> Vec<String> {
+        self.primary_key
+            .iter()
+            .map(|i| self.columns[*i].name.clone())
+            .collect()
+    }
+}
+
+/// Every relation of the catalog. A view whose query no longer plans is
+/// listed without columns.
+pub async fn relations(db: &Arc<Database>) -> Vec<Relation> {
+    let mut out = Vec::new();
+    let mut entries = db.catalog.all();
+    entries.sort_by_key(|e| e.id());
+    for entry in entries {
+        let (relkind, declared, key, sql) = match &entry {
+            Entry::Table {
+                columns,
+                primary_key,
+                ..
+            } => ("r", Some(columns.clone()), primary_key.clone(), None),
+            Entry::Source { columns, .. } => ("f", Some(columns.clone()), Vec::new(), None),
+            Entry::View { sql, .. } => ("v", None, Vec::new(), Some(sql.clone())),
+            Entry::MaterializedView { sql, .. } => ("m", None, Vec::new(), Some(sql.clone())),
+            Entry::Sink { sql, .. } => ("f", None, Vec::new(), Some(sql.clone())),
+        };
+        let columns = match (&declared, &sql) {
+            (Some(cols), _) => cols
+                .iter()
+                .map(|c| {
+                    let (type_oid, typmod) =
+                        types::of_declared(&c.sql_type).unwrap_or((types::TEXT, -1));
+                    Attribute {
+                        name: c.name.clone(),
+                        type_oid,
+                        typmod,
+                        not_null: c.not_null || key.contains(&c.name),
+                        default: c.default.clone(),
+                    }
+                })
+                .collect(),
+            (None, Some(sql)) => match crate::context::view_schema(db, sql).await {
+                Ok(schema) => schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        let (type_oid, typmod) = types::of_arrow(f.data_type());
+                        Attribute {
+                            name: f.name().clone(),
+                            type_oid,
+                            typmod,
+                            not_null: false,
+                            default: None,
+                        }
+                    })
+                    .collect(),
+                Err(_) => Vec::new(),
+            },
+            (None, None) => Vec::new(),
+        };
+        let primary_key = key
+            .iter()
+            .filter_map(|k| columns.iter().position(|c: &Attribute| &c.name == k))
+            .collect();
+        out.push(Relation {
+            id: entry.id(),
+            oid: relation_oid(entry.id()),
+            name: entry.name().to_string(),
+            schema: "public",
+            namespace: PUBLIC_OID,
+            relkind,
+            columns,
+            primary_key,
+            // A sink's query is not a view's definition.
+            definition: if matches!(entry, Entry::Sink { .. }) {
+                None
+            } else {
+                sql
+            },
+        });
+    }
+    out
+}
+
+/// The namespaces: `(oid, name)`.
+pub const NAMESPACES: &[(i32, &str)] = &[
+    (PG_CATALOG_OID, "pg_catalog"),
+    (PUBLIC_OID, "public"),
+    (INFORMATION_SCHEMA_OID, "information_schema"),
+    (WEIR_CATALOG_OID, crate::system::SCHEMA),
+];
+
+/// Builds the table `name` of `pg_catalog`, or `None` if there is none.
+pub async fn build(
+    db: &Arc<Database>,
+    session: &SessionInfo,
+    name: &str,
+) -> DfResult<Option<RecordBatch>> {
+    let Some(cols) = columns_of(PG_CATALOG, name) else {
+        return Ok(None);
+    };
+    if EMPTY_TABLES.contains(&name) {
+        return batch(cols, Vec::new()).map(Some);
+    }
+    let r = |values: Vec<(&str, V)>| row(cols, values);
+    let owner = || V::from(SUPERUSER_OID);
+    let rows: Vec<Vec<V>> = match name {
+        "pg_am" => vec![
+            r(vec![
+                ("oid", 2.into()),
+                ("amname", "heap".into()),
+                ("amhandler", "heap_tableam_handler".into()),
+                ("amtype", "t".into()),
+            ]),
+            r(vec![
+                ("oid", 403.into()),
+                ("amname", "btree".into()),
+                ("amhandler", "bthandler".into()),
+                ("amtype", "i".into()),
+            ]),
+        ],
+        "pg_namespace" => NAMESPACES
+            .iter()
+            .map(|(oid, n)| {
+                r(vec![
+                    ("oid", (*oid).into()),
+                    ("nspname", (*n).into()),
+                    ("nspowner", owner()),
+                ])
+            })
+            .collect(),
+        "pg_database" => vec![r(vec![
+            ("oid", DATABASE_OID.into()),
+            ("datname", session.database.as_str().into()),
+            ("datdba", owner()),
+            ("encoding", 6.into()),
+            ("datlocprovider", "c".into()),
+            ("datistemplate", false.into()),
+            ("datallowconn", true.into()),
+            ("datconnlimit", (-1).into()),
+            ("datfrozenxid", 0.into()),
+            ("datminmxid", 1.into()),
+            ("dattablespace", 1663.into()),
+            ("datcollate", "C".into()),
+            ("datctype", "C".into()),
+        ])],
+        "pg_tablespace" => [(1663, "pg_default"), (1664, "pg_global")]
+            .into_iter()
+            .map(|(oid, n)| {
+                r(vec![
+                    ("oid", oid.into()),
+                    ("spcname", n.into()),
+                    ("spcowner", owner()),
+                ])
+            })
+            .collect(),
+        "pg_collation" => [
+            (100, "default", "d", ""),
+            (950, "C", "c", "C"),
+            (951, "POSIX", "c", "POSIX"),
+        ]
+        .into_iter()
+        .map(|(oid, n, provider, locale)| {
+            r(vec![
+                ("oid", oid.into()),
+                ("collname", n.into()),
+                ("collnamespace", PG_CATALOG_OID.into()),
+                ("collowner", owner()),
+                ("collprovider", provider.into()),
+                ("collisdeterministic", true.into()),
+                ("collencoding", (-1).into()),
+                ("collcollate", (!locale.is_empty()).then_some(locale).into()),
+                ("collctype", (!locale.is_empty()).then_some(locale).into()),
+            ])
+        })
+        .collect(),
+        "pg_language" => [(12, "internal"), (13, "c"), (14, "sql")]
+            .into_iter()
+            .map(|(oid, n)| {
+                r(vec![
+                    ("oid", oid.into()),
+                    ("lanname", n.into()),
+                    ("lanowner", owner()),
+                    ("lanispl", false.into()),
+                    ("lanpltrusted", (n == "sql").into()),
+                    ("lanplcallfoid", 0.into()),
+                    ("laninline", 0.into()),
+                    ("lanvalidator", 0.into()),
+                ])
+            })
+            .collect(),
+        "pg_type" => type_rows(cols),
+        "pg_roles" | "pg_authid" | "pg_user" | "pg_shadow" => role_rows(cols, session),
+        "pg_settings" => session
+            .settings
+            .iter()
+            .map(|(k, v)| {
+                r(vec![
+                    ("name", k.as_str().into()),
+                    ("setting", v.as_str().into()),
+                    ("category", "Weir".into()),
+                    ("context", "user".into()),
+                    ("vartype", "string".into()),
+                    ("source", "session".into()),
+                    ("boot_val", v.as_str().into()),
+                    ("reset_val", v.as_str().into()),
+                    ("pending_restart", false.into()),
+                ])
+            })
+            .collect(),
+        "pg_proc" => super::functions::proc_rows(db, cols),
+        "pg_description" => Vec::new(),
+        _ => relation_rows(db, name, cols).await?,
+    };
+    batch(cols, rows).map(Some)
+}
+
+fn type_rows(cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
+    let mut rows = Vec::new();
+    for ty in TYPES {
+        let io = |suffix: &str| V::from(format!("{}{suffix}", ty.io));
+        rows.push(row(
+            cols,
+            vec![
+                ("oid", ty.oid.into()),
+                ("typname", ty.name.into()),
+                ("typnamespace", PG_CATALOG_OID.into()),
+                ("typowner", SUPERUSER_OID.into()),
+                ("typlen", V::I(ty.len as i64)),
+                ("typbyval", ty.byval.into()),
+                ("typtype", if ty.pseudo { "p" } else { "b" }.into()),
+                ("typcategory", ty.category.into()),
+                (
+                    "typispreferred",
+                    matches!(
+                        ty.name,
+                        "bool" | "text" | "float8" | "oid" | "timestamptz" | "interval"
+                    )
+                    .into(),
+                ),
+                ("typisdefined", true.into()),
+                ("typdelim", ",".into()),
+                ("typrelid", 0.into()),
+                (
+                    "typsubscript",
+                    if ty.elem != 0 {
+                        "array_subscript_handler"
+                    } else {
+                        "-"
+                    }
+                    .into(),
+                ),
+                ("typelem", ty.elem.into()),
+                ("typarray", ty.array.into()),
+                ("typinput", io("in")),
+                ("typoutput", io("out")),
+                ("typreceive", io("recv")),
+                ("typsend", io("send")),
+                ("typmodin", "-".into()),
+                ("typmodout", "-".into()),
+                ("typanalyze", "-".into()),
+                ("typalign", ty.align.into()),
+                ("typstorage", if ty.len == -1 { "x" } else { "p" }.into()),
+                ("typnotnull", false.into()),
+                ("typbasetype", 0.into()),
+                ("typtypmod", (-1).into()),
+                ("typndims", 0.into()),
+                ("typcollation", if ty.collatable { 100 } else { 0 }.into()),
+            ],
+        ));
+        if ty.array != 0 {
+            rows.push(row(
+                cols,
+                vec![
+                    ("oid", ty.array.into()),
+                    ("typname", format!("_{}", ty.name).into()),
+                    ("typnamespace", PG_CATALOG_OID.into()),
+                    ("typowner", SUPERUSER_OID.into()),
+                    ("typlen", (-1).into()),
+                    ("typbyval", false.into()),
+                    ("typtype", "b".into()),
+                    ("typcategory", "A".into()),
+                    ("typispreferred", false.into()),
+                    ("typisdefined", true.into()),
+                    ("typdelim", ",".into()),
+                    ("typrelid", 0.into()),
+                    ("typsubscript", "array_subscript_handler".into()),
+                    ("typelem", ty.oid.into()),
+                    ("typarray", 0.into()),
+                    ("typinput", "array_in".into()),
+                    ("typoutput", "array_out".into()),
+                    ("typreceive", "array_recv".into()),
+                    ("typsend", "array_send".into()),
+                    ("typmodin", "-".into()),
+                    ("typmodout", "-".into()),
+                    ("typanalyze", "array_typanalyze".into()),
+                    ("typalign", if ty.align == "d" { "d" } else { "i" }.into()),
+                    ("typstorage", "x".into()),
+                    ("typnotnull", false.into()),
+                    ("typbasetype", 0.into()),
+                    ("typtypmod", (-1).into()),
+                    ("typndims", 0.into()),
+                    ("typcollation", if ty.collatable { 100 } else { 0 }.into()),
+                ],
+            ));
+        }
+    }
+    rows
+}
+
+fn role_rows(cols: &[(&str, Kind)], session: &SessionInfo) -> Vec<Vec<V>> {
+    let name = session.user.as_str();
+    vec![row(
+        cols,
+        vec![
+            ("oid", SUPERUSER_OID.into()),
+            ("rolname", name.into()),
+            ("rolsuper", true.into()),
+            ("rolinherit", true.into()),
+            ("rolcreaterole", true.into()),
+            ("rolcreatedb", true.into()),
+            ("rolcanlogin", true.into()),
+            ("rolreplication", false.into()),
+            ("rolconnlimit", (-1).into()),
+            ("rolpassword", "********".into()),
+            ("rolbypassrls", true.into()),
+            ("usename", name.into()),
+            ("usesysid", SUPERUSER_OID.into()),
+            ("usecreatedb", true.into()),
+            ("usesuper", true.into()),
+            ("userepl", false.into()),
+            ("usebypassrls", true.into()),
+            ("passwd", "********".into()),
+        ],
+    )]
+}
+
+/// The tables that describe relations.
+async fn relation_rows(
+    db: &Arc<Database>,
+    name: &str,
+    cols: &[(&str, Kind)],
+) -> DfResult<Vec<Vec<V>>> {
+    let rels = relations(db).await;
+    let r = |values: Vec<(&str, V)>| row(cols, values);
+    let owner = || V::from(SUPERUSER_OID);
+    let user = || V::from(crate::pg::USER);
+    let mut rows = Vec::new();
+    match name {
+        "pg_class" => {
+            for rel in &rels {
+                let has_key = !rel.primary_key.is_empty();
+                rows.push(r(vec![
+                    ("oid", rel.oid.into()),
+                    ("relname", rel.name.as_str().into()),
+                    ("relnamespace", rel.namespace.into()),
+                    ("reltype", 0.into()),
+                    ("reloftype", 0.into()),
+                    ("relowner", owner()),
+                    (
+                        "relam",
+                        if matches!(rel.relkind, "r" | "m") {
+                            2
+                        } else {
+                            0
+                        }
+                        .into(),
+                    ),
+                    ("relfilenode", 0.into()),
+                    ("reltablespace", 0.into()),
+                    ("relpages", 0.into()),
+                    ("reltuples", V::F(-1.0)),
+                    ("relallvisible", 0.into()),
+                    ("reltoastrelid", 0.into()),
+                    ("relhasindex", has_key.into()),
+                    ("relisshared", false.into()),
+                    ("relpersistence", "p".into()),
+                    ("relkind", rel.relkind.into()),
+                    ("relnatts", V::I(rel.columns.len() as i64)),
+                    ("relchecks", 0.into()),
+                    ("relhasrules", (rel.relkind == "v").into()),
+                    ("relhastriggers", false.into()),
+                    ("relhassubclass", false.into()),
+                    ("relrowsecurity", false.into()),
+                    ("relforcerowsecurity", false.into()),
+                    ("relispopulated", true.into()),
+                    ("relreplident", if has_key { "d" } else { "n" }.into()),
+                    ("relispartition", false.into()),
+                    ("relrewrite", 0.into()),
+                    ("relfrozenxid", 0.into()),
+                    ("relminmxid", 0.into()),
+                ]));
+                if has_key {
+                    rows.push(r(vec![
+                        ("oid", index_oid(rel.id).into()),
+                        ("relname", rel.key_name().into()),
+                        ("relnamespace", rel.namespace.into()),
+                        ("reltype", 0.into()),
+                        ("reloftype", 0.into()),
+                        ("relowner", owner()),
+                        ("relam", 403.into()),
+                        ("relfilenode", 0.into()),
+                        ("reltablespace", 0.into()),
+                        ("relpages", 0.into()),
+                        ("reltuples", V::F(-1.0)),
+                        ("relallvisible", 0.into()),
+                        ("reltoastrelid", 0.into()),
+                        ("relhasindex", false.into()),
+                        ("relisshared", false.into()),
+                        ("relpersistence", "p".into()),
+                        ("relkind", "i".into()),
+                        ("relnatts", V::I(rel.primary_key.len() as i64)),
+                        ("relchecks", 0.into()),
+                        ("relhasrules", false.into()),
+                        ("relhastriggers", false.into()),
+                        ("relhassubclass", false.into()),
+                        ("relrowsecurity", false.into()),
+                        ("relforcerowsecurity", false.into()),
+                        ("relispopulated", true.into()),
+                        ("relreplident", "n".into()),
+                        ("relispartition", false.into()),
+                        ("relrewrite", 0.into()),
+                        ("relfrozenxid", 0.into()),
+                        ("relminmxid", 0.into()),
+                    ]));
+                }
+            }
+        }
+        "pg_attribute" => {
+            for rel in &rels {
+                for (i, c) in rel.columns.iter().enumerate() {
+                    let ty = types::by_oid(c.type_oid);
+                    rows.push(r(vec![
+                        ("attrelid", rel.oid.into()),
+                        ("attname", c.name.as_str().into()),
+                        ("atttypid", c.type_oid.into()),
+                        ("attstattarget", (-1).into()),
+                        ("attlen", V::I(ty.map_or(-1, |t| t.len) as i64)),
+                        ("attnum", V::I(i as i64 + 1)),
+                        (
+                            "attndims",
+                            if types::by_array_oid(c.type_oid).is_some() {
+                                1
+                            } else {
+                                0
+                            }
+                            .into(),
+                        ),
+                        ("attcacheoff", (-1).into()),
+                        ("atttypmod", c.typmod.into()),
+                        ("attbyval", ty.is_some_and(|t| t.byval).into()),
+                        ("attalign", ty.map_or("i", |t| t.align).into()),
+                        (
+                            "attstorage",
+                            if ty.is_none_or(|t| t.len == -1) {
+                                "x"
+                            } else {
+                                "p"
+                            }
+                            .into(),
+                        ),
+                        ("attcompression", "".into()),
+                        ("attnotnull", c.not_null.into()),
+                        ("atthasdef", c.default.is_some().into()),
+                        ("atthasmissing", false.into()),
+                        ("attidentity", "".into()),
+                        ("attgenerated", "".into()),
+                        ("attisdropped", false.into()),
+                        ("attislocal", true.into()),
+                        ("attinhcount", 0.into()),
+                        (
+                            "attcollation",
+                            if ty.is_some_and(|t| t.collatable) {
+                                100
+                            } else {
+                                0
+                            }
+                            .into(),
+                        ),
+                    ]));
+                }
+                // The key's index has the key's columns.
+                if !rel.primary_key.is_empty() {
+                    for (n, i) in rel.primary_key.iter().enumerate() {
+                        let c = &rel.columns[*i];
+                        rows.push(r(vec![
+                            ("attrelid", index_oid(rel.id).into()),
+                            ("attname", c.name.as_str().into()),
+                            ("atttypid", c.type_oid.into()),
+                            ("attnum", V::I(n as i64 + 1)),
+                            ("atttypmod", c.typmod.into()),
+                            ("attnotnull", false.into()),
+                            ("atthasdef", false.into()),
+                            ("attisdropped", false.into()),
+                            ("attidentity", "".into()),
+                            ("attgenerated", "".into()),
+                        ]));
+                    }
+                }
+            }
+        }
+        "pg_attrdef" => {
+            for rel in &rels {
+                for (i, c) in rel.columns.iter().enumerate() {
+                    if let Some(d) = &c.default {
+                        rows.push(r(vec![
+                            (
+                                "oid",
+                                V::I(
+                                    CONSTRAINT_OID_BASE as i64 / 2
+                                        + rel.id as i64 * 1000
+                                        + i as i64,
+                                ),
+                            ),
+                            ("adrelid", rel.oid.into()),
+                            ("adnum", V::I(i as i64 + 1)),
+                            ("adbin", d.as_str().into()),
+                        ]));
+                    }
+                }
+            }
+        }
+        "pg_index" => {
+            for rel in rels.iter().filter(|r| !r.primary_key.is_empty()) {
+                let keys: Vec<V> = rel
+                    .primary_key
+                    .iter()
+                    .map(|i| V::I(*i as i64 + 1))
+                    .collect();
+                let n = V::I(keys.len() as i64);
+                rows.push(r(vec![
+                    ("indexrelid", index_oid(rel.id).into()),
+                    ("indrelid", rel.oid.into()),
+                    ("indnatts", n.clone()),
+                    ("indnkeyatts", n),
+                    ("indisunique", true.into()),
+                    ("indnullsnotdistinct", false.into()),
+                    ("indisprimary", true.into()),
+                    ("indisexclusion", false.into()),
+                    ("indimmediate", true.into()),
+                    ("indisclustered", false.into()),
+                    ("indisvalid", true.into()),
+                    ("indcheckxmin", false.into()),
+                    ("indisready", true.into()),
+                    ("indislive", true.into()),
+                    ("indisreplident", false.into()),
+                    ("indkey", V::A(keys.clone())),
+                    ("indcollation", V::A(keys.iter().map(|_| V::I(0)).collect())),
+                    ("indclass", V::A(keys.iter().map(|_| V::I(0)).collect())),
+                    ("indoption", V::A(keys.iter().map(|_| V::I(0)).collect())),
+                ]));
+            }
+        }
+        "pg_constraint" => {
+            for rel in rels.iter().filter(|r| !r.primary_key.is_empty()) {
+                let keys: Vec<V> = rel
+                    .primary_key
+                    .iter()
+                    .map(|i| V::I(*i as i64 + 1))
+                    .collect();
+                rows.push(r(vec![
+                    ("oid", constraint_oid(rel.id).into()),
+                    ("conname", rel.key_name().into()),
+                    ("connamespace", rel.namespace.into()),
+                    ("contype", "p".into()),
+                    ("condeferrable", false.into()),
+                    ("condeferred", false.into()),
+                    ("convalidated", true.into()),
+                    ("conrelid", rel.oid.into()),
+                    ("contypid", 0.into()),
+                    ("conindid", index_oid(rel.id).into()),
+                    ("conparentid", 0.into()),
+                    ("confrelid", 0.into()),
+                    ("confupdtype", " ".into()),
+                    ("confdeltype", " ".into()),
+                    ("confmatchtype", " ".into()),
+                    ("conislocal", true.into()),
+                    ("coninhcount", 0.into()),
+                    ("connoinherit", true.into()),
+                    ("conkey", V::A(keys)),
+                ]));
+            }
+        }
+        "pg_tables" => {
+            for rel in rels.iter().filter(|r| r.relkind == "r") {
+                rows.push(r(vec![
+                    ("schemaname", rel.schema.into()),
+                    ("tablename", rel.name.as_str().into()),
+                    ("tableowner", user()),
+                    ("hasindexes", (!rel.primary_key.is_empty()).into()),
+                    ("hasrules", false.into()),
+                    ("hastriggers", false.into()),
+                    ("rowsecurity", false.into()),
+                ]));
+            }
+        }
+        "pg_views" => {
+            for rel in rels.iter().filter(|r| r.relkind == "v") {
+                rows.push(r(vec![
+                    ("schemaname", rel.schema.into()),
+                    ("viewname", rel.name.as_str().into()),
+                    ("viewowner", user()),
+                    ("definition", rel.definition.clone().into()),
+                ]));
+            }
+        }
+        "pg_matviews" => {
+            for rel in rels.iter().filter(|r| r.relkind == "m") {
+                rows.push(r(vec![
+                    ("schemaname", rel.schema.into()),
+                    ("matviewname", rel.name.as_str().into()),
+                    ("matviewowner", user()),
+                    ("hasindexes", false.into()),
+                    ("ispopulated", true.into()),
+                    ("definition", rel.definition.clone().into()),
+                ]));
+            }
+        }
+        "pg_indexes" => {
+            for rel in rels.iter().filter(|r| !r.primary_key.is_empty()) {
+                rows.push(r(vec![
+                    ("schemaname", rel.schema.into()),
+                    ("tablename", rel.name.as_str().into()),
+                    ("indexname", rel.key_name().into()),
+                    ("indexdef", index_def(rel).into()),
+                ]));
+            }
+        }
+        "pg_stat_user_tables" | "pg_stat_all_tables" | "pg_statio_user_tables" => {
+            for rel in rels.iter().filter(|r| matches!(r.relkind, "r" | "m")) {
+                rows.push(r(vec![
+                    ("relid", rel.oid.into()),
+                    ("schemaname", rel.schema.into()),
+                    ("relname", rel.name.as_str().into()),
+                ]));
+            }
+        }
+        other => {
+            return Err(DataFusionError::Internal(format!(
+                "no rows for pg_catalog.{other}"
+            )));
+        }
+    }
+    Ok(rows)
+}
+
+/// `pg_get_indexdef` of a primary key's index.
+pub fn index_def(rel: &Relation) -> String {
+    format!(
+        "CREATE UNIQUE INDEX {} ON {}.{} USING btree ({})",
+        crate::stmt::quote_ident(&rel.key_name()),
+        rel.schema,
+        crate::stmt::quote_ident(&rel.name),
+        rel.key_columns()
+            .iter()
+            .map(|c| crate::stmt::quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// `pg_get_constraintdef` of a primary key.
+pub fn constraint_def(rel: &Relation) -> String {
+    format!(
+        "PRIMARY KEY ({})",
+        rel.key_columns()
+            .iter()
+            .map(|c| crate::stmt::quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
