@@ -25,7 +25,7 @@ use crate::catalog::Entry;
 /// What the functions know of the relations: built from the catalog's
 /// entries alone (no view is planned), once per statement.
 #[derive(Debug, Default)]
-pub struct Names {
+pub(super) struct Names {
     /// oid → (schema, name, relkind).
     by_oid: HashMap<i32, (String, String, &'static str)>,
     /// (schema, name) → oid.
@@ -117,7 +117,7 @@ impl Names {
 
 /// The oid of a `pg_catalog` table: Postgres's own for those clients name
 /// by number, others after them.
-pub fn system_oid(table: &str, index: usize) -> i32 {
+pub(super) fn system_oid(table: &str, index: usize) -> i32 {
     match table {
         "pg_type" => 1247,
         "pg_attribute" => 1249,
@@ -330,7 +330,7 @@ fn constant(
 }
 
 /// Registers the catalog functions in a statement's context.
-pub fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<SessionInfo>) {
+pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<SessionInfo>) {
     let names = Arc::new(Names::of(db));
     let mut fns = vec![
         constant(
@@ -610,26 +610,12 @@ pub fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<SessionI
     let n = names.clone();
     fns.push(by_oid_text("pg_get_indexdef", 1..=3, move |o| {
         let (table, key) = n.keys.get(&o?)?;
-        Some(format!(
-            "CREATE UNIQUE INDEX {} ON public.{} USING btree ({})",
-            crate::stmt::quote_ident(&format!("{table}_pkey")),
-            crate::stmt::quote_ident(table),
-            key.iter()
-                .map(|c| crate::stmt::quote_ident(c))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
+        Some(super::tables::key_index_def("public", table, key))
     }));
     let n = names.clone();
     fns.push(by_oid_text("pg_get_constraintdef", 1..=2, move |o| {
         let (_, key) = n.keys.get(&o?)?;
-        Some(format!(
-            "PRIMARY KEY ({})",
-            key.iter()
-                .map(|c| crate::stmt::quote_ident(c))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
+        Some(super::tables::key_constraint_def(key))
     }));
     // The reg* conversions the rewrite turns `::regclass` (and kin) into:
     // from text, the object's oid; from an oid, its name.
@@ -798,7 +784,7 @@ fn size_pretty(bytes: i64) -> String {
 }
 
 /// `pg_proc`: the functions DataFusion offers, in `pg_catalog`.
-pub fn proc_rows(db: &Arc<Database>, cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
+pub(super) fn proc_rows(db: &Arc<Database>, cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
     let _ = db;
     let ctx = crate::context::new_context();
     let state = ctx.state();

@@ -13,7 +13,7 @@ use super::types;
 use super::*;
 
 /// Every view of `information_schema`.
-pub const VIEW_NAMES: &[&str] = &[
+pub(super) const VIEW_NAMES: &[&str] = &[
     "applicable_roles",
     "character_sets",
     "check_constraints",
@@ -39,7 +39,7 @@ pub const VIEW_NAMES: &[&str] = &[
 ];
 
 #[derive(Debug)]
-pub struct InformationSchema {
+pub(super) struct InformationSchema {
     pub db: Arc<Database>,
     pub session: Arc<SessionInfo>,
 }

@@ -37,7 +37,7 @@ use datafusion::execution::context::SessionContext;
 use crate::engine::Database;
 use crate::session::Session;
 
-pub use tables::{EMPTY_TABLES, NAMESPACES, TABLE_NAMES};
+use tables::{NAMESPACES, TABLE_NAMES};
 
 /// Namespace oids, as in Postgres (`public` 2200, `pg_catalog` 11); Weir's
 /// own schemas follow.

@@ -131,7 +131,6 @@ fn plain_type(t: &SqlType) -> Option<SqlType> {
                 "float8" => SqlType::DoublePrecision,
                 "int2vector" => array_of(SqlType::SmallInt(None)),
                 "oidvector" => array_of(SqlType::Int(None)),
-                "timestamptz" => return None,
                 _ => return None,
             })
         }

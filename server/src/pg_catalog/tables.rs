@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, BooleanBuilder, Float32Builder, Float64Builder, Int16Builder, Int32Builder,
-    Int64Builder, ListBuilder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, Float32Builder, Int16Builder, Int32Builder, Int64Builder,
+    ListBuilder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -16,7 +16,7 @@ use super::*;
 use crate::catalog::Entry;
 
 /// Every table of `pg_catalog`.
-pub const TABLE_NAMES: &[&str] = &[
+pub(super) const TABLE_NAMES: &[&str] = &[
     "pg_aggregate",
     "pg_am",
     "pg_attrdef",
@@ -81,7 +81,7 @@ pub const TABLE_NAMES: &[&str] = &[
 /// own, role memberships, comments on shared objects or foreign servers.
 /// [`super::rewrite`] relies on this list: a query part that must read a
 /// row of one of them has none.
-pub const EMPTY_TABLES: &[&str] = &[
+pub(super) const EMPTY_TABLES: &[&str] = &[
     "pg_aggregate",
     "pg_auth_members",
     "pg_cast",
@@ -115,14 +115,13 @@ pub const EMPTY_TABLES: &[&str] = &[
 
 /// How a catalog column is stored in Arrow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     /// `oid` (and `regtype`): Int32, reported to clients as `oid`.
     Oid,
     Int2,
     Int4,
     Int8,
     Float4,
-    Float8,
     Bool,
     /// `name`, `text`, `regproc` (as the function's name), `pg_node_tree`
     /// (as SQL text).
@@ -137,7 +136,7 @@ pub enum Kind {
 
 /// One value of a catalog row.
 #[derive(Debug, Clone)]
-pub enum V {
+pub(super) enum V {
     N,
     I(i64),
     F(f64),
@@ -190,7 +189,6 @@ fn field(name: &str, kind: Kind) -> Field {
         Kind::Int4 => (DataType::Int32, None),
         Kind::Int8 => (DataType::Int64, None),
         Kind::Float4 => (DataType::Float32, None),
-        Kind::Float8 => (DataType::Float64, None),
         Kind::Bool => (DataType::Boolean, None),
         Kind::Text => (DataType::Utf8, None),
         Kind::Char => (DataType::Utf8, Some(("pg.char", "true"))),
@@ -210,7 +208,7 @@ fn field(name: &str, kind: Kind) -> Field {
 }
 
 /// A batch of `columns` from `rows` (each row a value per column).
-pub fn batch(columns: &[(&str, Kind)], rows: Vec<Vec<V>>) -> DfResult<RecordBatch> {
+pub(super) fn batch(columns: &[(&str, Kind)], rows: Vec<Vec<V>>) -> DfResult<RecordBatch> {
     let schema: SchemaRef = Arc::new(Schema::new(
         columns
             .iter()
@@ -264,18 +262,6 @@ pub fn batch(columns: &[(&str, Kind)], rows: Vec<Vec<V>>) -> DfResult<RecordBatc
                         V::N => b.append_null(),
                         V::F(f) => b.append_value(*f as f32),
                         V::I(i) => b.append_value(*i as f32),
-                        other => return Err(bad(other)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Kind::Float8 => {
-                let mut b = Float64Builder::new();
-                for v in values {
-                    match v {
-                        V::N => b.append_null(),
-                        V::F(f) => b.append_value(*f),
-                        V::I(i) => b.append_value(*i as f64),
                         other => return Err(bad(other)),
                     }
                 }
@@ -387,7 +373,7 @@ pub fn batch(columns: &[(&str, Kind)], rows: Vec<Vec<V>>) -> DfResult<RecordBatc
 }
 
 /// A table's column list, as Postgres 15 has it.
-pub fn columns_of(
+pub(super) fn columns_of(
     list: &'static [(&'static str, &'static [(&'static str, Kind)])],
     table: &str,
 ) -> Option<&'static [(&'static str, Kind)]> {
@@ -395,7 +381,7 @@ pub fn columns_of(
 }
 
 /// A row given as `(column, value)` pairs; the columns not named are NULL.
-pub fn row(columns: &[(&str, Kind)], values: Vec<(&str, V)>) -> Vec<V> {
+pub(super) fn row(columns: &[(&str, Kind)], values: Vec<(&str, V)>) -> Vec<V> {
     let mut out = vec![V::N; columns.len()];
     for (name, v) in values {
         if let Some(i) = columns.iter().position(|(c, _)| *c == name) {
@@ -409,7 +395,7 @@ pub fn row(columns: &[(&str, Kind)], values: Vec<(&str, V)>) -> Vec<V> {
 
 /// A relation of Weir's catalog, as the catalogs describe it.
 #[derive(Debug, Clone)]
-pub struct Relation {
+pub(super) struct Relation {
     pub id: u64,
     pub oid: i32,
     pub name: String,
@@ -425,7 +411,7 @@ pub struct Relation {
 }
 
 #[derive(Debug, Clone)]
-pub struct Attribute {
+pub(super) struct Attribute {
     pub name: String,
     pub type_oid: i32,
     pub typmod: i32,
@@ -434,11 +420,11 @@ pub struct Attribute {
 }
 
 impl Relation {
-    pub fn key_name(&self) -> String {
+    pub(super) fn key_name(&self) -> String {
         format!("{}_pkey", self.name)
     }
 
-    pub fn key_columns(&self) -> Vec<String> {
+    pub(super) fn key_columns(&self) -> Vec<String> {
         self.primary_key
             .iter()
             .map(|i| self.columns[*i].name.clone())
@@ -448,7 +434,7 @@ impl Relation {
 
 /// Every relation of the catalog. A view whose query no longer plans is
 /// listed without columns.
-pub async fn relations(db: &Arc<Database>) -> Vec<Relation> {
+pub(super) async fn relations(db: &Arc<Database>) -> Vec<Relation> {
     let mut out = Vec::new();
     let mut entries = db.catalog.all();
     entries.sort_by_key(|e| e.id());
@@ -523,7 +509,7 @@ pub async fn relations(db: &Arc<Database>) -> Vec<Relation> {
 }
 
 /// The namespaces: `(oid, name)`.
-pub const NAMESPACES: &[(i32, &str)] = &[
+pub(super) const NAMESPACES: &[(i32, &str)] = &[
     (PG_CATALOG_OID, "pg_catalog"),
     (PUBLIC_OID, "public"),
     (INFORMATION_SCHEMA_OID, "information_schema"),
@@ -531,7 +517,7 @@ pub const NAMESPACES: &[(i32, &str)] = &[
 ];
 
 /// Builds the table `name` of `pg_catalog`, or `None` if there is none.
-pub async fn build(
+pub(super) async fn build(
     db: &Arc<Database>,
     session: &SessionInfo,
     name: &str,
@@ -1085,28 +1071,29 @@ async fn relation_rows(
 }
 
 /// `pg_get_indexdef` of a primary key's index.
-pub fn index_def(rel: &Relation) -> String {
+pub(super) fn index_def(rel: &Relation) -> String {
+    key_index_def(rel.schema, &rel.name, &rel.key_columns())
+}
+
+/// The definition of the unique index of `table`'s primary key `key`.
+pub(super) fn key_index_def(schema: &str, table: &str, key: &[String]) -> String {
     format!(
-        "CREATE UNIQUE INDEX {} ON {}.{} USING btree ({})",
-        crate::stmt::quote_ident(&rel.key_name()),
-        rel.schema,
-        crate::stmt::quote_ident(&rel.name),
-        rel.key_columns()
-            .iter()
-            .map(|c| crate::stmt::quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "CREATE UNIQUE INDEX {} ON {schema}.{} USING btree ({})",
+        crate::stmt::quote_ident(&format!("{table}_pkey")),
+        crate::stmt::quote_ident(table),
+        quoted_list(key)
     )
 }
 
 /// `pg_get_constraintdef` of a primary key.
-pub fn constraint_def(rel: &Relation) -> String {
-    format!(
-        "PRIMARY KEY ({})",
-        rel.key_columns()
-            .iter()
-            .map(|c| crate::stmt::quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+pub(super) fn key_constraint_def(key: &[String]) -> String {
+    format!("PRIMARY KEY ({})", quoted_list(key))
+}
+
+fn quoted_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|c| crate::stmt::quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

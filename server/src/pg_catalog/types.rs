@@ -10,7 +10,7 @@ use datafusion::sql::sqlparser::parser::Parser;
 
 /// One row of `pg_type` for a base or pseudo type; its array type is
 /// derived.
-pub struct PgType {
+pub(super) struct PgType {
     pub oid: i32,
     pub name: &'static str,
     /// As `format_type` writes it.
@@ -74,29 +74,29 @@ const fn vector(mut ty: PgType, elem: i32) -> PgType {
     ty
 }
 
-pub const BOOL: i32 = 16;
-pub const BYTEA: i32 = 17;
-pub const NAME: i32 = 19;
-pub const INT8: i32 = 20;
-pub const INT2: i32 = 21;
-pub const INT4: i32 = 23;
-pub const TEXT: i32 = 25;
-pub const OID: i32 = 26;
-pub const FLOAT4: i32 = 700;
-pub const FLOAT8: i32 = 701;
-pub const BPCHAR: i32 = 1042;
-pub const VARCHAR: i32 = 1043;
-pub const DATE: i32 = 1082;
-pub const TIME: i32 = 1083;
-pub const TIMESTAMP: i32 = 1114;
-pub const TIMESTAMPTZ: i32 = 1184;
-pub const INTERVAL: i32 = 1186;
-pub const NUMERIC: i32 = 1700;
-pub const JSON: i32 = 114;
-pub const JSONB: i32 = 3802;
+pub(super) const BOOL: i32 = 16;
+pub(super) const BYTEA: i32 = 17;
+pub(super) const NAME: i32 = 19;
+pub(super) const INT8: i32 = 20;
+pub(super) const INT2: i32 = 21;
+pub(super) const INT4: i32 = 23;
+pub(super) const TEXT: i32 = 25;
+pub(super) const OID: i32 = 26;
+pub(super) const FLOAT4: i32 = 700;
+pub(super) const FLOAT8: i32 = 701;
+pub(super) const BPCHAR: i32 = 1042;
+pub(super) const VARCHAR: i32 = 1043;
+pub(super) const DATE: i32 = 1082;
+pub(super) const TIME: i32 = 1083;
+pub(super) const TIMESTAMP: i32 = 1114;
+pub(super) const TIMESTAMPTZ: i32 = 1184;
+pub(super) const INTERVAL: i32 = 1186;
+pub(super) const NUMERIC: i32 = 1700;
+pub(super) const JSON: i32 = 114;
+pub(super) const JSONB: i32 = 3802;
 
 /// The types Weir's columns have, and those its catalogs use.
-pub const TYPES: &[PgType] = &[
+pub(super) const TYPES: &[PgType] = &[
     t(BOOL, "bool", "boolean", 1, true, "B", "c", "bool", 1000),
     t(BYTEA, "bytea", "bytea", -1, false, "U", "i", "bytea", 1001),
     collatable(t(18, "char", "\"char\"", 1, true, "Z", "c", "char", 1002)),
@@ -250,17 +250,17 @@ pub const TYPES: &[PgType] = &[
 ];
 
 /// The base type with this oid.
-pub fn by_oid(oid: i32) -> Option<&'static PgType> {
+pub(super) fn by_oid(oid: i32) -> Option<&'static PgType> {
     TYPES.iter().find(|t| t.oid == oid)
 }
 
 /// The base type whose array type has this oid.
-pub fn by_array_oid(oid: i32) -> Option<&'static PgType> {
+pub(super) fn by_array_oid(oid: i32) -> Option<&'static PgType> {
     TYPES.iter().find(|t| t.array == oid && oid != 0)
 }
 
 /// `format_type(oid, typmod)`: the type's SQL name with its modifier.
-pub fn format_type(oid: i32, typmod: i32) -> Option<String> {
+pub(super) fn format_type(oid: i32, typmod: i32) -> Option<String> {
     if let Some(elem) = by_array_oid(oid) {
         return format_type(elem.oid, typmod).map(|s| format!("{s}[]"));
     }
@@ -277,7 +277,7 @@ pub fn format_type(oid: i32, typmod: i32) -> Option<String> {
 }
 
 /// The oid and `atttypmod` of a column of this Arrow type.
-pub fn of_arrow(t: &DataType) -> (i32, i32) {
+pub(super) fn of_arrow(t: &DataType) -> (i32, i32) {
     match t {
         DataType::Boolean => (BOOL, -1),
         DataType::Int8 | DataType::Int16 | DataType::UInt8 => (INT2, -1),
@@ -309,7 +309,7 @@ fn numeric_typmod(p: i32, s: i32) -> i32 {
 /// The oid and `atttypmod` of a column declared with this type (as the
 /// catalog stores it): `varchar(20)` keeps its length, which the Arrow
 /// type does not.
-pub fn of_declared(sql_type: &str) -> Option<(i32, i32)> {
+pub(super) fn of_declared(sql_type: &str) -> Option<(i32, i32)> {
     let ty = Parser::new(&PostgreSqlDialect {})
         .try_with_sql(sql_type)
         .ok()?
