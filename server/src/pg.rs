@@ -91,11 +91,11 @@ impl Parser {
         }
         if let Stmt::Sql(s) = &stmt {
             let names = stmt::placeholders(s);
+            let mut names_seen = None;
             let planned = match s.as_ref() {
                 Statement::Query(q) => {
                     let mut q = q.clone();
-                    crate::pg_catalog::rewrite::rewrite(&mut q)?;
-                    stmt::apply_pg_names(&mut q);
+                    names_seen = crate::query::prepare(&mut q)?;
                     Some(Statement::Query(q))
                 }
                 Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_)
@@ -115,7 +115,10 @@ impl Parser {
                 match plan_statement(&ctx, planned).await {
                     Ok(plan) => {
                         if is_query {
-                            schema = Some(plan.schema().inner().clone());
+                            schema = Some(crate::query::renamed(
+                                plan.schema().inner(),
+                                names_seen.as_deref(),
+                            ));
                         }
                         inferred = plan.get_parameter_types().unwrap_or_default();
                     }

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::context::SessionContext;
 use datafusion::sql::sqlparser::ast::{Query, Statement};
 
@@ -14,13 +16,51 @@ use crate::stmt::apply_pg_names;
 
 /// `SELECT …`.
 pub async fn select(db: &Arc<Database>, session: &Session, mut q: Query) -> Result<QueryResult> {
-    crate::pg_catalog::rewrite::rewrite(&mut q)?;
-    apply_pg_names(&mut q);
+    let names = prepare(&mut q)?;
     let ctx = query_context(db, session);
     let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
-    let schema = plan.schema().inner().clone();
-    let batches = ctx.execute_logical_plan(plan).await?.collect().await?;
+    let schema = renamed(plan.schema().inner(), names.as_deref());
+    let batches = ctx
+        .execute_logical_plan(plan)
+        .await?
+        .collect()
+        .await?
+        .into_iter()
+        .map(|b| match &names {
+            Some(n) => RecordBatch::try_new(renamed(&b.schema(), Some(n)), b.columns().to_vec()),
+            None => Ok(b),
+        })
+        .collect::<std::result::Result<_, _>>()?;
     Ok(QueryResult::Rows { schema, batches })
+}
+
+/// A query as DataFusion is to plan it: Postgres's catalog spellings
+/// rewritten, its columns named as Postgres names them where DataFusion
+/// can use those names. Returns the names the client is to see, which the
+/// result's schema takes after planning (see [`renamed`]): they are of
+/// what the client wrote, before the rewrite, and may repeat.
+pub fn prepare(q: &mut Query) -> Result<Option<Vec<String>>> {
+    let names = crate::stmt::output_names(q);
+    apply_pg_names(q);
+    crate::pg_catalog::rewrite::rewrite(q)?;
+    crate::stmt::distinct_output_names(q);
+    Ok(names)
+}
+
+/// `schema` with its fields named `names`, when given.
+pub fn renamed(schema: &SchemaRef, names: Option<&[String]>) -> SchemaRef {
+    match names {
+        Some(names) if names.len() == schema.fields().len() => Arc::new(Schema::new_with_metadata(
+            schema
+                .fields()
+                .iter()
+                .zip(names)
+                .map(|(f, n)| f.as_ref().clone().with_name(n))
+                .collect::<Vec<_>>(),
+            schema.metadata().clone(),
+        )),
+        _ => schema.clone(),
+    }
 }
 
 /// A batch query's context: the catalog's tables and views, and the
@@ -33,8 +73,7 @@ pub fn query_context(db: &Arc<Database>, session: &Session) -> SessionContext {
 
 /// `EXPLAIN SELECT …`: DataFusion's logical and physical plans.
 pub async fn explain(db: &Arc<Database>, session: &Session, mut q: Query) -> Result<QueryResult> {
-    crate::pg_catalog::rewrite::rewrite(&mut q)?;
-    apply_pg_names(&mut q);
+    prepare(&mut q)?;
     let ctx = query_context(db, session);
     let sql = format!("EXPLAIN {q}");
     let df = ctx.sql(&sql).await?;

@@ -1086,6 +1086,17 @@ pub fn apply_pg_names(query: &mut Query) {
         .projection
         .iter()
         .map(|item| match item {
+            // `c.oid::regclass` is named `oid`, which DataFusion would take
+            // for the column wherever the query names `c.oid` again; the
+            // name is given after planning (see `output_names`).
+            SelectItem::UnnamedExpr(SqlExpr::Cast { expr, .. })
+                if matches!(
+                    expr.as_ref(),
+                    SqlExpr::Identifier(_) | SqlExpr::CompoundIdentifier(_)
+                ) =>
+            {
+                None
+            }
             SelectItem::UnnamedExpr(e) => pg_name(e),
             _ => None,
         })
@@ -1118,6 +1129,77 @@ pub fn apply_pg_names(query: &mut Query) {
             };
         }
     }
+}
+
+/// Postgres lets a query's columns share a name (`SELECT NULL, NULL`, or
+/// two `pg_get_expr(…)`); DataFusion does not. Gives each top-level item
+/// whose name repeats a distinct alias, and returns the names the client is
+/// to see; `None` when they are distinct already (or a `*` leaves them to
+/// DataFusion).
+pub fn distinct_output_names(query: &mut Query) -> Option<Vec<String>> {
+    distinct_names(query.body.as_mut())
+}
+
+/// The names Postgres gives a query's columns; `None` when a `*` leaves
+/// them to the tables.
+pub fn output_names(query: &Query) -> Option<Vec<String>> {
+    let mut body = query.body.as_ref();
+    while let SetExpr::SetOperation { left, .. } = body {
+        body = left;
+    }
+    let SetExpr::Select(select) = body else {
+        return None;
+    };
+    select.projection.iter().map(item_name).collect()
+}
+
+fn item_name(item: &SelectItem) -> Option<String> {
+    match item {
+        SelectItem::ExprWithAlias { alias, .. } => Some(ident(alias)),
+        SelectItem::UnnamedExpr(SqlExpr::Identifier(i)) => Some(ident(i)),
+        SelectItem::UnnamedExpr(SqlExpr::CompoundIdentifier(parts)) => parts.last().map(ident),
+        SelectItem::UnnamedExpr(e) => pg_name(e),
+        _ => None,
+    }
+}
+
+/// For a `UNION` (and the like), each side's names are made distinct, and
+/// the first side's are the result's.
+fn distinct_names(body: &mut SetExpr) -> Option<Vec<String>> {
+    let select = match body {
+        SetExpr::Select(select) => select,
+        SetExpr::SetOperation { left, right, .. } => {
+            distinct_names(right);
+            return distinct_names(left);
+        }
+        _ => return None,
+    };
+    let names = select
+        .projection
+        .iter()
+        .map(item_name)
+        .collect::<Option<Vec<String>>>()?;
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for n in &names {
+        *counts.entry(n).or_default() += 1;
+    }
+    if counts.values().all(|c| *c == 1) {
+        return None;
+    }
+    for (i, item) in select.projection.iter_mut().enumerate() {
+        if counts[names[i].as_str()] == 1 {
+            continue;
+        }
+        let expr = match item {
+            SelectItem::ExprWithAlias { expr, .. } | SelectItem::UnnamedExpr(expr) => expr.clone(),
+            _ => continue,
+        };
+        *item = SelectItem::ExprWithAlias {
+            expr,
+            alias: Ident::with_quote('"', format!("{} {}", names[i], i + 1)),
+        };
+    }
+    Some(names)
 }
 
 /// The lower-cased (unless quoted) last part of an object name.

@@ -378,6 +378,25 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
             ),
         ),
         constant("pg_is_in_recovery", 0..=0, DataType::Boolean, V::B(false)),
+        // The one tablespace, pg_default, is the data directory.
+        constant(
+            "pg_tablespace_location",
+            1..=1,
+            DataType::Utf8,
+            V::T(String::new()),
+        ),
+        // `ARRAY(SELECT 'p' || x || 's' FROM unnest(a) x)` (see rewrite).
+        udf(
+            "weir_array_concat_each",
+            3..=3,
+            |_| {
+                Ok(DataType::List(Arc::new(Field::new_list_field(
+                    DataType::Utf8,
+                    true,
+                ))))
+            },
+            concat_each,
+        ),
         // Comments are not kept: every object's description is NULL.
         constant("obj_description", 1..=2, DataType::Utf8, V::N),
         constant("col_description", 2..=2, DataType::Utf8, V::N),
@@ -676,8 +695,15 @@ fn reg_convert(
         DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
     );
     if kind == "regproc" {
-        // Functions are named by name in Weir's catalogs.
-        return Ok(cast(arg, &DataType::Utf8)?);
+        // Functions are named by name in Weir's catalogs; none is `-`.
+        let names = cast(arg, &DataType::Utf8)?;
+        return Ok(Arc::new(
+            names
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map(|v| if v == "0" { "-" } else { v }))
+                .collect::<StringArray>(),
+        ));
     }
     if is_text {
         let t = cast(arg, &DataType::Utf8)?;
@@ -726,7 +752,9 @@ fn reg_convert(
     Ok(Arc::new(
         oids.iter()
             .map(|o| {
+                // Postgres prints no object (oid 0) as `-`.
                 o.map(|o| match kind {
+                    _ if o == 0 => "-".to_string(),
                     "regtype" => types::format_type(o, -1).unwrap_or_else(|| o.to_string()),
                     "regnamespace" => NAMESPACES
                         .iter()
@@ -750,6 +778,30 @@ fn reg_convert(
             })
             .collect::<StringArray>(),
     ))
+}
+
+/// Each element of the list `args[1]` between the texts `args[0]` and
+/// `args[2]`; an absent list is an empty one, as `ARRAY(SELECT …)` over no
+/// rows is.
+fn concat_each(args: &[ArrayRef], rows: usize) -> DfResult<ArrayRef> {
+    let (prefix, suffix) = (texts(args, 0, rows)?, texts(args, 2, rows)?);
+    let mut out = ListBuilder::new(StringBuilder::new());
+    let list = match args[1].data_type() {
+        DataType::List(_) => Some(args[1].as_list::<i32>()),
+        _ => None,
+    };
+    for i in 0..rows {
+        if let Some(l) = list.filter(|l| !l.is_null(i)) {
+            let items = cast(&l.value(i), &DataType::Utf8)?;
+            for item in items.as_string::<i32>() {
+                out.values().append_option(
+                    item.map(|v| format!("{}{v}{}", prefix.value(i), suffix.value(i))),
+                );
+            }
+        }
+        out.append(true);
+    }
+    Ok(Arc::new(out.finish()))
 }
 
 fn list_bound(args: &[ArrayRef], rows: usize, upper: bool) -> DfResult<ArrayRef> {

@@ -21,6 +21,7 @@
 //! SQL that DataFusion does not plan.
 
 mod columns;
+mod decorrelate;
 mod functions;
 mod information_schema;
 pub mod rewrite;

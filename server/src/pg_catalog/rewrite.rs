@@ -53,6 +53,64 @@ impl VisitorMut for Rewriter {
                     .insert(0, ObjectNamePart::Identifier(Ident::new("pg_catalog")));
             }
         }
+        // `pg_catalog.unnest(…)`, `pg_catalog.generate_series(…)`: functions.
+        if let [ObjectNamePart::Identifier(s), ObjectNamePart::Identifier(i)] = name.0.as_slice()
+            && crate::stmt::ident(s) == "pg_catalog"
+            && !TABLE_NAMES.contains(&crate::stmt::ident(i).as_str())
+        {
+            name.0.remove(0);
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// `FROM unnest(a) x`: in Postgres, a function of one column so named
+    /// names its column `x` too.
+    fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        if let TableFactor::Table {
+            name,
+            args: Some(_),
+            alias: Some(alias),
+            ..
+        } = factor
+            && alias.columns.is_empty()
+            && last_name(name).is_some_and(|n| matches!(n.as_str(), "unnest" | "generate_series"))
+        {
+            alias.columns = vec![
+                datafusion::sql::sqlparser::ast::TableAliasColumnDef::from_name(
+                    alias.name.value.clone(),
+                ),
+            ];
+        }
+        // `pg_catalog.unnest(a)` parses as a table function; DataFusion
+        // plans `unnest(a)` only as the UNNEST it is.
+        if let TableFactor::Table {
+            name,
+            args: Some(args),
+            alias,
+            with_ordinality,
+            ..
+        } = factor
+            && last_name(name).as_deref() == Some("unnest")
+            && name.0.len() == 1
+        {
+            let exprs: Option<Vec<Expr>> = args
+                .args
+                .iter()
+                .map(|a| match a {
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
+                    _ => None,
+                })
+                .collect();
+            if let Some(array_exprs) = exprs {
+                *factor = TableFactor::UNNEST {
+                    alias: alias.clone(),
+                    array_exprs,
+                    with_offset: false,
+                    with_offset_alias: None,
+                    with_ordinality: *with_ordinality,
+                };
+            }
+        }
         ControlFlow::Continue(())
     }
 
@@ -94,7 +152,7 @@ fn unqualified(name: &ObjectName) -> Option<String> {
     }
 }
 
-fn call(name: &str, args: Vec<Expr>) -> Expr {
+pub(super) fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(Function {
         name: ObjectName::from(vec![Ident::new(name)]),
         uses_odbc_syntax: false,
@@ -221,6 +279,16 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
             };
             array_subquery(q).unwrap_or_else(|| expr.clone())
         }
+        Expr::Exists { subquery, negated } => {
+            match super::decorrelate::exists(subquery, *negated) {
+                Some(e) => e,
+                None => return Ok(None),
+            }
+        }
+        Expr::Subquery(q) => match super::decorrelate::scalar_subquery(q) {
+            Some(e) => e,
+            None => return Ok(None),
+        },
         Expr::Cast {
             kind,
             expr: inner,
@@ -278,6 +346,18 @@ fn array_subquery(q: &Query) -> Option<Expr> {
     let SetExpr::Select(select) = q.body.as_ref() else {
         return None;
     };
+    if let Some(e) = array_over_unnest(select) {
+        return Some(e);
+    }
+    if reads_unfilled_options(select) {
+        return Some(Expr::Cast {
+            kind: CastKind::Cast,
+            expr: Box::new(call("make_array", vec![])),
+            data_type: array_of(SqlType::Text),
+            array: false,
+            format: None,
+        });
+    }
     if select.projection.len() != 1
         || select.distinct.is_some()
         || !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty())
@@ -312,11 +392,120 @@ fn array_subquery(q: &Query) -> Option<Expr> {
     }
     let mut inner = (**select).clone();
     inner.projection = vec![SelectItem::UnnamedExpr(agg)];
-    Some(Expr::Subquery(Box::new(Query {
-        body: Box::new(SetExpr::Select(Box::new(inner))),
-        order_by: None,
-        ..q.clone()
-    })))
+    // Over no rows, `ARRAY(…)` is an empty array where `array_agg` is NULL.
+    Some(call(
+        "coalesce",
+        vec![
+            Expr::Subquery(Box::new(Query {
+                body: Box::new(SetExpr::Select(Box::new(inner))),
+                order_by: None,
+                ..q.clone()
+            })),
+            call("make_array", vec![]),
+        ],
+    ))
+}
+
+/// The options columns of the catalogs, which Weir never fills (they are
+/// always NULL).
+const OPTIONS_COLUMNS: &[&str] = &[
+    "attfdwoptions",
+    "attoptions",
+    "reloptions",
+    "ftoptions",
+    "srvoptions",
+    "fdwoptions",
+    "umoptions",
+];
+
+/// `SELECT … FROM pg_options_to_table(c.reloptions)`: no rows, as the
+/// options are NULL.
+fn reads_unfilled_options(select: &Select) -> bool {
+    let [from] = select.from.as_slice() else {
+        return false;
+    };
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        ..
+    } = &from.relation
+    else {
+        return false;
+    };
+    let column = match args.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(i)))] => Some(i),
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::CompoundIdentifier(parts)))] => {
+            parts.last()
+        }
+        _ => None,
+    };
+    from.joins.is_empty()
+        && last_name(name).as_deref() == Some("pg_options_to_table")
+        && column.is_some_and(|c| OPTIONS_COLUMNS.contains(&crate::stmt::ident(c).as_str()))
+}
+
+/// `ARRAY(SELECT 'p' || x FROM unnest(a) x)`: the elements of `a`, each
+/// between two texts. DataFusion does not plan an `unnest` of the outer
+/// query's column, which is where psql's `\d+` uses this.
+fn array_over_unnest(select: &Select) -> Option<Expr> {
+    let [from] = select.from.as_slice() else {
+        return None;
+    };
+    let TableFactor::UNNEST {
+        alias: Some(alias),
+        array_exprs,
+        with_offset: false,
+        with_ordinality: false,
+        ..
+    } = &from.relation
+    else {
+        return None;
+    };
+    let [array] = array_exprs.as_slice() else {
+        return None;
+    };
+    if !from.joins.is_empty() || select.selection.is_some() || select.projection.len() != 1 {
+        return None;
+    }
+    let column = alias.columns.first().map_or(&alias.name, |c| &c.name);
+    let is_element = |e: &Expr| matches!(e, Expr::Identifier(i) if i.value == column.value);
+    let text = |e: &Expr| match e {
+        Expr::Value(v) if matches!(v.value, Value::SingleQuotedString(_)) => Some(e.clone()),
+        _ => None,
+    };
+    let empty = || Expr::Value(Value::SingleQuotedString(String::new()).into());
+    let item = match &select.projection[0] {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
+        _ => return None,
+    };
+    let concat = |e: &Expr| match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::StringConcat,
+            right,
+        } => Some((left.as_ref().clone(), right.as_ref().clone())),
+        _ => None,
+    };
+    let (prefix, suffix) = if is_element(item) {
+        (empty(), empty())
+    } else {
+        let (l, r) = concat(item)?;
+        if is_element(&r) {
+            (text(&l)?, empty())
+        } else if is_element(&l) {
+            (empty(), text(&r)?)
+        } else {
+            let (ll, lr) = concat(&l)?;
+            if !is_element(&lr) {
+                return None;
+            }
+            (text(&ll)?, text(&r)?)
+        }
+    };
+    Some(call(
+        "weir_array_concat_each",
+        vec![prefix, array.clone(), suffix],
+    ))
 }
 
 fn prune_set_expr(body: &mut SetExpr) {
@@ -359,10 +548,21 @@ const AGGREGATES: &[&str] = &[
     "jsonb_agg",
 ];
 
-fn has_aggregate(select: &Select) -> bool {
+/// Whether `select`'s own projection aggregates (an aggregate inside a
+/// subquery there is the subquery's).
+pub(super) fn has_aggregate(select: &Select) -> bool {
     let mut found = false;
     let mut items = select.projection.clone();
-    let _ = datafusion::sql::sqlparser::ast::visit_expressions(&mut items, |e| {
+    let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(&mut items, |e| {
+        if matches!(
+            e,
+            Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. }
+        ) {
+            *e = Expr::Value(Value::Null.into());
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let _ = datafusion::sql::sqlparser::ast::visit_expressions(&items, |e| {
         if let Expr::Function(f) = e
             && f.over.is_none()
             && last_name(&f.name).is_some_and(|n| AGGREGATES.contains(&n.as_str()))
@@ -391,6 +591,9 @@ fn prune_select(select: &mut Select) {
         return;
     }
     select.selection = Some(Expr::Value(Value::Boolean(false).into()));
+    // DataFusion wants the columns' names distinct, which Postgres does
+    // not: a repeated one gets a suffix.
+    let mut names = std::collections::HashSet::new();
     for (i, item) in select.projection.iter_mut().enumerate() {
         let (expr, alias) = match item {
             SelectItem::UnnamedExpr(e) => (e.clone(), None),
@@ -403,12 +606,15 @@ fn prune_select(select: &mut Select) {
         ) {
             continue;
         }
-        let alias = alias.unwrap_or_else(|| {
+        let mut alias = alias.unwrap_or_else(|| {
             Ident::with_quote(
                 '"',
                 crate::stmt::pg_name(&expr).unwrap_or_else(|| format!("?column{i}?")),
             )
         });
+        if !names.insert(alias.value.clone()) {
+            alias = Ident::with_quote('"', format!("{}_{}", alias.value, i + 1));
+        }
         *item = SelectItem::ExprWithAlias {
             expr: Expr::Value(Value::Null.into()),
             alias,
@@ -438,13 +644,13 @@ mod tests {
             rw(
                 "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relname OPERATOR(pg_catalog.~) '^(t)$' COLLATE pg_catalog.default AND pg_catalog.pg_table_is_visible(c.oid)"
             ),
-            "SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.relname ~ '^(t)$' AND pg_table_is_visible(c.oid)"
+            "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relname ~ '^(t)$' AND pg_table_is_visible(c.oid)"
         );
         assert_eq!(
             rw(
                 "SELECT c.oid::pg_catalog.regclass::pg_catalog.text, 'x'::regclass::oid, a::oid FROM pg_class"
             ),
-            "SELECT CAST(weir_regclass(c.oid) AS TEXT), weir_regclass('x'), CAST(a AS INT) FROM pg_catalog.pg_class"
+            "SELECT weir_regclass(c.oid)::TEXT, weir_regclass('x'), a::INT FROM pg_catalog.pg_class"
         );
     }
 
@@ -454,7 +660,7 @@ mod tests {
             rw(
                 "SELECT pol.polname, array_to_string(array(select 1), ',') AS r FROM pg_catalog.pg_policy pol WHERE pol.polrelid = 1 ORDER BY 1"
             ),
-            "SELECT pol.polname, NULL AS r FROM pg_catalog.pg_policy AS pol WHERE false ORDER BY 1"
+            "SELECT pol.polname, NULL AS r FROM pg_catalog.pg_policy pol WHERE false ORDER BY 1"
         );
         // An aggregate has a row even over no rows; an outer join keeps its
         // left side.
@@ -462,6 +668,44 @@ mod tests {
         assert_eq!(rw(kept), kept);
         let kept = "SELECT c.relname FROM pg_catalog.pg_class AS c LEFT JOIN pg_catalog.pg_inherits AS i ON i.inhrelid = c.oid";
         assert_eq!(rw(kept), kept);
+    }
+
+    #[test]
+    fn correlated_lookups_aggregate_and_lift_outer_conditions() {
+        assert_eq!(
+            rw(
+                "SELECT (SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid, true) FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum AND a.atthasdef) FROM pg_catalog.pg_attribute a"
+            ),
+            "SELECT CASE WHEN a.atthasdef THEN (SELECT max(pg_get_expr(d.adbin, d.adrelid, true)) FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum) END FROM pg_catalog.pg_attribute a"
+        );
+        assert_eq!(
+            rw(
+                "SELECT (SELECT c.collname FROM pg_catalog.pg_collation c, pg_catalog.pg_type t WHERE c.oid = a.attcollation AND t.oid = a.atttypid AND a.attcollation <> t.typcollation) AS attcollation FROM pg_catalog.pg_attribute a"
+            ),
+            "SELECT CASE WHEN a.attcollation <> (SELECT max(t.typcollation) FROM pg_catalog.pg_type t WHERE t.oid = a.atttypid) THEN (SELECT max(c.collname) FROM pg_catalog.pg_collation c WHERE c.oid = a.attcollation) END AS attcollation FROM pg_catalog.pg_attribute a"
+        );
+        assert_eq!(
+            rw(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE conrelid = i.indrelid AND condeferrable) FROM pg_catalog.pg_index i"
+            ),
+            "SELECT coalesce((SELECT max(true) FROM pg_catalog.pg_constraint WHERE conrelid = i.indrelid AND condeferrable), false) FROM pg_catalog.pg_index i"
+        );
+        // A user's own tables keep Postgres's semantics (and DataFusion's
+        // limits).
+        let kept = "SELECT (SELECT o.amount FROM orders o WHERE o.id = c.id) FROM customers c";
+        assert_eq!(rw(kept), kept);
+    }
+
+    #[test]
+    fn arrays_of_subqueries() {
+        assert_eq!(
+            rw("SELECT ARRAY(SELECT 'toast.' || x FROM pg_catalog.unnest(tc.reloptions) x)"),
+            "SELECT weir_array_concat_each('toast.', tc.reloptions, '')"
+        );
+        assert_eq!(
+            rw("SELECT ARRAY(SELECT relname FROM pg_class ORDER BY 1)"),
+            "SELECT coalesce((SELECT array_agg(relname ORDER BY relname) FROM pg_catalog.pg_class), make_array())"
+        );
     }
 
     #[test]

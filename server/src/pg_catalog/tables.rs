@@ -91,8 +91,6 @@ pub(super) const EMPTY_TABLES: &[&str] = &[
     "pg_enum",
     "pg_event_trigger",
     "pg_extension",
-    "pg_foreign_data_wrapper",
-    "pg_foreign_server",
     "pg_group",
     "pg_inherits",
     "pg_init_privs",
@@ -382,12 +380,23 @@ pub(super) fn columns_of(
 
 /// A row given as `(column, value)` pairs; the columns not named are NULL.
 pub(super) fn row(columns: &[(&str, Kind)], values: Vec<(&str, V)>) -> Vec<V> {
+    for (name, _) in &values {
+        debug_assert!(
+            columns.iter().any(|(c, _)| c == name),
+            "no catalog column {name}"
+        );
+    }
+    row_of_some(columns, values)
+}
+
+/// A row from `values`, of which `columns` need not have every one: the
+/// role tables (`pg_roles`, `pg_authid`, `pg_user`, `pg_shadow`) describe
+/// the same roles with different columns.
+fn row_of_some(columns: &[(&str, Kind)], values: Vec<(&str, V)>) -> Vec<V> {
     let mut out = vec![V::N; columns.len()];
     for (name, v) in values {
         if let Some(i) = columns.iter().position(|(c, _)| *c == name) {
             out[i] = v;
-        } else {
-            debug_assert!(false, "no catalog column {name}");
         }
     }
     out
@@ -408,6 +417,8 @@ pub(super) struct Relation {
     pub primary_key: Vec<usize>,
     /// A view's query.
     pub definition: Option<String>,
+    /// A source's or sink's connector: its foreign server.
+    pub connector: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -503,6 +514,12 @@ pub(super) async fn relations(db: &Arc<Database>) -> Vec<Relation> {
             } else {
                 sql
             },
+            connector: match &entry {
+                Entry::Source { connector, .. } | Entry::Sink { connector, .. } => {
+                    Some(connector.connector.clone())
+                }
+                _ => None,
+            },
         });
     }
     out
@@ -515,6 +532,26 @@ pub(super) const NAMESPACES: &[(i32, &str)] = &[
     (INFORMATION_SCHEMA_OID, "information_schema"),
     (WEIR_CATALOG_OID, crate::system::SCHEMA),
 ];
+
+/// Sources and sinks are foreign tables of one foreign-data wrapper,
+/// `weir`, with a foreign server per connector.
+const FDW_OID: i32 = 13_100;
+
+fn server_oid(index: usize) -> i32 {
+    FDW_OID + 1 + index as i32
+}
+
+/// The connectors, sources' and sinks', by name.
+fn connectors() -> Vec<&'static str> {
+    let mut all: Vec<&str> = executor::connectors::SOURCE_CONNECTORS
+        .iter()
+        .chain(executor::sinks::SINK_CONNECTORS)
+        .copied()
+        .collect();
+    all.sort();
+    all.dedup();
+    all
+}
 
 /// Builds the table `name` of `pg_catalog`, or `None` if there is none.
 pub(super) async fn build(
@@ -634,6 +671,25 @@ pub(super) async fn build(
                 ])
             })
             .collect(),
+        "pg_foreign_data_wrapper" => vec![r(vec![
+            ("oid", FDW_OID.into()),
+            ("fdwname", "weir".into()),
+            ("fdwowner", owner()),
+            ("fdwhandler", 0.into()),
+            ("fdwvalidator", 0.into()),
+        ])],
+        "pg_foreign_server" => connectors()
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                r(vec![
+                    ("oid", server_oid(i).into()),
+                    ("srvname", c.into()),
+                    ("srvowner", owner()),
+                    ("srvfdw", FDW_OID.into()),
+                ])
+            })
+            .collect(),
         "pg_proc" => super::functions::proc_rows(db, cols),
         "pg_description" => Vec::new(),
         _ => relation_rows(db, name, cols).await?,
@@ -736,7 +792,7 @@ fn type_rows(cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
 
 fn role_rows(cols: &[(&str, Kind)], session: &SessionInfo) -> Vec<Vec<V>> {
     let name = session.user.as_str();
-    vec![row(
+    vec![row_of_some(
         cols,
         vec![
             ("oid", SUPERUSER_OID.into()),
@@ -1049,6 +1105,17 @@ async fn relation_rows(
                     ("tablename", rel.name.as_str().into()),
                     ("indexname", rel.key_name().into()),
                     ("indexdef", index_def(rel).into()),
+                ]));
+            }
+        }
+        "pg_foreign_table" => {
+            let servers = connectors();
+            for rel in &rels {
+                let Some(c) = &rel.connector else { continue };
+                let server = servers.iter().position(|s| s == c);
+                rows.push(r(vec![
+                    ("ftrelid", rel.oid.into()),
+                    ("ftserver", server.map_or(0, server_oid).into()),
                 ]));
             }
         }

@@ -32,6 +32,8 @@ pub(super) struct PgType {
     pub elem: i32,
 }
 
+/// One row of [`TYPES`], its fields in `pg_type`'s order.
+#[allow(clippy::too_many_arguments)]
 const fn t(
     oid: i32,
     name: &'static str,
