@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::sqlparser::ast::{
     Assignment, AssignmentTarget, Delete, FromTable, Insert, Statement, TableFactor, TableObject,
@@ -93,6 +94,77 @@ fn stored_batch(desc: &TableDesc, columns: Vec<ArrayRef>) -> Result<RecordBatch>
 
 /// `INSERT INTO t [(cols)] VALUES … | SELECT …`.
 pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
+    insert_with(db, insert, None).await
+}
+
+/// The name under which `COPY … FROM STDIN`'s rows are read by the
+/// `INSERT` that writes them.
+/// A schema of its own, in the context of that one statement.
+const COPY_ROWS: &str = "weir_copy.rows";
+
+/// `COPY t [(columns)] FROM STDIN`'s decoded rows (text, `None` for NULL),
+/// inserted as `INSERT INTO t (columns) SELECT …` would insert them: cast
+/// to the column types, defaults for the columns not named, NOT NULL
+/// checked, in one durable write.
+pub async fn copy_in(
+    db: &Arc<Database>,
+    table: &str,
+    columns: &[String],
+    rows: &[Vec<Option<String>>],
+) -> Result<usize> {
+    let desc = target(db, table, "copy to")?;
+    let names: Vec<String> = if columns.is_empty() {
+        crate::catalog::user_schema(&desc)
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    } else {
+        columns.to_vec()
+    };
+    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(
+        names
+            .iter()
+            .map(|n| datafusion::arrow::datatypes::Field::new(n, DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    let arrays: Vec<ArrayRef> = (0..names.len())
+        .map(|i| Arc::new(StringArray::from_iter(rows.iter().map(|r| r[i].as_deref()))) as _)
+        .collect();
+    let batch =
+        RecordBatch::try_new(schema, arrays).map_err(|e| ServerError::Internal(e.to_string()))?;
+    let list = names
+        .iter()
+        .map(|n| quote(n))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "INSERT INTO {} ({list}) SELECT {list} FROM {COPY_ROWS}",
+        quote(table)
+    );
+    let Some(crate::stmt::Stmt::Sql(stmt)) = crate::stmt::parse(&sql)?.pop() else {
+        return Err(ServerError::Internal(format!("not an INSERT: {sql}")));
+    };
+    let Statement::Insert(insert) = *stmt else {
+        return Err(ServerError::Internal(format!("not an INSERT: {sql}")));
+    };
+    match insert_with(db, insert, Some(batch)).await? {
+        QueryResult::Command { rows, .. } => Ok(rows.unwrap_or(0)),
+        _ => Err(ServerError::Internal("INSERT returned rows".into())),
+    }
+}
+
+/// Whether `COPY table FROM STDIN` may write into `table`.
+pub fn copy_target(db: &Database, table: &str) -> Result<()> {
+    target(db, table, "copy to").map(|_| ())
+}
+
+/// An `INSERT`; with `rows`, the statement reads them as `weir_copy.rows`.
+async fn insert_with(
+    db: &Arc<Database>,
+    insert: Insert,
+    rows: Option<RecordBatch>,
+) -> Result<QueryResult> {
     if insert.returning.is_some() || insert.on.is_some() || insert.overwrite {
         return Err(ServerError::unsupported(
             "INSERT … RETURNING / ON CONFLICT / OVERWRITE",
@@ -124,6 +196,15 @@ pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
         }
     }
     let ctx = context(db, Mode::Batch);
+    if let Some(rows) = rows {
+        if let Some(catalog) = ctx.catalog("weir") {
+            catalog.register_schema(
+                "weir_copy",
+                Arc::new(datafusion::catalog::MemorySchemaProvider::new()),
+            )?;
+        }
+        ctx.register_batch(COPY_ROWS, rows)?;
+    }
     let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(insert)).await? else {
         return Err(ServerError::Internal("INSERT did not plan as DML".into()));
     };

@@ -11,9 +11,13 @@ use std::sync::Arc;
 use cluster::{Cluster, ClusterConfig};
 use datafusion::arrow::array::{RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Set, Statement, Value};
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, Reset, Set, Statement, TransactionAccessMode, TransactionIsolationLevel,
+    TransactionMode, Value,
+};
 
 use crate::catalog::{Catalog, Entry, table_desc};
+use crate::cursor::Cursor;
 use crate::error::{Result, ServerError};
 use crate::session::Session;
 use crate::stmt::Stmt;
@@ -39,6 +43,19 @@ pub enum QueryResult {
     Subscribe {
         sub: Box<Subscription>,
         copy: bool,
+    },
+    /// `COPY … TO STDOUT`: the rows, written as COPY data.
+    CopyOut {
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        options: crate::copy::CopyOptions,
+    },
+    /// `COPY t FROM STDIN`: the front end is to gather the client's data
+    /// and hand it to [`crate::dml::copy_in`].
+    CopyIn {
+        table: String,
+        columns: Vec<String>,
+        options: crate::copy::CopyOptions,
     },
 }
 
@@ -171,6 +188,15 @@ impl Database {
         session: &mut Session,
         stmt: Stmt,
     ) -> Result<QueryResult> {
+        if session
+            .get("transaction_read_only")
+            .is_ok_and(|v| v == "on")
+            && let Some(what) = writes(&stmt)
+        {
+            return Err(ServerError::ReadOnlyTransaction(format!(
+                "cannot execute {what} in a read-only transaction"
+            )));
+        }
         match stmt {
             Stmt::Flush => {
                 self.flush().await?;
@@ -245,13 +271,16 @@ impl Database {
                     )));
                 }
                 let sub = Subscription::open(self, &subscribe).await?;
-                session.cursors.insert(name, sub);
+                session
+                    .cursors
+                    .insert(name, Cursor::Subscribe(Box::new(sub)));
                 Ok(QueryResult::command("DECLARE CURSOR"))
             }
             Stmt::Fetch {
                 cursor,
                 count,
                 timeout,
+                skip,
             } => {
                 let sub = session.cursors.get_mut(&cursor).ok_or_else(|| {
                     ServerError::InvalidCursorName(format!("cursor \"{cursor}\" does not exist"))
@@ -263,6 +292,12 @@ impl Database {
                     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
                     sub.fetch(max, deadline).await?
                 };
+                if skip {
+                    return Ok(QueryResult::Command {
+                        tag: "MOVE".into(),
+                        rows: Some(batches.iter().map(RecordBatch::num_rows).sum()),
+                    });
+                }
                 Ok(QueryResult::Rows {
                     schema: sub.schema(),
                     batches,
@@ -291,6 +326,45 @@ impl Database {
     ) -> Result<QueryResult> {
         match s {
             Statement::Query(q) => query::select(self, session, *q).await,
+            Statement::Declare { stmts } => {
+                for d in stmts {
+                    declare_cursor(self, session, d).await?;
+                }
+                Ok(QueryResult::command("DECLARE CURSOR"))
+            }
+            Statement::Copy {
+                source,
+                to,
+                target,
+                options,
+                legacy_options,
+                ..
+            } => match crate::copy::plan(source, to, target, &options, &legacy_options)? {
+                crate::copy::Copy::Out { query, options } => {
+                    match query::select(self, session, *query).await? {
+                        QueryResult::Rows { schema, batches } => Ok(QueryResult::CopyOut {
+                            schema,
+                            batches,
+                            options,
+                        }),
+                        _ => Err(ServerError::Internal("COPY's query gave no rows".into())),
+                    }
+                }
+                crate::copy::Copy::In {
+                    table,
+                    columns,
+                    options,
+                } => {
+                    let table = crate::stmt::object_name(&table)?;
+                    // Refused now, before the client sends its data.
+                    dml::copy_target(self, &table)?;
+                    Ok(QueryResult::CopyIn {
+                        table,
+                        columns: columns.iter().map(crate::stmt::ident).collect(),
+                        options,
+                    })
+                }
+            },
             Statement::Insert(insert) => dml::insert(self, insert).await,
             Statement::Update(update) => dml::update(self, update).await,
             Statement::Delete(delete) => dml::delete(self, delete).await,
@@ -319,22 +393,47 @@ impl Database {
             },
             Statement::ShowTables { .. } => query::show_objects(self, "table"),
             Statement::ShowVariable { variable } => {
-                let name = variable
-                    .iter()
-                    .map(|i| i.value.clone())
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                let name = if name.eq_ignore_ascii_case("transaction isolation level") {
-                    "transaction_isolation".to_string()
-                } else {
-                    name
+                let words = variable.iter().map(|i| i.value.clone()).collect::<Vec<_>>();
+                // `SHOW TRANSACTION ISOLATION LEVEL` and `SHOW TIME ZONE`
+                // are spelled in words; `SHOW ext.name` is one setting.
+                let name = match words.join(" ").to_lowercase().as_str() {
+                    "transaction isolation level" => "transaction_isolation".to_string(),
+                    "time zone" => "timezone".to_string(),
+                    "session authorization" => "session_authorization".to_string(),
+                    _ => words.join("."),
                 };
+                if name.eq_ignore_ascii_case("all") {
+                    let rows = session
+                        .settings()
+                        .into_iter()
+                        .map(|(k, v)| vec![k, v])
+                        .collect();
+                    return QueryResult::texts(&["name", "setting"], rows);
+                }
                 QueryResult::text(&name.to_lowercase(), vec![session.get(&name)?])
             }
             Statement::Set(set) => set_variable(session, set),
-            Statement::StartTransaction { .. } => Ok(QueryResult::command("BEGIN")),
-            Statement::Commit { .. } => Ok(QueryResult::command("COMMIT")),
-            Statement::Rollback { .. } => Ok(QueryResult::command("ROLLBACK")),
+            Statement::Reset(r) => {
+                match r.reset {
+                    Reset::ALL => session.reset_all(),
+                    Reset::ConfigurationParameter(name) => session.reset(&name.to_string())?,
+                }
+                Ok(QueryResult::command("RESET"))
+            }
+            Statement::StartTransaction { modes, .. } => {
+                set_transaction_modes(session, &modes, false)?;
+                Ok(QueryResult::command("BEGIN"))
+            }
+            // Every statement is its own transaction already; what `SET
+            // TRANSACTION` chose ends with the block, as in Postgres.
+            Statement::Commit { .. } => {
+                end_transaction(session)?;
+                Ok(QueryResult::command("COMMIT"))
+            }
+            Statement::Rollback { .. } => {
+                end_transaction(session)?;
+                Ok(QueryResult::command("ROLLBACK"))
+            }
             other => Err(ServerError::unsupported(format!(
                 "the statement {}",
                 leading_words(&other.to_string())
@@ -479,11 +578,133 @@ fn set_variable(session: &mut Session, set: Set) -> Result<QueryResult> {
             session.set("client_encoding", &charset_name.to_string())?;
             Ok(QueryResult::command("SET"))
         }
-        // SET SESSION CHARACTERISTICS, SET TRANSACTION: every statement is
-        // its own serializable transaction already.
-        Set::SetTransaction { .. } => Ok(QueryResult::command("SET")),
+        // Weir's reads see one committed checkpoint and its writes are
+        // serializable, which satisfies every level; the level asked for
+        // is kept, so that SHOW answers it.
+        Set::SetTransaction {
+            modes,
+            snapshot: None,
+            session: is_session,
+        } => {
+            set_transaction_modes(session, &modes, is_session)?;
+            Ok(QueryResult::command("SET"))
+        }
         other => Err(ServerError::unsupported(format!("{other}"))),
     }
+}
+
+/// The command `stmt` is, if it changes data or the catalog (which a
+/// read-only transaction may not).
+fn writes(stmt: &Stmt) -> Option<&'static str> {
+    Some(match stmt {
+        Stmt::CreateSink { .. } => "CREATE SINK",
+        Stmt::DropSink { .. } => "DROP SINK",
+        Stmt::DropSource { .. } => "DROP SOURCE",
+        Stmt::SetParallelism { .. } => "ALTER MATERIALIZED VIEW",
+        Stmt::CreateSavepoint { .. } => "CREATE SAVEPOINT",
+        Stmt::DropSavepoint { .. } => "DROP SAVEPOINT",
+        Stmt::RestoreSavepoint { .. } => "RESTORE SAVEPOINT",
+        Stmt::EmitOnWindowClose(_) => "CREATE MATERIALIZED VIEW",
+        Stmt::CreateTable { .. } => "CREATE TABLE",
+        Stmt::Sql(s) => match s.as_ref() {
+            Statement::Insert(_) => "INSERT",
+            Statement::Copy { to: false, .. } => "COPY FROM",
+            Statement::Update(_) => "UPDATE",
+            Statement::Delete(_) => "DELETE",
+            Statement::CreateTable(_) => "CREATE TABLE",
+            Statement::CreateView(_) => "CREATE VIEW",
+            Statement::Drop { .. } => "DROP",
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+/// `BEGIN ISOLATION LEVEL …`, `SET [SESSION CHARACTERISTICS AS]
+/// TRANSACTION …`.
+fn set_transaction_modes(
+    session: &mut Session,
+    modes: &[TransactionMode],
+    is_session: bool,
+) -> Result<()> {
+    for mode in modes {
+        let (name, value) = match mode {
+            TransactionMode::IsolationLevel(level) => (
+                "transaction_isolation",
+                match level {
+                    TransactionIsolationLevel::Serializable => "serializable",
+                    TransactionIsolationLevel::RepeatableRead => "repeatable read",
+                    TransactionIsolationLevel::ReadCommitted => "read committed",
+                    TransactionIsolationLevel::ReadUncommitted => "read uncommitted",
+                    other => {
+                        return Err(ServerError::unsupported(format!(
+                            "the isolation level {other}"
+                        )));
+                    }
+                },
+            ),
+            TransactionMode::AccessMode(TransactionAccessMode::ReadOnly) => {
+                ("transaction_read_only", "on")
+            }
+            TransactionMode::AccessMode(TransactionAccessMode::ReadWrite) => {
+                ("transaction_read_only", "off")
+            }
+        };
+        session.set(name, value)?;
+        if is_session {
+            session.set(&format!("default_{name}"), value)?;
+        }
+    }
+    Ok(())
+}
+
+/// The end of a transaction block: its own modes give way to the
+/// session's defaults.
+/// `DECLARE name [NO SCROLL] CURSOR [WITH[OUT] HOLD] FOR query`: the
+/// query runs now and its rows wait for `FETCH`.
+async fn declare_cursor(
+    db: &Arc<Database>,
+    session: &mut Session,
+    d: datafusion::sql::sqlparser::ast::Declare,
+) -> Result<()> {
+    let (Some(query), [name]) = (d.for_query, d.names.as_slice()) else {
+        return Err(ServerError::unsupported(
+            "DECLARE of anything but a cursor FOR a query",
+        ));
+    };
+    if d.binary == Some(true) {
+        return Err(ServerError::unsupported("BINARY cursors"));
+    }
+    if d.scroll == Some(true) {
+        return Err(ServerError::unsupported(
+            "SCROLL cursors (cursors here only move forward)",
+        ));
+    }
+    let name = crate::stmt::ident(name);
+    if session.cursors.contains_key(&name) {
+        return Err(ServerError::DuplicateCursor(format!(
+            "cursor \"{name}\" already exists"
+        )));
+    }
+    let QueryResult::Rows { schema, batches } = query::select(db, session, *query).await? else {
+        return Err(ServerError::Internal(
+            "a cursor's query gave no rows".into(),
+        ));
+    };
+    let hold = d.hold == Some(true);
+    session
+        .cursors
+        .insert(name, Cursor::rows(schema, batches, hold));
+    Ok(())
+}
+
+fn end_transaction(session: &mut Session) -> Result<()> {
+    session.cursors.retain(|_, c| !c.closes_with_transaction());
+    for name in ["transaction_isolation", "transaction_read_only"] {
+        let default = session.get(&format!("default_{name}"))?;
+        session.set(name, &default)?;
+    }
+    Ok(())
 }
 
 fn emit_misplaced() -> ServerError {

@@ -80,6 +80,28 @@ pub enum ServerError {
     #[error("{0}")]
     DuplicateCursor(String),
     #[error("{0}")]
+    ReadOnlyTransaction(String),
+    /// A read-only run-time parameter.
+    #[error("{0}")]
+    CantChangeParameter(String),
+    #[error("{0}")]
+    InvalidSchemaName(String),
+    /// A message out of place in the wire protocol.
+    #[error("{0}")]
+    Protocol(String),
+    /// More than Weir takes in one go.
+    #[error("{0}")]
+    ProgramLimitExceeded(String),
+    /// COPY data that is not in the format the COPY said.
+    #[error("{0}")]
+    BadCopyFormat(String),
+    /// Bytes that are not UTF-8.
+    #[error("{0}")]
+    CharacterNotInRepertoire(String),
+    /// `statement_timeout` passed, or the client cancelled.
+    #[error("{0}")]
+    QueryCanceled(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -121,6 +143,14 @@ impl ServerError {
             ServerError::NotInPrerequisiteState(_) => "55000",
             ServerError::InvalidCursorName(_) => "34000",
             ServerError::DuplicateCursor(_) => "42P03",
+            ServerError::CantChangeParameter(_) => "55P02",
+            ServerError::ReadOnlyTransaction(_) => "25006",
+            ServerError::QueryCanceled(_) => "57014",
+            ServerError::BadCopyFormat(_) => "22P04",
+            ServerError::Protocol(_) => "08P01",
+            ServerError::InvalidSchemaName(_) => "3F000",
+            ServerError::ProgramLimitExceeded(_) => "54000",
+            ServerError::CharacterNotInRepertoire(_) => "22021",
             ServerError::Internal(_) => "XX000",
         }
     }

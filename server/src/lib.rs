@@ -5,6 +5,8 @@
 pub mod bench;
 pub mod catalog;
 pub mod context;
+pub mod copy;
+pub mod cursor;
 pub mod ddl;
 pub mod dead_letters;
 pub mod dml;
@@ -18,6 +20,7 @@ pub mod proctime;
 pub mod query;
 pub mod savepoint;
 pub mod session;
+pub mod settings;
 pub mod sinks;
 pub mod stmt;
 pub mod subscribe;

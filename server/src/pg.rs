@@ -15,20 +15,26 @@ use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{FutureExt, Sink, SinkExt, stream};
 use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::DataRowEncoder;
-use pgwire::api::results::{FieldFormat, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::results::{CopyResponse, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
+    PgWireServerHandlers, Type,
+};
 use pgwire::error::{PgWireError, PgWireResult};
-use pgwire::messages::copy::{CopyData, CopyOutResponse};
+use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
 use pgwire::messages::data::{DataRow, RowDescription};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
 use crate::context::plan_statement;
+use crate::copy::{CopyFormat, CopyOptions};
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::params;
@@ -85,7 +91,7 @@ impl Parser {
                     .await
                     .cursors
                     .get(cursor)
-                    .map(Subscription::schema);
+                    .map(crate::cursor::Cursor::schema);
             }
             _ => {}
         }
@@ -200,10 +206,34 @@ pub struct Connection {
     db: Arc<Database>,
     session: Arc<tokio::sync::Mutex<Session>>,
     parser: Arc<Parser>,
+    /// The reported parameters as the client was last told them.
+    reported: std::sync::Mutex<HashMap<&'static str, String>>,
+    /// The server's registry of connections by backend key, which a cancel
+    /// request (sent on a connection of its own) is looked up in.
+    manager: Arc<ConnectionManager>,
+    /// This connection's entry in `manager`, once the startup registered
+    /// it (Weir's, not pgwire's: pgwire would drop a statement that writes
+    /// half way); the guard takes the entry out when the connection goes.
+    cancel: std::sync::OnceLock<(Arc<ConnectionHandle>, ConnectionGuard)>,
+    /// The `COPY … FROM STDIN` in progress: its target and the data so far.
+    copy_in: std::sync::Mutex<Option<PendingCopy>>,
 }
 
+/// A `COPY … FROM STDIN` waiting for the client's `CopyDone`.
+#[derive(Debug)]
+struct PendingCopy {
+    table: String,
+    columns: Vec<String>,
+    options: CopyOptions,
+    data: Vec<u8>,
+}
+
+/// The most data one `COPY … FROM STDIN` may send: it is held in memory
+/// until `CopyDone`, so that a bad line leaves nothing written.
+const MAX_COPY_IN_BYTES: usize = 1 << 30;
+
 impl Connection {
-    pub fn new(db: Arc<Database>) -> Self {
+    pub fn new(db: Arc<Database>, manager: Arc<ConnectionManager>) -> Self {
         let session = Arc::new(tokio::sync::Mutex::new(Session::new(
             db.default_parallelism,
         )));
@@ -214,14 +244,96 @@ impl Connection {
             }),
             db,
             session,
+            reported: Default::default(),
+            manager,
+            cancel: Default::default(),
+            copy_in: Default::default(),
+        }
+    }
+
+    /// Takes a statement's result to the client's door: a `COPY … FROM
+    /// STDIN` starts gathering data here; anything else is a response.
+    fn respond(&self, result: QueryResult, format: &Format) -> PgWireResult<Response> {
+        match result {
+            QueryResult::CopyIn {
+                table,
+                columns,
+                options,
+            } => {
+                let width = if columns.is_empty() {
+                    match self.db.catalog.by_name(&table) {
+                        Some(entry) => crate::catalog::table_desc(&entry)
+                            .map(|d| crate::catalog::user_schema(&d).fields().len())?,
+                        None => 0,
+                    }
+                } else {
+                    columns.len()
+                };
+                *self.copy_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(PendingCopy {
+                    table,
+                    columns,
+                    options,
+                    data: Vec::new(),
+                });
+                Ok(Response::CopyIn(CopyResponse::new(
+                    0,
+                    width,
+                    stream::empty(),
+                )))
+            }
+            result => to_response(result, format),
+        }
+    }
+
+    /// Resolves when a cancel request for this connection arrives, from
+    /// now on; never, before the startup has registered the connection.
+    async fn cancelled(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let rx = match self.cancel.get() {
+            Some((handle, _)) => Some(handle.start_query().await),
+            None => None,
+        };
+        async move {
+            // The sender is dropped, not fired, when the next statement
+            // starts: only a fired one is a cancel.
+            if let Some(rx) = rx
+                && rx.await.is_ok()
+            {
+                return;
+            }
+            std::future::pending::<()>().await
         }
     }
 
     /// Runs one statement; a panic becomes an error, never a dead server.
+    /// A query (which changes nothing) is cancelled after
+    /// `statement_timeout` or by a cancel request; a statement that writes
+    /// runs to its end, so that nothing is left half done.
     async fn run(&self, stmt: Stmt) -> Result<QueryResult> {
         let mut session = self.session.lock().await;
-        let fut = self.db.execute(&mut session, stmt);
-        match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+        let reads_only = matches!(&stmt, Stmt::Sql(s) if matches!(s.as_ref(), Statement::Query(_)))
+            || matches!(stmt, Stmt::Fetch { .. });
+        let timeout = session.statement_timeout().filter(|_| reads_only);
+        let cancelled = self.cancelled().await;
+        let fut = std::panic::AssertUnwindSafe(self.db.execute(&mut session, stmt)).catch_unwind();
+        let timed = async {
+            match timeout {
+                None => Ok(fut.await),
+                Some(limit) => tokio::time::timeout(limit, fut).await.map_err(|_| {
+                    ServerError::QueryCanceled(
+                        "canceling statement due to statement timeout".into(),
+                    )
+                }),
+            }
+        };
+        let outcome = if reads_only {
+            tokio::select! {
+                outcome = timed => outcome?,
+                () = cancelled => return Err(user_cancel()),
+            }
+        } else {
+            timed.await?
+        };
+        match outcome {
             Ok(r) => r,
             Err(panic) => {
                 let msg = panic
@@ -236,6 +348,83 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Tells the client of each reported parameter (`DateStyle`,
+    /// `TimeZone`, `application_name`, …) whose value it does not know, as
+    /// Postgres does after a `SET` and at startup.
+    async fn report_parameters<C>(&self, client: &mut C) -> PgWireResult<()>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let changed: Vec<(&'static str, String)> = {
+            let session = self.session.lock().await;
+            let mut told = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            session
+                .settings()
+                .into_iter()
+                .filter_map(|(name, value)| {
+                    let name = crate::settings::reported_name(&name)?;
+                    (told.get(name) != Some(&value)).then(|| {
+                        told.insert(name, value.clone());
+                        (name, value)
+                    })
+                })
+                .collect()
+        };
+        for (name, value) in changed {
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(
+                    pgwire::messages::startup::ParameterStatus::new(name.to_string(), value),
+                ))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// The command tag of a statement whose rows are not a `SELECT`'s.
+fn command_tag(stmt: &Stmt) -> Option<&'static str> {
+    matches!(stmt, Stmt::Fetch { skip: false, .. }).then_some("FETCH")
+}
+
+fn tagged(mut response: Response, tag: Option<&str>) -> Response {
+    if let (Response::Query(q), Some(tag)) = (&mut response, tag) {
+        q.set_command_tag(tag);
+    }
+    response
+}
+
+/// The error a statement ends with when the client cancels it.
+fn user_cancel() -> ServerError {
+    ServerError::QueryCanceled("canceling statement due to user request".into())
+}
+
+/// The settings a client sent in its startup packet: each named parameter
+/// and the `-c name=value` (or `--name=value`) of `options`.
+fn startup_settings(meta: &HashMap<String, String>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (k, v) in meta {
+        if k == "options" {
+            let mut words = v.split_whitespace();
+            while let Some(w) = words.next() {
+                let pair = match w {
+                    "-c" => words.next(),
+                    w => w.strip_prefix("-c").or_else(|| w.strip_prefix("--")),
+                };
+                if let Some((name, value)) = pair.and_then(|p| p.split_once('=')) {
+                    out.push((name.replace('-', "_"), value.to_string()));
+                }
+            }
+        } else if crate::settings::default_of(k).is_some()
+            && crate::settings::check(k, crate::settings::default_of(k).unwrap_or("")).is_ok()
+        {
+            out.push((k.clone(), v.clone()));
+        }
+    }
+    out
+}
+
 /// Sends a subscription's rows as they come, each batch flushed at once
 /// (a query response would hold them back until it ends), until the client
 /// goes or the subscription fails. With `copy`, as COPY's text format
@@ -246,6 +435,7 @@ async fn stream_subscription<C>(
     format: &Format,
     describe: bool,
     copy: bool,
+    cancelled: impl std::future::Future<Output = ()>,
 ) -> PgWireResult<()>
 where
     C: Sink<PgWireBackendMessage> + Unpin + Send,
@@ -266,8 +456,13 @@ where
             .send(PgWireBackendMessage::RowDescription(description))
             .await?;
     }
+    tokio::pin!(cancelled);
+    let text_copy = CopyOptions::new(CopyFormat::Text);
     loop {
-        let batches = sub.fetch(usize::MAX, None).await?;
+        let batches = tokio::select! {
+            batches = sub.fetch(usize::MAX, None) => batches?,
+            () = &mut cancelled => return Err(user_cancel().into()),
+        };
         let mut rows = Vec::new();
         for batch in &batches {
             encode_rows(&fields, batch, &mut rows);
@@ -275,7 +470,7 @@ where
         for row in rows {
             let row = row?;
             let message = if copy {
-                PgWireBackendMessage::CopyData(CopyData::new(copy_text(&row).into()))
+                PgWireBackendMessage::CopyData(CopyData::new(copy_line(&row, &text_copy).into()))
             } else {
                 PgWireBackendMessage::DataRow(row)
             };
@@ -285,38 +480,61 @@ where
     }
 }
 
-/// A text-format row as a line of COPY's text format: tab-separated,
-/// `\N` for NULL, backslash escapes.
-fn copy_text(row: &DataRow) -> Vec<u8> {
-    let mut out = Vec::with_capacity(row.data.len() + 1);
+/// A text-format row's values, `None` for NULL.
+fn row_values(row: &DataRow) -> Vec<Option<&[u8]>> {
+    let mut out = Vec::with_capacity(row.field_count as usize);
     let mut data = &row.data[..];
-    for i in 0..row.field_count {
-        if i > 0 {
-            out.push(b'\t');
-        }
+    for _ in 0..row.field_count {
         let Some((len, rest)) = data.split_first_chunk::<4>() else {
             break;
         };
         let len = i32::from_be_bytes(*len);
         data = rest;
         if len < 0 {
-            out.extend_from_slice(b"\\N");
+            out.push(None);
             continue;
         }
         let (value, rest) = data.split_at((len as usize).min(data.len()));
         data = rest;
-        for &b in value {
-            match b {
-                b'\\' => out.extend_from_slice(b"\\\\"),
-                b'\t' => out.extend_from_slice(b"\\t"),
-                b'\n' => out.extend_from_slice(b"\\n"),
-                b'\r' => out.extend_from_slice(b"\\r"),
-                b => out.push(b),
-            }
-        }
+        out.push(Some(value));
     }
-    out.push(b'\n');
     out
+}
+
+/// A text-format row as a line of COPY data.
+fn copy_line(row: &DataRow, options: &CopyOptions) -> Vec<u8> {
+    let mut out = Vec::with_capacity(row.data.len() + 1);
+    crate::copy::encode_line(&row_values(row), options, &mut out);
+    out
+}
+
+/// `COPY … TO STDOUT`: the rows as a COPY data stream, each encoded as the
+/// text a `SELECT` sends.
+fn copy_out(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    options: &CopyOptions,
+) -> PgWireResult<Response> {
+    let fields = Arc::new(fields(schema, &Format::UnifiedText)?);
+    let mut rows = Vec::new();
+    for batch in batches {
+        encode_rows(&fields, batch, &mut rows);
+    }
+    let mut data = Vec::with_capacity(rows.len() + 1);
+    if options.header {
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        data.push(Ok(CopyData::new(
+            crate::copy::header_line(&names, options).into(),
+        )));
+    }
+    for row in rows {
+        data.push(row.map(|r| CopyData::new(copy_line(&r, options).into())));
+    }
+    Ok(Response::CopyOut(CopyResponse::new(
+        0,
+        fields.len(),
+        stream::iter(data),
+    )))
 }
 
 /// Encodes a batch's rows. NULLs are written here rather than left to
@@ -407,9 +625,15 @@ fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
                 stream::iter(rows),
             )))
         }
-        QueryResult::Subscribe { .. } => {
-            Err(ServerError::Internal("a subscription is streamed, not answered".into()).into())
-        }
+        QueryResult::CopyOut {
+            schema,
+            batches,
+            options,
+        } => copy_out(&schema, &batches, &options),
+        QueryResult::Subscribe { .. } | QueryResult::CopyIn { .. } => Err(ServerError::Internal(
+            "a subscription or COPY FROM is the connection's, not a response".into(),
+        )
+        .into()),
         QueryResult::Command { tag, rows } => {
             let t = match tag.as_str() {
                 "BEGIN" => return Ok(Response::TransactionStart(Tag::new("BEGIN"))),
@@ -437,7 +661,9 @@ impl NoopStartupHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let meta = client.metadata();
+        let (pid, secret_key) = client.pid_and_secret_key();
+        let _ = self.cancel.set(self.manager.register(pid, secret_key));
+        let meta = client.metadata().clone();
         let user = meta.get("user").cloned().unwrap_or_default();
         let database = meta
             .get("database")
@@ -452,7 +678,21 @@ impl NoopStartupHandler for Connection {
             ))
             .into());
         }
-        Ok(())
+        {
+            let mut session = self.session.lock().await;
+            // `pg_backend_pid()` is the pid of the backend key, which is
+            // what a cancel request names.
+            session.backend_pid = pid;
+            for (name, value) in startup_settings(&meta) {
+                session.set(&name, &value)?;
+            }
+        }
+        // pgwire has already sent its own defaults; Weir's replace them.
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.report_parameters(client).await
     }
 }
 
@@ -469,19 +709,31 @@ impl SimpleQueryHandler for Connection {
             Ok(s) => s,
             Err(e) => return Ok(vec![Response::Error(Box::new(e.into_error_info()))]),
         };
-        if stmts.len() > 1 && stmts.iter().any(|s| matches!(s, Stmt::Subscribe { .. })) {
-            let e = ServerError::unsupported(
-                "SUBSCRIBE with other statements in one query string (send it alone)",
-            );
+        let alone = |s: &Stmt| match s {
+            Stmt::Subscribe { .. } => Some("SUBSCRIBE"),
+            Stmt::Sql(s) if matches!(s.as_ref(), Statement::Copy { to: false, .. }) => {
+                Some("COPY FROM STDIN")
+            }
+            _ => None,
+        };
+        if stmts.len() > 1
+            && let Some(what) = stmts.iter().find_map(alone)
+        {
+            let e = ServerError::unsupported(format!(
+                "{what} with other statements in one query string (send it alone)"
+            ));
             return Ok(vec![Response::Error(Box::new(e.into_error_info()))]);
         }
         let mut out = Vec::with_capacity(stmts.len());
         for s in stmts {
+            let tag = command_tag(&s);
             match self.run(s).await {
                 Ok(QueryResult::Subscribe { sub, copy }) => {
-                    stream_subscription(client, sub, &Format::UnifiedText, true, copy).await?;
+                    let cancelled = self.cancelled().await;
+                    let format = &Format::UnifiedText;
+                    stream_subscription(client, sub, format, true, copy, cancelled).await?;
                 }
-                Ok(r) => out.push(to_response(r, &Format::UnifiedText)?),
+                Ok(r) => out.push(tagged(self.respond(r, &Format::UnifiedText)?, tag)),
                 Err(e) => {
                     // Postgres stops at the first failing statement.
                     out.push(Response::Error(Box::new(e.into_error_info())));
@@ -489,6 +741,7 @@ impl SimpleQueryHandler for Connection {
                 }
             }
         }
+        self.report_parameters(client).await?;
         Ok(out)
     }
 }
@@ -523,14 +776,90 @@ impl ExtendedQueryHandler for Connection {
             }
             stmt::bind(s, &values)?;
         }
-        match self.run(stmt).await? {
+        let tag = command_tag(&stmt);
+        let result = self.run(stmt).await;
+        self.report_parameters(client).await?;
+        match result? {
             QueryResult::Subscribe { sub, copy } => {
                 let format = &portal.result_column_format;
-                stream_subscription(client, sub, format, false, copy).await?;
+                let cancelled = self.cancelled().await;
+                stream_subscription(client, sub, format, false, copy, cancelled).await?;
                 Ok(Response::EmptyQuery)
             }
-            result => to_response(result, &portal.result_column_format),
+            result => Ok(tagged(
+                self.respond(result, &portal.result_column_format)?,
+                tag,
+            )),
         }
+    }
+}
+
+#[async_trait]
+impl CopyHandler for Connection {
+    async fn on_copy_data<C>(&self, _client: &mut C, copy_data: CopyData) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let mut pending = self.copy_in.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(copy) = pending.as_mut() else {
+            return Err(ServerError::Protocol("CopyData outside a COPY FROM STDIN".into()).into());
+        };
+        if copy.data.len() + copy_data.data.len() > MAX_COPY_IN_BYTES {
+            *pending = None;
+            return Err(ServerError::ProgramLimitExceeded(format!(
+                "COPY FROM STDIN sends at most {MAX_COPY_IN_BYTES} bytes; split the data"
+            ))
+            .into());
+        }
+        copy.data.extend_from_slice(&copy_data.data);
+        Ok(())
+    }
+
+    async fn on_copy_done<C>(&self, client: &mut C, _done: CopyDone) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let pending = self
+            .copy_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(copy) = pending else {
+            return Err(ServerError::Protocol("CopyDone outside a COPY FROM STDIN".into()).into());
+        };
+        let width = if copy.columns.is_empty() {
+            let desc = self
+                .db
+                .catalog
+                .by_name(&copy.table)
+                .map(|e| crate::catalog::table_desc(&e))
+                .transpose()?;
+            desc.map_or(0, |d| crate::catalog::user_schema(&d).fields().len())
+        } else {
+            copy.columns.len()
+        };
+        let rows = crate::copy::decode(&copy.data, &copy.options, width)?;
+        let n = crate::dml::copy_in(&self.db, &copy.table, &copy.columns, &rows).await?;
+        client
+            .send(PgWireBackendMessage::CommandComplete(
+                Tag::new("COPY").with_rows(n).into(),
+            ))
+            .await?;
+        Ok(())
+    }
+
+    async fn on_copy_fail<C>(&self, _client: &mut C, fail: CopyFail) -> PgWireError
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        *self.copy_in.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        ServerError::QueryCanceled(format!("COPY from stdin failed: {}", fail.message)).into()
     }
 }
 
@@ -549,6 +878,14 @@ impl PgWireServerHandlers for Handlers {
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
         self.0.clone()
     }
+
+    fn copy_handler(&self) -> Arc<impl CopyHandler> {
+        self.0.clone()
+    }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        Arc::new(DefaultCancelHandler::new(self.0.manager.clone()))
+    }
 }
 
 /// Accepts clients until `shutdown` resolves.
@@ -558,11 +895,12 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let manager = Arc::new(ConnectionManager::new());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let handlers = Handlers(Arc::new(Connection::new(db.clone())));
+                    let handlers = Handlers(Arc::new(Connection::new(db.clone(), manager.clone())));
                     tokio::spawn(async move {
                         if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -604,7 +942,10 @@ mod tests {
         encode_rows(&fields, &batch, &mut rows);
         let lines: Vec<String> = rows
             .into_iter()
-            .map(|r| String::from_utf8(copy_text(&r.unwrap())).unwrap())
+            .map(|r| {
+                String::from_utf8(copy_line(&r.unwrap(), &CopyOptions::new(CopyFormat::Text)))
+                    .unwrap()
+            })
             .collect();
         assert_eq!(lines, vec!["1\ttab\\there\\\\ and\\nline\n", "\\N\tx\n"]);
     }

@@ -15,9 +15,16 @@ use crate::session::Session;
 use crate::stmt::apply_pg_names;
 
 /// `SELECT …`.
-pub async fn select(db: &Arc<Database>, session: &Session, mut q: Query) -> Result<QueryResult> {
+pub async fn select(
+    db: &Arc<Database>,
+    session: &mut Session,
+    mut q: Query,
+) -> Result<QueryResult> {
     let names = prepare(&mut q)?;
-    let ctx = query_context(db, session);
+    let info = crate::pg_catalog::SessionInfo::of(session);
+    let set_by_query = info.set_by_query.clone();
+    let ctx = context(db, Mode::Batch);
+    crate::pg_catalog::register(&ctx, db, info);
     let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
     let schema = renamed(plan.schema().inner(), names.as_deref());
     let batches = ctx
@@ -31,6 +38,10 @@ pub async fn select(db: &Arc<Database>, session: &Session, mut q: Query) -> Resu
             None => Ok(b),
         })
         .collect::<std::result::Result<_, _>>()?;
+    let settings = std::mem::take(&mut *set_by_query.lock().unwrap_or_else(|e| e.into_inner()));
+    for (name, value) in settings {
+        session.set(&name, &value)?;
+    }
     Ok(QueryResult::Rows { schema, batches })
 }
 

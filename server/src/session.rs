@@ -2,14 +2,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::cursor::Cursor;
 use crate::error::{Result, ServerError};
-use crate::subscribe::Subscription;
 
 /// What `SET` changes for one connection, and its cursors.
 #[derive(Debug)]
 pub struct Session {
     /// Parallelism of the stateful operators of views created later.
     pub streaming_parallelism: usize,
+    /// What `RESET streaming_parallelism` returns to: the server's default.
+    default_parallelism: usize,
     /// Whether views created later may chain operators.
     pub streaming_chaining: bool,
     /// `checkpoint_mode` of views created from now on.
@@ -19,38 +21,33 @@ pub struct Session {
     pub state_ttl_us: Option<i64>,
     /// Other settings, kept so that `SHOW` answers what `SET` said.
     pub vars: BTreeMap<String, String>,
-    /// `DECLARE … CURSOR FOR SUBSCRIBE`: open until `CLOSE` or the end of
-    /// the connection (transactions do not close them).
-    pub cursors: HashMap<String, Subscription>,
+    /// The open cursors (see [`crate::cursor`]).
+    pub cursors: HashMap<String, Cursor>,
     /// The user the connection logged in as.
     pub user: String,
     /// The number `pg_backend_pid()` answers, unique per connection.
     pub backend_pid: i32,
 }
 
+/// Weir's own settings, kept in fields of their own.
+pub const WEIR_SETTINGS: &[&str] = &[
+    "streaming_parallelism",
+    "streaming_chaining",
+    "checkpoint_mode",
+    "streaming_state_ttl",
+];
+
 /// Backend ids, one per connection since the server started.
 static NEXT_BACKEND_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
 
 impl Session {
     pub fn new(default_parallelism: usize) -> Self {
-        let vars = [
-            ("application_name", ""),
-            ("client_encoding", "UTF8"),
-            ("datestyle", "ISO, MDY"),
-            ("extra_float_digits", "1"),
-            ("intervalstyle", "postgres"),
-            ("search_path", "public"),
-            ("server_encoding", "UTF8"),
-            ("server_version", crate::SERVER_VERSION),
-            ("standard_conforming_strings", "on"),
-            ("timezone", "UTC"),
-            ("transaction_isolation", "serializable"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+        let vars = crate::settings::defaults()
+            .map(|(k, v)| (k, v.to_string()))
+            .collect();
         Self {
             streaming_parallelism: default_parallelism,
+            default_parallelism,
             streaming_chaining: true,
             checkpoint_mode: Default::default(),
             state_ttl_us: None,
@@ -61,6 +58,47 @@ impl Session {
         }
     }
 
+    /// `RESET name`: the value the session started with.
+    pub fn reset(&mut self, name: &str) -> Result<()> {
+        let name = name.to_lowercase();
+        match name.as_str() {
+            "streaming_parallelism" => self.streaming_parallelism = self.default_parallelism,
+            "streaming_chaining" => self.streaming_chaining = true,
+            "checkpoint_mode" => self.checkpoint_mode = Default::default(),
+            "streaming_state_ttl" => self.state_ttl_us = None,
+            _ => match crate::settings::default_of(&name) {
+                Some(default) => {
+                    self.vars.insert(name, default.to_string());
+                }
+                None if name.contains('.') => {
+                    self.vars.remove(&name);
+                }
+                None => {
+                    return Err(ServerError::UndefinedObject(format!(
+                        "unrecognized configuration parameter \"{name}\""
+                    )));
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// `RESET ALL`.
+    pub fn reset_all(&mut self) {
+        let fresh = Session::new(self.default_parallelism);
+        self.streaming_parallelism = fresh.streaming_parallelism;
+        self.streaming_chaining = fresh.streaming_chaining;
+        self.checkpoint_mode = fresh.checkpoint_mode;
+        self.state_ttl_us = fresh.state_ttl_us;
+        self.vars = fresh.vars;
+    }
+
+    /// `statement_timeout`, if one is set.
+    pub fn statement_timeout(&self) -> Option<std::time::Duration> {
+        let ms = crate::settings::millis(self.vars.get("statement_timeout")?)?;
+        (ms > 0).then(|| std::time::Duration::from_millis(ms as u64))
+    }
+
     /// Every setting with its value, as `SHOW ALL` and `pg_settings` list
     /// them.
     pub fn settings(&self) -> Vec<(String, String)> {
@@ -69,12 +107,7 @@ impl Session {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for name in [
-            "streaming_parallelism",
-            "streaming_chaining",
-            "checkpoint_mode",
-            "streaming_state_ttl",
-        ] {
+        for name in WEIR_SETTINGS {
             if let Ok(v) = self.get(name) {
                 all.push((name.to_string(), v));
             }
@@ -118,7 +151,8 @@ impl Session {
                 })?;
             }
             _ => {
-                self.vars.insert(name, value.to_string());
+                let value = crate::settings::check(&name, value)?;
+                self.vars.insert(name, value);
             }
         }
         Ok(())
@@ -136,7 +170,7 @@ impl Session {
                 None => "off".into(),
             }),
             _ => self.vars.get(&name).cloned().ok_or_else(|| {
-                ServerError::InvalidParameter(format!(
+                ServerError::UndefinedObject(format!(
                     "unrecognized configuration parameter \"{name}\""
                 ))
             }),
@@ -163,7 +197,7 @@ pub(crate) fn parse_duration_us(v: &str) -> Option<Option<i64>> {
     n.checked_mul(unit_s)?.checked_mul(1_000_000).map(Some)
 }
 
-fn parse_bool(v: &str) -> Option<bool> {
+pub(crate) fn parse_bool(v: &str) -> Option<bool> {
     match v.to_lowercase().as_str() {
         "on" | "true" | "yes" | "1" | "t" => Some(true),
         "off" | "false" | "no" | "0" | "f" => Some(false),

@@ -106,6 +106,8 @@ pub enum Stmt {
         /// `None`: ALL.
         count: Option<u64>,
         timeout: Option<std::time::Duration>,
+        /// `MOVE`: the rows are skipped, not returned.
+        skip: bool,
     },
     /// `CLOSE name | ALL`.
     Close {
@@ -289,9 +291,13 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             }
         } else if is_word(&a, "declare") {
             declare(&mut parser)?
-        } else if is_word(&a, "fetch") {
+        } else if is_word(&a, "fetch") || is_word(&a, "move") {
             parser.next_token();
-            fetch(&mut parser)?
+            let mut f = fetch(&mut parser)?;
+            if let Stmt::Fetch { skip, .. } = &mut f {
+                *skip = is_word(&a, "move");
+            }
+            f
         } else if is_word(&a, "close") {
             parser.next_token();
             let cursor = if parser.parse_keyword(Keyword::ALL) {
@@ -951,6 +957,7 @@ fn fetch(parser: &mut Parser<'_>) -> Result<Stmt> {
         cursor,
         count,
         timeout,
+        skip: false,
     })
 }
 
@@ -1481,7 +1488,7 @@ mod tests {
         );
         assert!(matches!(
             &s[3],
-            Stmt::Fetch { cursor, count: Some(10), timeout: Some(t) }
+            Stmt::Fetch { cursor, count: Some(10), timeout: Some(t), skip: false }
                 if cursor == "C" && *t == std::time::Duration::from_millis(250)
         ));
         assert!(matches!(

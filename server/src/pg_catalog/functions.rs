@@ -21,6 +21,7 @@ use datafusion::logical_expr::{
 use super::tables::{Kind, V, row};
 use super::*;
 use crate::catalog::Entry;
+use crate::error::ServerError;
 
 /// What the functions know of the relations: built from the catalog's
 /// entries alone (no view is planned), once per statement.
@@ -397,6 +398,19 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
             },
             concat_each,
         ),
+        // `information_schema._pg_expandarray(a)`: each element with its
+        // position, as rows (the rewrite unnests this list of them).
+        udf(
+            "weir_pg_expandarray",
+            1..=1,
+            |_| {
+                Ok(DataType::new_list(
+                    DataType::Struct(expanded_fields()),
+                    true,
+                ))
+            },
+            expand_array,
+        ),
         // Comments are not kept: every object's description is NULL.
         constant("obj_description", 1..=2, DataType::Utf8, V::N),
         constant("col_description", 2..=2, DataType::Utf8, V::N),
@@ -530,6 +544,37 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         fns.push(constant(name, arity, DataType::Boolean, V::B(true)));
     }
     let s = session.clone();
+    // `set_config(name, value, is_local)`: the value as it is kept. Each
+    // statement is its own transaction, so a local setting ends with it.
+    let info = session.clone();
+    fns.push(udf("set_config", 3..=3, utf8, move |args, rows| {
+        let (names, values) = (texts(args, 0, rows)?, texts(args, 1, rows)?);
+        let local = cast(&args[2], &DataType::Boolean)?;
+        let local = local.as_boolean();
+        let mut out = Vec::with_capacity(rows);
+        for i in 0..rows {
+            if names.is_null(i) {
+                return Err(DataFusionError::Execution(
+                    "SET requires parameter name".into(),
+                ));
+            }
+            let (name, value) = (names.value(i).to_lowercase(), values.value(i));
+            let kept = if crate::session::WEIR_SETTINGS.contains(&name.as_str()) {
+                value.to_string()
+            } else {
+                crate::settings::check(&name, value)
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?
+            };
+            if !local.value(i) {
+                info.set_by_query
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((name, kept.clone()));
+            }
+            out.push(Some(kept));
+        }
+        Ok(Arc::new(StringArray::from(out)))
+    }));
     fns.push(udf("current_setting", 1..=2, utf8, move |args, rows| {
         let n = texts(args, 0, rows)?;
         let missing_ok = args.get(1).map(|a| {
@@ -544,8 +589,10 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
                 Some(n) => match s.setting(n) {
                     Some(v) => Ok(Some(v.to_string())),
                     None if missing_ok == Some(true) => Ok(None),
-                    None => Err(DataFusionError::Execution(format!(
-                        "unrecognized configuration parameter \"{n}\""
+                    None => Err(DataFusionError::External(Box::new(
+                        crate::error::ServerError::UndefinedObject(format!(
+                            "unrecognized configuration parameter \"{n}\""
+                        )),
                     ))),
                 },
             })
@@ -736,13 +783,19 @@ fn reg_convert(
                 Some(o) => out.push(Some(o)),
                 None if kind == "to_regclass" => out.push(None),
                 None => {
-                    let what = match kind {
-                        "regclass" => format!("relation \"{v}\" does not exist"),
-                        "regtype" => format!("type \"{v}\" does not exist"),
-                        "regnamespace" => format!("schema \"{v}\" does not exist"),
-                        _ => format!("role \"{v}\" does not exist"),
+                    let e = match kind {
+                        "regclass" => {
+                            ServerError::UndefinedTable(format!("relation \"{v}\" does not exist"))
+                        }
+                        "regtype" => {
+                            ServerError::UndefinedObject(format!("type \"{v}\" does not exist"))
+                        }
+                        "regnamespace" => {
+                            ServerError::InvalidSchemaName(format!("schema \"{v}\" does not exist"))
+                        }
+                        _ => ServerError::UndefinedObject(format!("role \"{v}\" does not exist")),
                     };
-                    return Err(DataFusionError::Execution(what));
+                    return Err(DataFusionError::External(Box::new(e)));
                 }
             }
         }
@@ -802,6 +855,61 @@ fn concat_each(args: &[ArrayRef], rows: usize) -> DfResult<ArrayRef> {
         out.append(true);
     }
     Ok(Arc::new(out.finish()))
+}
+
+/// `_pg_expandarray`'s record: the element `x` and its position `n`.
+fn expanded_fields() -> datafusion::arrow::datatypes::Fields {
+    vec![
+        Field::new("x", DataType::Int32, true),
+        Field::new("n", DataType::Int32, false),
+    ]
+    .into()
+}
+
+fn expand_array(args: &[ArrayRef], rows: usize) -> DfResult<ArrayRef> {
+    use datafusion::arrow::array::{ListArray, StructArray};
+    use datafusion::arrow::buffer::OffsetBuffer;
+    let DataType::List(_) = args[0].data_type() else {
+        return Err(DataFusionError::Plan(
+            "_pg_expandarray takes an array".into(),
+        ));
+    };
+    let list = args[0].as_list::<i32>();
+    let values = cast(list.values(), &DataType::Int32)?;
+    let mut positions = Vec::with_capacity(values.len());
+    let mut lengths = Vec::with_capacity(rows);
+    for i in 0..rows {
+        let len = if list.is_null(i) {
+            0
+        } else {
+            list.value_length(i) as usize
+        };
+        lengths.push(len);
+        positions.extend(1..=len as i32);
+    }
+    // The kept elements: each row's slice of the values, in order.
+    let offsets = list.value_offsets();
+    let take: datafusion::arrow::array::UInt32Array = (0..rows)
+        .flat_map(|i| {
+            let start = offsets[i] as u32;
+            (0..lengths[i] as u32).map(move |k| start + k)
+        })
+        .collect();
+    let xs = datafusion::arrow::compute::take(&values, &take, None)?;
+    let records = StructArray::try_new(
+        expanded_fields(),
+        vec![xs, Arc::new(Int32Array::from(positions))],
+        None,
+    )?;
+    Ok(Arc::new(ListArray::try_new(
+        Arc::new(Field::new_list_field(
+            DataType::Struct(expanded_fields()),
+            true,
+        )),
+        OffsetBuffer::from_lengths(lengths),
+        Arc::new(records),
+        None,
+    )?))
 }
 
 fn list_bound(args: &[ArrayRef], rows: usize, upper: bool) -> DfResult<ArrayRef> {

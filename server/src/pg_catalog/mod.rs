@@ -78,6 +78,9 @@ pub struct SessionInfo {
     pub settings: Vec<(String, String)>,
     pub search_path: Vec<String>,
     pub backend_pid: i32,
+    /// What `set_config()` set during the statement, for the session to
+    /// take when the statement has run.
+    pub set_by_query: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 impl SessionInfo {
@@ -99,6 +102,7 @@ impl SessionInfo {
             settings,
             search_path,
             backend_pid: session.backend_pid,
+            set_by_query: Default::default(),
         }
     }
 

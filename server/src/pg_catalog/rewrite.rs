@@ -20,9 +20,10 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    ArrayElemTypeDef, BinaryOperator, CastKind, DataType as SqlType, Expr, Function, FunctionArg,
-    FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident, ObjectName,
-    ObjectNamePart, Query, Select, SelectItem, SetExpr, TableFactor, Value, VisitMut, VisitorMut,
+    AccessExpr, ArrayElemTypeDef, BinaryOperator, CastKind, DataType as SqlType, Expr, Function,
+    FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident,
+    ObjectName, ObjectNamePart, Query, Select, SelectItem, SetExpr, TableFactor, Value, VisitMut,
+    VisitorMut,
 };
 
 use super::tables::{EMPTY_TABLES, TABLE_NAMES};
@@ -30,12 +31,66 @@ use crate::error::{Result, ServerError};
 
 /// Rewrites `query` in place.
 pub fn rewrite(query: &mut Query) -> Result<()> {
+    let printed = printed_reg_literals(query);
     let mut v = Rewriter { error: None };
     let _ = query.visit(&mut v);
-    match v.error {
-        Some(e) => Err(e),
-        None => Ok(()),
+    if let Some(e) = v.error {
+        return Err(e);
     }
+    if let SetExpr::Select(select) = query.body.as_mut() {
+        for (i, back) in printed {
+            if let Some(SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) =
+                select.projection.get_mut(i)
+            {
+                *e = call(back, vec![e.clone()]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `SELECT 't'::regclass` prints `t` in Postgres: a reg* value is an oid
+/// that prints as its object's name. Weir's lookup from a name gives the
+/// oid, which is what a comparison or join needs; in the outermost select
+/// list, where such a value is only printed, it is turned back into the
+/// name. Returns those items' positions, with the function that names.
+fn printed_reg_literals(query: &Query) -> Vec<(usize, &'static str)> {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return Vec::new();
+    };
+    let is_text =
+        |e: &Expr| matches!(e, Expr::Value(v) if matches!(v.value, Value::SingleQuotedString(_)));
+    select
+        .projection
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| {
+            let (SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) = item
+            else {
+                return None;
+            };
+            let back = match e {
+                Expr::Cast {
+                    expr, data_type, ..
+                } if is_text(expr) => match data_type {
+                    SqlType::Regclass => "weir_regclass",
+                    SqlType::Custom(name, m) if m.is_empty() => match unqualified(name)?.as_str() {
+                        "regclass" => "weir_regclass",
+                        "regtype" => "weir_regtype",
+                        "regnamespace" => "weir_regnamespace",
+                        "regrole" => "weir_regrole",
+                        _ => return None,
+                    },
+                    _ => return None,
+                },
+                Expr::Function(f) if last_name(&f.name).as_deref() == Some("to_regclass") => {
+                    "weir_regclass"
+                }
+                _ => return None,
+            };
+            Some((i, back))
+        })
+        .collect()
 }
 
 struct Rewriter {
@@ -262,11 +317,51 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
                 ObjectNamePart::Identifier(i) => crate::stmt::ident(i),
                 _ => return Ok(None),
             };
+            // `information_schema._pg_expandarray(a)`: a set of (x, n)
+            // records, which DataFusion has as the unnest of a list.
+            if schema == "information_schema"
+                && last_name(&f.name).as_deref() == Some("_pg_expandarray")
+                && let FunctionArguments::List(list) = &f.args
+                && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice()
+            {
+                return Ok(Some(call(
+                    "unnest",
+                    vec![call("weir_pg_expandarray", vec![arg.clone()])],
+                )));
+            }
             if schema != "pg_catalog" {
                 return Ok(None);
             }
             let mut f = f.clone();
             f.name.0.remove(0);
+            Expr::Function(f)
+        }
+        // `(record).field`, as Postgres reads a composite's field (JDBC's
+        // `(information_schema._pg_expandarray(i.indkey)).n`).
+        Expr::CompoundFieldAccess { root, access_chain }
+            if access_chain
+                .iter()
+                .all(|a| matches!(a, AccessExpr::Dot(Expr::Identifier(_)))) =>
+        {
+            let mut e = match root.as_ref() {
+                Expr::Nested(inner) => (**inner).clone(),
+                other => other.clone(),
+            };
+            for a in access_chain {
+                if let AccessExpr::Dot(Expr::Identifier(field)) = a {
+                    let name =
+                        Expr::Value(Value::SingleQuotedString(crate::stmt::ident(field)).into());
+                    e = call("get_field", vec![e, name]);
+                }
+            }
+            e
+        }
+        // `to_regclass('t')`: the oid, or NULL where `::regclass` fails.
+        Expr::Function(f)
+            if f.name.0.len() == 1 && last_name(&f.name).as_deref() == Some("to_regclass") =>
+        {
+            let mut f = f.clone();
+            f.name = ObjectName::from(vec![Ident::new("weir_to_regclass")]);
             Expr::Function(f)
         }
         // `ARRAY(SELECT x FROM …)`: the rows' x as an array.
@@ -508,7 +603,34 @@ fn array_over_unnest(select: &Select) -> Option<Expr> {
     ))
 }
 
+/// `SELECT generate_series(1, 3)` is three rows in Postgres; DataFusion's
+/// `generate_series` is one array, which `unnest` makes the rows.
+fn series_as_rows(select: &mut Select) {
+    let is_series = |e: &Expr| {
+        matches!(e, Expr::Function(f)
+            if last_name(&f.name).as_deref() == Some("generate_series")
+                && matches!(f.args, FunctionArguments::List(_)))
+    };
+    for item in select.projection.iter_mut() {
+        match item {
+            SelectItem::UnnamedExpr(e) if is_series(e) => {
+                *item = SelectItem::ExprWithAlias {
+                    expr: call("unnest", vec![e.clone()]),
+                    alias: Ident::with_quote('"', "generate_series"),
+                };
+            }
+            SelectItem::ExprWithAlias { expr, .. } if is_series(expr) => {
+                *expr = call("unnest", vec![expr.clone()]);
+            }
+            _ => {}
+        }
+    }
+}
+
 fn prune_set_expr(body: &mut SetExpr) {
+    if let SetExpr::Select(select) = body {
+        series_as_rows(select);
+    }
     match body {
         SetExpr::Select(select) => prune_select(select),
         SetExpr::SetOperation { left, right, .. } => {
@@ -668,6 +790,18 @@ mod tests {
         assert_eq!(rw(kept), kept);
         let kept = "SELECT c.relname FROM pg_catalog.pg_class AS c LEFT JOIN pg_catalog.pg_inherits AS i ON i.inhrelid = c.oid";
         assert_eq!(rw(kept), kept);
+    }
+
+    #[test]
+    fn printed_reg_values_are_names_and_compared_ones_oids() {
+        assert_eq!(
+            rw("SELECT 't'::regclass, x FROM a WHERE oid = 't'::regclass"),
+            "SELECT weir_regclass(weir_regclass('t')), x FROM a WHERE oid = weir_regclass('t')"
+        );
+        assert_eq!(
+            rw("SELECT information_schema._pg_expandarray(i.indkey) AS keys FROM pg_index i"),
+            "SELECT unnest(weir_pg_expandarray(i.indkey)) AS keys FROM pg_catalog.pg_index i"
+        );
     }
 
     #[test]
