@@ -30,3 +30,14 @@ ensure_crate() {
     CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tools" \
         cargo install --quiet --locked "$crate" --version "$version" "$@"
 }
+
+# Python packages from PyPI in a virtualenv of their own beside the build:
+# ensure_venv DIR MODULE PACKAGE… (skipped when DIR's python imports MODULE).
+ensure_venv() {
+    local dir="$1" module="$2"
+    shift 2
+    [ -x "$dir/bin/python" ] && "$dir/bin/python" -c "import $module" 2>/dev/null && return 0
+    echo "installing $* (pip, in $dir)" >&2
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install --quiet "$@"
+}

@@ -18,9 +18,11 @@ use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
-use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler, send_describe_response};
 use pgwire::api::results::DataRowEncoder;
-use pgwire::api::results::{CopyResponse, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::results::{
+    CopyResponse, DescribePortalResponse, FieldFormat, FieldInfo, QueryResponse, Response, Tag,
+};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
@@ -30,6 +32,7 @@ use pgwire::api::{
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
 use pgwire::messages::data::{DataRow, RowDescription};
+use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
@@ -753,6 +756,36 @@ impl ExtendedQueryHandler for Connection {
 
     fn query_parser(&self) -> Arc<Parser> {
         self.parser.clone()
+    }
+
+    /// A cursor is a portal in Postgres, and drivers (psycopg's named
+    /// cursors) describe it by its name after `DECLARE`: a portal the
+    /// protocol did not bind is looked up among the session's cursors.
+    async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if message.target_type == TARGET_TYPE_BYTE_PORTAL
+            && let Some(name) = message.name.as_deref().filter(|n| !n.is_empty())
+            && client.portal_store().get_portal(name).is_none()
+        {
+            let schema = {
+                let session = self.session.lock().await;
+                session.cursors.get(name).map(crate::cursor::Cursor::schema)
+            };
+            let Some(schema) = schema else {
+                return Err(ServerError::InvalidCursorName(format!(
+                    "portal \"{name}\" does not exist"
+                ))
+                .into());
+            };
+            let fields = fields(&schema, &Format::UnifiedText)?;
+            return send_describe_response(client, &DescribePortalResponse::new(fields)).await;
+        }
+        self._on_describe(client, message).await
     }
 
     async fn do_query<C>(

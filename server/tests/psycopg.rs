@@ -1,0 +1,50 @@
+//! psycopg 3 (from PyPI, installed by `scripts/test` in a virtualenv
+//! beside the build): `tests/psycopg/weir_psycopg.py` binds parameters on
+//! the server and on the client, reads through a named (server-side)
+//! cursor, COPYs in and out; its findings must be what Postgres gives.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/weir-target"));
+    let python = target.join("tools/psycopg-venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: scripts/test installs psycopg there",
+        python.display()
+    );
+    python
+}
+
+#[test]
+fn psycopg_parameters_server_side_cursors_and_copy() {
+    let python = python();
+    let server = common::Server::start();
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/psycopg/weir_psycopg.py");
+    let out = Command::new(python)
+        .arg(&program)
+        .arg(server.port.to_string())
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "psycopg failed:\n{stdout}\n{stderr}");
+    let expected = "\
+params: [(2, 'n2', 3.0), (3, 'n3', 4.5)]
+client-side: [('n1',)]
+copy in: 2
+copy out: 4\ttab\\there
+5\tn5
+
+copy rows: [('4', None), ('5', '7.25')]
+server-side cursor: [1, 2, 3, 4, 5]
+error: 42P01
+after error: (1,)
+";
+    assert_eq!(stdout, expected, "{stderr}");
+}
