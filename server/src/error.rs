@@ -335,7 +335,10 @@ impl From<executor::ExecError> for ServerError {
             E::DataFusion(d) => d.into(),
             E::Storage(s) => s.into(),
             E::Arrow(a) => from_arrow(&a),
-            other => ServerError::Internal(other.to_string()),
+            other => {
+                let m = other.to_string();
+                ServerError::task_error(m.clone(), &m)
+            }
         }
     }
 }
@@ -345,7 +348,13 @@ impl ServerError {
     /// good; the SQLSTATE follows the task's error (division by zero, bad
     /// cast, …).
     pub fn job_failed(kind: &str, name: &str, error: &str) -> Self {
-        let message = format!("{kind} \"{name}\" failed: {error}");
+        Self::task_error(format!("{kind} \"{name}\" failed: {error}"), error)
+    }
+
+    /// A task's error `error`, told as `message`: the SQLSTATE is the
+    /// task's (division by zero, a bad cast, a record that cannot be
+    /// decoded), whichever path brought it to the client.
+    fn task_error(message: String, error: &str) -> Self {
         match classify_execution(error) {
             ServerError::DivisionByZero => ServerError::DivisionByZero,
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
@@ -368,7 +377,10 @@ impl From<cluster::ClusterError> for ServerError {
                 ServerError::UndefinedObject(e.to_string())
             }
             C::SavepointExists(_) => ServerError::DuplicateName(e.to_string()),
-            other => ServerError::Internal(other.to_string()),
+            other => {
+                let m = other.to_string();
+                ServerError::task_error(m.clone(), &m)
+            }
         }
     }
 }
