@@ -356,12 +356,14 @@ pub fn decode(data: &[u8], o: &CopyOptions, width: usize) -> Result<Vec<Vec<Opti
 
 fn decode_text(text: &str, o: &CopyOptions) -> Result<Vec<Vec<Option<String>>>> {
     let mut rows = Vec::new();
-    for (n, line) in text.split('\n').enumerate() {
+    // A final newline ends the last line; it does not start another.
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    if body.is_empty() {
+        return Ok(rows);
+    }
+    for (n, line) in body.split('\n').enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         if line == "\\." {
-            break;
-        }
-        if line.is_empty() && n + 1 == text.split('\n').count() {
             break;
         }
         let mut row = Vec::new();

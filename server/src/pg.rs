@@ -227,6 +227,8 @@ pub struct Connection {
 struct PendingCopy {
     table: String,
     columns: Vec<String>,
+    /// The number of columns each line holds.
+    width: usize,
     options: CopyOptions,
     data: Vec<u8>,
 }
@@ -275,6 +277,7 @@ impl Connection {
                 *self.copy_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(PendingCopy {
                     table,
                     columns,
+                    width,
                     options,
                     data: Vec::new(),
                 });
@@ -864,18 +867,7 @@ impl CopyHandler for Connection {
         let Some(copy) = pending else {
             return Err(ServerError::Protocol("CopyDone outside a COPY FROM STDIN".into()).into());
         };
-        let width = if copy.columns.is_empty() {
-            let desc = self
-                .db
-                .catalog
-                .by_name(&copy.table)
-                .map(|e| crate::catalog::table_desc(&e))
-                .transpose()?;
-            desc.map_or(0, |d| crate::catalog::user_schema(&d).fields().len())
-        } else {
-            copy.columns.len()
-        };
-        let rows = crate::copy::decode(&copy.data, &copy.options, width)?;
+        let rows = crate::copy::decode(&copy.data, &copy.options, copy.width)?;
         let n = crate::dml::copy_in(&self.db, &copy.table, &copy.columns, &rows).await?;
         client
             .send(PgWireBackendMessage::CommandComplete(
