@@ -27,6 +27,7 @@ pub mod subscribe;
 pub mod system;
 pub mod types;
 pub mod windows;
+pub mod wire;
 
 /// What `server_version` says.
 pub const SERVER_VERSION: &str = "16.0 (Weir 0.1.0)";

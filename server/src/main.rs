@@ -29,6 +29,8 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         slots: usize,
         #[command(flatten)]
+        frontend: FrontendArgs,
+        #[command(flatten)]
         cluster: ClusterArgs,
     },
     /// Run a JobManager: the SQL front end, catalog, tables, checkpoint
@@ -47,6 +49,8 @@ enum Command {
         /// streaming_parallelism overrides it per session).
         #[arg(long, default_value_t = 2)]
         default_parallelism: usize,
+        #[command(flatten)]
+        frontend: FrontendArgs,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -79,6 +83,43 @@ enum Command {
     },
     /// Measure throughput (see docs/benchmarks.md).
     Bench(server::bench::BenchArgs),
+}
+
+/// How the Postgres front end treats its clients (docs/clients.md).
+#[derive(Debug, clap::Args)]
+struct FrontendArgs {
+    /// A PEM certificate chain: clients may then connect with TLS.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Clients connected at once; one more is refused with SQLSTATE 53300.
+    #[arg(long, default_value_t = 100)]
+    max_connections: usize,
+    /// The longest message a client may send after its startup packet, in
+    /// bytes; a longer one closes the connection with SQLSTATE 08P01.
+    #[arg(long, default_value_t = 256 << 20)]
+    max_message_bytes: usize,
+    /// Milliseconds a client may take to finish TLS, startup and
+    /// authentication (Postgres's authentication_timeout).
+    #[arg(long, default_value_t = 60_000)]
+    handshake_timeout_ms: u64,
+}
+
+impl FrontendArgs {
+    fn wire(&self) -> Result<server::wire::WireConfig, String> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(server::wire::tls_acceptor(cert, key)?),
+            _ => None,
+        };
+        Ok(server::wire::WireConfig {
+            tls,
+            max_message_bytes: self.max_message_bytes.max(64),
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(1)),
+            max_connections: self.max_connections.max(1),
+        })
+    }
 }
 
 /// Settings every process of a cluster understands (docs/cluster.md).
@@ -181,29 +222,33 @@ fn main() {
                 listen,
                 data_dir,
                 slots,
+                frontend,
                 cluster,
             } => {
+                let wire = frontend.wire()?;
                 let config = cluster.config(slots)?;
                 let db = Database::open(&data_dir, config)
                     .await
                     .map_err(|e| format!("cannot open {}: {e}", data_dir.display()))?;
                 tracing::info!(%listen, data_dir = %data_dir.display(), "weir playground ready: psql -h {} -p {} -U weir -d weir", listen.ip(), listen.port());
-                serve(db, listen).await
+                serve(db, listen, wire).await
             }
             Command::Jobmanager {
                 listen,
                 rpc_listen,
                 data_dir,
                 default_parallelism,
+                frontend,
                 cluster,
             } => {
+                let wire = frontend.wire()?;
                 let config = cluster.config(1)?;
                 let db =
                     Database::open_job_manager(&data_dir, config, rpc_listen, default_parallelism)
                         .await
                         .map_err(|e| format!("cannot open {}: {e}", data_dir.display()))?;
                 tracing::info!(%listen, %rpc_listen, data_dir = %data_dir.display(), "weir jobmanager ready: psql -h {} -p {} -U weir -d weir", listen.ip(), listen.port());
-                serve(db, listen).await
+                serve(db, listen, wire).await
             }
             Command::Taskmanager {
                 jobmanager,
@@ -251,11 +296,15 @@ async fn shutdown_signal() {
 }
 
 /// Serves pgwire on `listen` until SIGINT or SIGTERM, then stops the jobs.
-async fn serve(db: std::sync::Arc<Database>, listen: SocketAddr) -> Result<(), String> {
+async fn serve(
+    db: std::sync::Arc<Database>,
+    listen: SocketAddr,
+    wire: server::wire::WireConfig,
+) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    server::pg::serve(db.clone(), listener, shutdown_signal()).await;
+    server::pg::serve(db.clone(), listener, wire, shutdown_signal()).await;
     tracing::info!("shutting down");
     db.shutdown().await;
     Ok(())

@@ -42,6 +42,17 @@ fn bad(i: usize, t: &Type, what: impl std::fmt::Display) -> ServerError {
     ))
 }
 
+/// A parameter's bytes as text: not UTF-8 is `22021`, as in Postgres.
+fn utf8(i: usize, t: &Type, b: &[u8]) -> Result<String> {
+    String::from_utf8(b.to_vec()).map_err(|e| {
+        ServerError::CharacterNotInRepertoire(format!(
+            "invalid byte sequence for encoding \"UTF8\" in parameter ${} of type {}: {e}",
+            i + 1,
+            t.name()
+        ))
+    })
+}
+
 /// The text form of a binary parameter value of type `t`.
 fn binary_to_text(i: usize, t: &Type, b: &[u8]) -> Result<String> {
     let fixed = |n: usize| -> Result<&[u8]> {
@@ -89,7 +100,7 @@ fn binary_to_text(i: usize, t: &Type, b: &[u8]) -> Result<String> {
             let months = i32::from_be_bytes(b[12..16].try_into().unwrap_or_default());
             format!("{months} months {days} days {micros} microseconds")
         }
-        _ => String::from_utf8(b.to_vec()).map_err(|e| bad(i, t, e))?,
+        _ => utf8(i, t, b)?,
     })
 }
 
@@ -102,7 +113,7 @@ pub fn literal<S>(portal: &Portal<S>, i: usize, t: &Type) -> Result<SqlExpr> {
         let raw: Vec<u8> = if portal.parameter_format.is_binary(i) {
             bytes.to_vec()
         } else {
-            let s = std::str::from_utf8(bytes).map_err(|e| bad(i, t, e))?;
+            let s = utf8(i, t, bytes)?;
             match s.strip_prefix("\\x") {
                 Some(hex) => decode_hex(hex).ok_or_else(|| bad(i, t, "bad hex"))?,
                 None => s.as_bytes().to_vec(),
@@ -114,7 +125,7 @@ pub fn literal<S>(portal: &Portal<S>, i: usize, t: &Type) -> Result<SqlExpr> {
     let text = if portal.parameter_format.is_binary(i) {
         binary_to_text(i, t, bytes)?
     } else {
-        String::from_utf8(bytes.to_vec()).map_err(|e| bad(i, t, e))?
+        utf8(i, t, bytes)?
     };
     let quoted = SqlExpr::value(Value::SingleQuotedString(text)).to_string();
     match cast_type(t) {

@@ -917,17 +917,21 @@ impl PgWireServerHandlers for Handlers {
 pub async fn serve(
     db: Arc<Database>,
     listener: TcpListener,
+    wire: crate::wire::WireConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
     let manager = Arc::new(ConnectionManager::new());
+    let count = Arc::new(crate::wire::ConnectionCount::default());
+    let wire = Arc::new(wire);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     let handlers = Handlers(Arc::new(Connection::new(db.clone(), manager.clone())));
+                    let (wire, count) = (wire.clone(), count.clone());
                     tokio::spawn(async move {
-                        if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                        if let Err(e) = crate::wire::serve_socket(socket, handlers, &wire, &count).await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
                     });
