@@ -100,6 +100,8 @@ impl QueryResult {
 #[derive(Debug)]
 pub struct Database {
     pub catalog: Catalog,
+    /// Who may connect, and what each role may read.
+    pub roles: crate::roles::Roles,
     pub cluster: Cluster,
     /// DDL statements run one at a time.
     pub(crate) ddl_lock: tokio::sync::Mutex<()>,
@@ -137,8 +139,10 @@ impl Database {
 
     async fn start(cluster: Cluster, default_parallelism: usize) -> Result<Arc<Self>> {
         let catalog = Catalog::load(cluster.meta.clone())?;
+        let roles = crate::roles::Roles::load(cluster.meta.clone())?;
         let db = Arc::new(Self {
             catalog,
+            roles,
             cluster,
             ddl_lock: tokio::sync::Mutex::new(()),
             stream_watermarks: Default::default(),
@@ -188,6 +192,7 @@ impl Database {
         session: &mut Session,
         stmt: Stmt,
     ) -> Result<QueryResult> {
+        crate::dcl::check(self, session, &stmt)?;
         if session
             .get("transaction_read_only")
             .is_ok_and(|v| v == "on")
@@ -376,9 +381,37 @@ impl Database {
                 object_type,
                 if_exists,
                 names,
+                ..
+            } if crate::dcl::is_role_type(&object_type) => {
+                crate::dcl::drop_roles(self, session, if_exists, &names)
+            }
+            Statement::Drop {
+                object_type,
+                if_exists,
+                names,
                 cascade,
                 ..
             } => ddl::drop(self, object_type, if_exists, names, cascade).await,
+            Statement::CreateRole(cr) => crate::dcl::create_role(self, cr, false),
+            Statement::AlterRole { name, operation } => {
+                crate::dcl::alter_role(self, session, &name, operation)
+            }
+            Statement::Grant(g) => crate::dcl::grant(
+                self,
+                true,
+                &g.privileges,
+                g.objects.as_ref(),
+                &g.grantees,
+                g.with_grant_option,
+            ),
+            Statement::Revoke(r) => crate::dcl::grant(
+                self,
+                false,
+                &r.privileges,
+                r.objects.as_ref(),
+                &r.grantees,
+                false,
+            ),
             Statement::Explain {
                 statement, analyze, ..
             } => match *statement {
@@ -538,7 +571,7 @@ impl Database {
 }
 
 /// The first words of a statement, to name it in errors.
-fn leading_words(sql: &str) -> String {
+pub(crate) fn leading_words(sql: &str) -> String {
     sql.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 

@@ -101,6 +101,15 @@ pub enum ServerError {
     /// `statement_timeout` passed, or the client cancelled.
     #[error("{0}")]
     QueryCanceled(String),
+    /// A connection limit is reached.
+    #[error("{0}")]
+    TooManyConnections(String),
+    /// The object is in use (the session's own role, for one).
+    #[error("{0}")]
+    ObjectInUse(String),
+    /// A role without the privilege a statement needs.
+    #[error("{0}")]
+    InsufficientPrivilege(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -146,6 +155,9 @@ impl ServerError {
             ServerError::CantChangeParameter(_) => "55P02",
             ServerError::ReadOnlyTransaction(_) => "25006",
             ServerError::QueryCanceled(_) => "57014",
+            ServerError::InsufficientPrivilege(_) => "42501",
+            ServerError::ObjectInUse(_) => "55006",
+            ServerError::TooManyConnections(_) => "53300",
             ServerError::BadCopyFormat(_) => "22P04",
             ServerError::Protocol(_) => "08P01",
             ServerError::InvalidSchemaName(_) => "3F000",

@@ -2,11 +2,13 @@
 //! dispatch of statements to the planner and the cluster. The `weir` binary
 //! (`main.rs`) starts it.
 
+pub mod auth;
 pub mod bench;
 pub mod catalog;
 pub mod context;
 pub mod copy;
 pub mod cursor;
+pub mod dcl;
 pub mod ddl;
 pub mod dead_letters;
 pub mod dml;
@@ -18,6 +20,7 @@ pub mod pg;
 pub mod pg_catalog;
 pub mod proctime;
 pub mod query;
+pub mod roles;
 pub mod savepoint;
 pub mod session;
 pub mod settings;

@@ -105,10 +105,18 @@ struct FrontendArgs {
     /// authentication (Postgres's authentication_timeout).
     #[arg(long, default_value_t = 60_000)]
     handshake_timeout_ms: u64,
+    /// How clients authenticate: trust, or scram-sha-256 (a role's
+    /// password). The playground trusts; a JobManager asks for passwords.
+    /// The superuser weir's password is WEIR_PASSWORD's, when it is set.
+    #[arg(long, value_enum)]
+    auth: Option<server::auth::AuthMethod>,
 }
 
 impl FrontendArgs {
-    fn wire(&self) -> Result<server::wire::WireConfig, String> {
+    fn wire(
+        &self,
+        default_auth: server::auth::AuthMethod,
+    ) -> Result<server::wire::WireConfig, String> {
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(server::wire::tls_acceptor(cert, key)?),
             _ => None,
@@ -118,6 +126,7 @@ impl FrontendArgs {
             max_message_bytes: self.max_message_bytes.max(64),
             handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(1)),
             max_connections: self.max_connections.max(1),
+            auth: self.auth.unwrap_or(default_auth),
         })
     }
 }
@@ -225,7 +234,7 @@ fn main() {
                 frontend,
                 cluster,
             } => {
-                let wire = frontend.wire()?;
+                let wire = frontend.wire(server::auth::AuthMethod::Trust)?;
                 let config = cluster.config(slots)?;
                 let db = Database::open(&data_dir, config)
                     .await
@@ -241,7 +250,7 @@ fn main() {
                 frontend,
                 cluster,
             } => {
-                let wire = frontend.wire()?;
+                let wire = frontend.wire(server::auth::AuthMethod::ScramSha256)?;
                 let config = cluster.config(1)?;
                 let db =
                     Database::open_job_manager(&data_dir, config, rpc_listen, default_parallelism)
@@ -301,6 +310,21 @@ async fn serve(
     listen: SocketAddr,
     wire: server::wire::WireConfig,
 ) -> Result<(), String> {
+    if let Ok(password) = std::env::var("WEIR_PASSWORD") {
+        db.roles
+            .set_superuser_password(&password)
+            .map_err(|e| format!("cannot set the superuser's password: {e}"))?;
+    } else if wire.auth == server::auth::AuthMethod::ScramSha256
+        && db
+            .roles
+            .get(server::roles::SUPERUSER)
+            .is_some_and(|r| r.secret.is_none())
+    {
+        tracing::warn!(
+            "the superuser {} has no password, so no one can log in as {0}: set WEIR_PASSWORD",
+            server::roles::SUPERUSER
+        );
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

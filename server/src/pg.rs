@@ -14,7 +14,10 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{FutureExt, Sink, SinkExt, stream};
-use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::auth::sasl::SASLState;
+use pgwire::api::auth::{
+    StartupHandler, protocol_negotiation, save_startup_parameters_to_metadata,
+};
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
@@ -29,10 +32,14 @@ use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
     PgWireServerHandlers, Type,
 };
+use pgwire::api::{PgWireConnectionState, PidSecretKeyGenerator, RandomPidSecretKeyGenerator};
+use pgwire::error::ErrorInfo;
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
 use pgwire::messages::data::{DataRow, RowDescription};
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
+use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
+use pgwire::messages::startup::{Authentication, BackendKeyData};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
@@ -45,8 +52,9 @@ use crate::session::Session;
 use crate::stmt::{self, Stmt};
 use crate::subscribe::Subscription;
 
-/// The user and the database clients connect as.
-pub const USER: &str = "weir";
+/// The superuser, whom a new data directory has.
+pub const USER: &str = crate::roles::SUPERUSER;
+/// The one database clients connect to.
 pub const DATABASE: &str = "weir";
 
 /// A statement prepared by the extended protocol.
@@ -220,6 +228,11 @@ pub struct Connection {
     cancel: std::sync::OnceLock<(Arc<ConnectionHandle>, ConnectionGuard)>,
     /// The `COPY … FROM STDIN` in progress: its target and the data so far.
     copy_in: std::sync::Mutex<Option<PendingCopy>>,
+    /// How the client proves who it is, and how far it has got.
+    auth: Arc<crate::auth::Authenticator>,
+    sasl: std::sync::Mutex<SASLState>,
+    /// The connection's place in its role's connection limit.
+    login: std::sync::OnceLock<crate::roles::Login>,
 }
 
 /// A `COPY … FROM STDIN` waiting for the client's `CopyDone`.
@@ -238,7 +251,11 @@ struct PendingCopy {
 const MAX_COPY_IN_BYTES: usize = 1 << 30;
 
 impl Connection {
-    pub fn new(db: Arc<Database>, manager: Arc<ConnectionManager>) -> Self {
+    pub fn new(
+        db: Arc<Database>,
+        manager: Arc<ConnectionManager>,
+        auth: Arc<crate::auth::Authenticator>,
+    ) -> Self {
         let session = Arc::new(tokio::sync::Mutex::new(Session::new(
             db.default_parallelism,
         )));
@@ -253,6 +270,9 @@ impl Connection {
             manager,
             cancel: Default::default(),
             copy_in: Default::default(),
+            auth,
+            sasl: std::sync::Mutex::new(SASLState::Initial),
+            login: Default::default(),
         }
     }
 
@@ -655,50 +675,146 @@ fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
     }
 }
 
-#[async_trait]
-impl NoopStartupHandler for Connection {
-    async fn post_startup<C>(
-        &self,
-        client: &mut C,
-        _message: PgWireFrontendMessage,
-    ) -> PgWireResult<()>
+/// Backend pids and cancel keys, unique across the server's connections.
+static PID_GENERATOR: std::sync::LazyLock<RandomPidSecretKeyGenerator> =
+    std::sync::LazyLock::new(RandomPidSecretKeyGenerator::default);
+
+/// A startup error: FATAL, and the connection closes.
+fn fatal(e: ServerError) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "FATAL".to_owned(),
+        e.sqlstate().to_owned(),
+        e.to_string(),
+    )))
+}
+
+impl Connection {
+    /// Lets in a client whose identity is settled: the role must exist
+    /// and may log in, the database must be Weir's, and the role's
+    /// connection limit must have room. Then the session starts.
+    async fn admit<C>(&self, client: &mut C, authenticated: bool) -> PgWireResult<()>
     where
         C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let (pid, secret_key) = client.pid_and_secret_key();
-        let _ = self.cancel.set(self.manager.register(pid, secret_key));
         let meta = client.metadata().clone();
         let user = meta.get("user").cloned().unwrap_or_default();
         let database = meta
             .get("database")
             .cloned()
             .unwrap_or_else(|| user.clone());
-        if user != USER {
-            return Err(ServerError::InvalidRole(format!("role \"{user}\" does not exist")).into());
+        let role = match self.db.roles.get(&user) {
+            Some(role) => role,
+            None if authenticated => {
+                return Err(PgWireError::InvalidPassword(user));
+            }
+            None => {
+                return Err(fatal(ServerError::InvalidRole(format!(
+                    "role \"{user}\" does not exist"
+                ))));
+            }
+        };
+        if !role.login {
+            return Err(fatal(ServerError::InvalidRole(format!(
+                "role \"{user}\" is not permitted to log in"
+            ))));
         }
         if database != DATABASE {
-            return Err(ServerError::InvalidDatabase(format!(
+            return Err(fatal(ServerError::InvalidDatabase(format!(
                 "database \"{database}\" does not exist"
-            ))
-            .into());
+            ))));
         }
+        match crate::roles::Login::enter(&self.db, &role) {
+            Some(login) => {
+                let _ = self.login.set(login);
+            }
+            None => {
+                return Err(fatal(ServerError::TooManyConnections(format!(
+                    "too many connections for role \"{user}\""
+                ))));
+            }
+        }
+        let (pid, secret_key) = client.pid_and_secret_key();
+        let _ = self
+            .cancel
+            .set(self.manager.register(pid, secret_key.clone()));
         {
             let mut session = self.session.lock().await;
             // `pg_backend_pid()` is the pid of the backend key, which is
             // what a cancel request names.
             session.backend_pid = pid;
+            session.user = role.name.clone();
+            session
+                .vars
+                .insert("session_authorization".into(), role.name.clone());
+            session.vars.insert(
+                "is_superuser".into(),
+                if role.superuser { "on" } else { "off" }.into(),
+            );
             for (name, value) in startup_settings(&meta) {
-                session.set(&name, &value)?;
+                session.set(&name, &value).map_err(fatal)?;
             }
         }
-        // pgwire has already sent its own defaults; Weir's replace them.
-        self.reported
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        self.report_parameters(client).await
+        client
+            .feed(PgWireBackendMessage::Authentication(Authentication::Ok))
+            .await?;
+        self.report_parameters(client).await?;
+        client
+            .feed(PgWireBackendMessage::BackendKeyData(BackendKeyData::new(
+                pid, secret_key,
+            )))
+            .await?;
+        client
+            .send(PgWireBackendMessage::ReadyForQuery(ReadyForQuery::new(
+                TransactionStatus::Idle,
+            )))
+            .await?;
+        client.set_state(PgWireConnectionState::ReadyForQuery);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl StartupHandler for Connection {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match message {
+            PgWireFrontendMessage::Startup(ref startup) => {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                let (pid, secret_key) = PID_GENERATOR.generate(client);
+                client.set_pid_and_secret_key(pid, secret_key);
+                if self.auth.requires_password() {
+                    client.set_state(PgWireConnectionState::AuthenticationInProgress);
+                    client
+                        .send(PgWireBackendMessage::Authentication(self.auth.challenge()))
+                        .await?;
+                    Ok(())
+                } else {
+                    self.admit(client, false).await
+                }
+            }
+            PgWireFrontendMessage::PasswordMessageFamily(msg) => {
+                let reply = self.auth.step(client, &self.sasl, msg).await?;
+                client
+                    .send(PgWireBackendMessage::Authentication(reply))
+                    .await?;
+                if crate::auth::finished(&self.sasl) {
+                    self.admit(client, true).await?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -923,12 +1039,17 @@ pub async fn serve(
     tokio::pin!(shutdown);
     let manager = Arc::new(ConnectionManager::new());
     let count = Arc::new(crate::wire::ConnectionCount::default());
+    let auth = Arc::new(crate::auth::Authenticator::new(wire.auth, &db));
     let wire = Arc::new(wire);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let handlers = Handlers(Arc::new(Connection::new(db.clone(), manager.clone())));
+                    let handlers = Handlers(Arc::new(Connection::new(
+                        db.clone(),
+                        manager.clone(),
+                        auth.clone(),
+                    )));
                     let (wire, count) = (wire.clone(), count.clone());
                     tokio::spawn(async move {
                         if let Err(e) = crate::wire::serve_socket(socket, handlers, &wire, &count).await {

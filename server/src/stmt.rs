@@ -289,6 +289,17 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
                 subscribe,
                 copy: true,
             }
+        } else if is_word(&a, "create") && is_word(&b, "user") {
+            // Postgres's CREATE USER is CREATE ROLE that may log in.
+            parser.next_token();
+            parser.next_token();
+            let mut role = parser.parse_create_role()?;
+            role.login.get_or_insert(true);
+            Stmt::Sql(Box::new(Statement::CreateRole(role)))
+        } else if is_word(&a, "alter") && is_word(&b, "user") {
+            parser.next_token();
+            parser.next_token();
+            Stmt::Sql(Box::new(parser.parse_alter_role()?))
         } else if is_word(&a, "declare") {
             declare(&mut parser)?
         } else if is_word(&a, "fetch") || is_word(&a, "move") {

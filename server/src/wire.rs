@@ -52,6 +52,8 @@ pub struct WireConfig {
     pub handshake_timeout: Duration,
     /// Clients connected at once; one more is refused with `53300`.
     pub max_connections: usize,
+    /// How clients prove who they are.
+    pub auth: crate::auth::AuthMethod,
 }
 
 impl std::fmt::Debug for WireConfig {
@@ -61,6 +63,7 @@ impl std::fmt::Debug for WireConfig {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("max_connections", &self.max_connections)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -72,6 +75,7 @@ impl Default for WireConfig {
             max_message_bytes: 256 << 20,
             handshake_timeout: Duration::from_secs(60),
             max_connections: 100,
+            auth: crate::auth::AuthMethod::Trust,
         }
     }
 }

@@ -264,7 +264,11 @@ impl TestCluster {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok((client, conn)) = tokio_postgres::connect(
-                &format!("host=127.0.0.1 port={} user=weir dbname=weir", self.pg),
+                &format!(
+                    "host=127.0.0.1 port={} user=weir dbname=weir password={}",
+                    self.pg,
+                    common::PASSWORD
+                ),
                 tokio_postgres::NoTls,
             )
             .await

@@ -1,6 +1,7 @@
 //! The transport and its hardening, against a real server: raw protocol
 //! bytes (over-long, malformed and non-UTF-8 messages, a stalled
-//! handshake), the connection limit, and TLS through Debian's `psql`.
+//! handshake), the connection limit, and TLS (with SCRAM) through Debian's
+//! `psql`.
 
 mod common;
 
@@ -269,11 +270,14 @@ fn psql_connects_over_tls_and_verifies_the_certificate() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
+    // TLS and SCRAM together, as a JobManager would be run.
     let server = common::Server::start_with(&[
         "--tls-cert",
         cert.to_str().unwrap(),
         "--tls-key",
         key.to_str().unwrap(),
+        "--auth",
+        "scram-sha-256",
     ]);
     let psql = common::installed("psql", "apt-get install postgresql-client");
     let conninfo = |mode: &str| {
@@ -284,6 +288,7 @@ fn psql_connects_over_tls_and_verifies_the_certificate() {
         )
     };
     let out = Command::new(&psql)
+        .env("PGPASSWORD", common::PASSWORD)
         .arg(conninfo("verify-full"))
         .args(["-X", "-A", "-t", "-c", "SELECT 1", "-c", "\\conninfo"])
         .output()

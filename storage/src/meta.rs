@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::Mutex;
 
-use crate::keys::{self, CATALOG, COUNTER};
+use crate::keys::{self, CATALOG, COUNTER, ROLE};
 use crate::{KvStore, Result, StorageError};
 
 /// Durable catalog entries (opaque bytes to this crate) and id counters.
@@ -54,6 +54,26 @@ impl MetaStore {
                     .map(|id| (keys::with_id(CATALOG, id), None)),
             );
         self.kv.write(writes, true)
+    }
+
+    /// Every role, by name (opaque bytes to this crate).
+    pub fn load_roles(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.kv
+            .scan(&[ROLE], &[ROLE + 1], usize::MAX)?
+            .into_iter()
+            .map(|(k, v)| {
+                let name = String::from_utf8(k[1..].to_vec())
+                    .map_err(|_| StorageError::Corrupt("role name is not UTF-8".into()))?;
+                Ok((name, v))
+            })
+            .collect()
+    }
+
+    /// Writes a role, or with `None` deletes it, durably.
+    pub fn put_role(&self, name: &str, role: Option<Vec<u8>>) -> Result<()> {
+        let mut key = vec![ROLE];
+        key.extend_from_slice(name.as_bytes());
+        self.kv.write([(key, role)], true)
     }
 
     /// Allocates `n` consecutive ids from the counter `name`; returns the first.

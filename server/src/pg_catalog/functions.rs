@@ -468,15 +468,15 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         udf("pg_get_expr", 2..=3, utf8, |args, rows| {
             Ok(Arc::new(texts(args, 0, rows)?))
         }),
-        by_oid_text("pg_get_userbyid", 1..=1, |o| {
-            o.map(|o| {
-                if o == SUPERUSER_OID {
-                    crate::pg::USER.to_string()
-                } else {
-                    format!("unknown (OID={o})")
-                }
+        {
+            let info = session.clone();
+            by_oid_text("pg_get_userbyid", 1..=1, move |o| {
+                o.map(|o| match info.roles.iter().find(|r| r.oid == o) {
+                    Some(r) => r.name.clone(),
+                    None => format!("unknown (OID={o})"),
+                })
             })
-        }),
+        },
         udf("pg_encoding_to_char", 1..=1, utf8, |args, rows| {
             let e = ints(args, 0, rows)?;
             Ok(Arc::new(
@@ -529,18 +529,70 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
             |args, rows| Ok(Arc::new(StringArray::new_null(ints(args, 0, rows)?.len()))),
         ),
     ];
+    // A relation's privileges are the role's grants (a superuser holds
+    // all of them, and anyone may read the catalogs); the other kinds are
+    // granted to everyone (USAGE on public, CONNECT, EXECUTE), as the
+    // defaults of Postgres have them.
+    for (name, arity, columns) in [
+        ("has_table_privilege", 2..=3, false),
+        ("has_any_column_privilege", 2..=3, false),
+        ("has_column_privilege", 3..=4, true),
+    ] {
+        let (info, names) = (session.clone(), names.clone());
+        fns.push(udf(name, arity, boolean, move |args, rows| {
+            // (user, table, [column,] privilege) or (table, [column,] privilege).
+            let full = args.len() == if columns { 4 } else { 3 };
+            let user = full.then(|| texts(args, 0, rows)).transpose()?;
+            let tables = texts(args, usize::from(full), rows)?;
+            let privileges = texts(args, args.len() - 1, rows)?;
+            let mut out = Vec::with_capacity(rows);
+            for i in 0..rows {
+                let role = match &user {
+                    Some(u) if u.is_null(i) => None,
+                    Some(u) => {
+                        let u = u.value(i);
+                        info.roles
+                            .iter()
+                            .find(|r| r.name == u || u.parse() == Ok(r.oid))
+                    }
+                    None => info.role(),
+                };
+                if tables.is_null(i) || privileges.is_null(i) {
+                    out.push(None);
+                    continue;
+                }
+                let Some(role) = role else {
+                    out.push(Some(false));
+                    continue;
+                };
+                let only_select = privileges.value(i).split(',').all(|p| {
+                    let p = p.trim().to_uppercase();
+                    let p = p.trim_end_matches(" WITH GRANT OPTION");
+                    p == "SELECT"
+                });
+                let oid = names.regclass(tables.value(i), &info.search_path);
+                let held = role.superuser
+                    || oid.is_some_and(|oid| match names.by_oid.get(&oid) {
+                        Some((schema, _, _))
+                            if schema == "pg_catalog" || schema == "information_schema" =>
+                        {
+                            only_select
+                        }
+                        _ => only_select && role.select.contains(&((oid - 16384).max(0) as u64)),
+                    });
+                out.push(Some(held));
+            }
+            Ok(Arc::new(BooleanArray::from(out)))
+        }));
+    }
     for (name, arity) in [
-        ("has_table_privilege", 2..=3),
         ("has_schema_privilege", 2..=3),
         ("has_database_privilege", 2..=3),
-        ("has_column_privilege", 3..=4),
-        ("has_any_column_privilege", 2..=3),
         ("has_function_privilege", 2..=3),
         ("has_sequence_privilege", 2..=3),
         ("has_type_privilege", 2..=3),
         ("pg_has_role", 2..=3),
     ] {
-        // The only user is a superuser, who holds every privilege.
         fns.push(constant(name, arity, DataType::Boolean, V::B(true)));
     }
     let s = session.clone();
@@ -776,7 +828,12 @@ fn reg_convert(
                     .find(|(_, ns)| *ns == v.trim())
                     .map(|(o, _)| *o)
                     .or_else(|| v.trim().parse().ok()),
-                "regrole" => (v.trim() == s.user).then_some(SUPERUSER_OID),
+                "regrole" => s
+                    .roles
+                    .iter()
+                    .find(|r| r.name == v.trim().trim_matches('"'))
+                    .map(|r| r.oid)
+                    .or_else(|| v.trim().parse().ok()),
                 _ => None,
             };
             match oid {
@@ -813,7 +870,11 @@ fn reg_convert(
                         .iter()
                         .find(|(oid, _)| *oid == o)
                         .map_or_else(|| o.to_string(), |(_, n)| n.to_string()),
-                    "regrole" if o == SUPERUSER_OID => s.user.clone(),
+                    "regrole" => s
+                        .roles
+                        .iter()
+                        .find(|r| r.oid == o)
+                        .map_or_else(|| o.to_string(), |r| crate::stmt::quote_ident(&r.name)),
                     _ => match n.by_oid.get(&o) {
                         Some((schema, name, _))
                             if schema == "pg_catalog" || s.search_path.contains(schema) =>

@@ -81,6 +81,8 @@ pub struct SessionInfo {
     /// What `set_config()` set during the statement, for the session to
     /// take when the statement has run.
     pub set_by_query: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    /// Every role, as the statement began.
+    pub roles: Vec<crate::roles::Role>,
 }
 
 impl SessionInfo {
@@ -103,7 +105,13 @@ impl SessionInfo {
             search_path,
             backend_pid: session.backend_pid,
             set_by_query: Default::default(),
+            roles: Vec::new(),
         }
+    }
+
+    /// The role of the session, if it still exists.
+    pub fn role(&self) -> Option<&crate::roles::Role> {
+        self.roles.iter().find(|r| r.name == self.user)
     }
 
     pub fn setting(&self, name: &str) -> Option<&str> {
@@ -117,7 +125,8 @@ impl SessionInfo {
 
 /// Adds `pg_catalog`, `information_schema` and the catalog functions to a
 /// statement's context.
-pub fn register(ctx: &SessionContext, db: &Arc<Database>, session: SessionInfo) {
+pub fn register(ctx: &SessionContext, db: &Arc<Database>, mut session: SessionInfo) {
+    session.roles = db.roles.all();
     let session = Arc::new(session);
     if let Some(catalog) = ctx.catalog("weir") {
         let _ = catalog.register_schema(

@@ -653,7 +653,12 @@ pub(super) async fn build(
             })
             .collect(),
         "pg_type" => type_rows(cols),
-        "pg_roles" | "pg_authid" | "pg_user" | "pg_shadow" => role_rows(cols, session),
+        "pg_roles" | "pg_authid" => role_rows(cols, session),
+        "pg_user" | "pg_shadow" => {
+            let mut login = session.clone();
+            login.roles.retain(|r| r.login);
+            role_rows(cols, &login)
+        }
         "pg_settings" => session
             .settings
             .iter()
@@ -791,30 +796,42 @@ fn type_rows(cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
 }
 
 fn role_rows(cols: &[(&str, Kind)], session: &SessionInfo) -> Vec<Vec<V>> {
-    let name = session.user.as_str();
-    vec![row_of_some(
-        cols,
-        vec![
-            ("oid", SUPERUSER_OID.into()),
-            ("rolname", name.into()),
-            ("rolsuper", true.into()),
-            ("rolinherit", true.into()),
-            ("rolcreaterole", true.into()),
-            ("rolcreatedb", true.into()),
-            ("rolcanlogin", true.into()),
-            ("rolreplication", false.into()),
-            ("rolconnlimit", (-1).into()),
-            ("rolpassword", "********".into()),
-            ("rolbypassrls", true.into()),
-            ("usename", name.into()),
-            ("usesysid", SUPERUSER_OID.into()),
-            ("usecreatedb", true.into()),
-            ("usesuper", true.into()),
-            ("userepl", false.into()),
-            ("usebypassrls", true.into()),
-            ("passwd", "********".into()),
-        ],
-    )]
+    session
+        .roles
+        .iter()
+        .map(|role| {
+            let name = role.name.as_str();
+            // Postgres shows a password to no one but a superuser, and
+            // then only as its verifier; Weir shows that one is set.
+            let password = || match &role.secret {
+                Some(_) => V::from("********"),
+                None => V::N,
+            };
+            row_of_some(
+                cols,
+                vec![
+                    ("oid", role.oid.into()),
+                    ("rolname", name.into()),
+                    ("rolsuper", role.superuser.into()),
+                    ("rolinherit", true.into()),
+                    ("rolcreaterole", (role.create_role || role.superuser).into()),
+                    ("rolcreatedb", (role.create_db || role.superuser).into()),
+                    ("rolcanlogin", role.login.into()),
+                    ("rolreplication", false.into()),
+                    ("rolconnlimit", role.connection_limit.into()),
+                    ("rolpassword", password()),
+                    ("rolbypassrls", role.superuser.into()),
+                    ("usename", name.into()),
+                    ("usesysid", role.oid.into()),
+                    ("usecreatedb", (role.create_db || role.superuser).into()),
+                    ("usesuper", role.superuser.into()),
+                    ("userepl", false.into()),
+                    ("usebypassrls", role.superuser.into()),
+                    ("passwd", password()),
+                ],
+            )
+        })
+        .collect()
 }
 
 /// The tables that describe relations.

@@ -119,7 +119,10 @@ impl Server {
     }
 
     pub fn url(&self) -> String {
-        format!("host=127.0.0.1 port={} user=weir dbname=weir", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=weir dbname=weir password={PASSWORD}",
+            self.port
+        )
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
@@ -182,6 +185,10 @@ pub fn spawn_weir(args: &[String], log: &Path) -> Child {
     spawn_weir_with(args, &[], log)
 }
 
+/// The superuser's password of every server the tests start (which only
+/// a server that asks for passwords, a JobManager by default, asks for).
+pub const PASSWORD: &str = "weir-test-password";
+
 /// Starts `weir` with `args` and extra environment variables.
 pub fn spawn_weir_with(args: &[String], env: &[(String, String)], log: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
@@ -192,6 +199,7 @@ pub fn spawn_weir_with(args: &[String], env: &[(String, String)], log: &Path) ->
     Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
         .env("RUST_LOG", "info")
+        .env("WEIR_PASSWORD", PASSWORD)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(log)
@@ -232,7 +240,7 @@ pub fn wait_for_port(port: u16, what: &str, log: &Path) {
 
 /// Connects to a server on `port`.
 pub async fn connect(port: u16) -> tokio_postgres::Client {
-    let url = format!("host=127.0.0.1 port={port} user=weir dbname=weir");
+    let url = format!("host=127.0.0.1 port={port} user=weir dbname=weir password={PASSWORD}");
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .expect("connect");
