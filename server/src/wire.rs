@@ -21,7 +21,6 @@
 //! and leaves a [`Verdict`] per frame for the loop to read with the
 //! decoded message.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,8 +37,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, FramedParts};
 
-/// The longest startup packet, as in Postgres (`MAX_STARTUP_PACKET_LENGTH`).
-pub const MAX_STARTUP_PACKET: usize = 10_000;
+mod framer;
+
+pub use framer::{Frame, FrameError, Framer, MAX_STARTUP_PACKET, Verdict};
 
 /// How a server treats its client sockets.
 #[derive(Clone)]
@@ -109,167 +109,6 @@ pub fn tls_acceptor(
     .map_err(|e| format!("the certificate and key do not make a TLS identity: {e}"))?;
     config.alpn_protocols = vec![b"postgresql".to_vec()];
     Ok(pgwire::tokio::TlsAcceptor::from(Arc::new(config)))
-}
-
-/// What the framer saw in one whole frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Ok,
-    /// The SQL text or a name in it is not UTF-8.
-    InvalidUtf8,
-}
-
-/// Why the byte stream cannot go on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FrameError {
-    #[error("invalid message length {0}")]
-    BadLength(u32),
-    #[error("invalid length of startup packet: {0} bytes, at most {MAX_STARTUP_PACKET}")]
-    StartupTooLong(usize),
-    #[error("message of {len} bytes is longer than the server's maximum of {max}")]
-    TooLong { len: usize, max: usize },
-}
-
-/// Follows the frames of a client's byte stream after SSL negotiation:
-/// the startup packet (a length word, no type byte), then typed messages.
-#[derive(Debug)]
-pub struct Framer {
-    max: usize,
-    startup: bool,
-    header: [u8; 5],
-    have: usize,
-    /// Body bytes of the current frame still to come; `None` between frames.
-    remaining: Option<usize>,
-    /// NUL-terminated strings at the head of the body still to check.
-    strings: u8,
-    /// An unfinished UTF-8 sequence carried over from the last chunk.
-    carry: Vec<u8>,
-    valid: bool,
-    verdicts: VecDeque<Verdict>,
-}
-
-impl Framer {
-    pub fn new(max_message_bytes: usize) -> Self {
-        Self {
-            max: max_message_bytes,
-            startup: true,
-            header: [0; 5],
-            have: 0,
-            remaining: None,
-            strings: 0,
-            carry: Vec::new(),
-            valid: true,
-            verdicts: VecDeque::new(),
-        }
-    }
-
-    /// The verdict of the oldest whole frame not yet taken.
-    pub fn take_verdict(&mut self) -> Option<Verdict> {
-        self.verdicts.pop_front()
-    }
-
-    /// Follows `bytes`, the next bytes of the stream.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), FrameError> {
-        while !bytes.is_empty() {
-            match self.remaining {
-                None => {
-                    let need = if self.startup { 4 } else { 5 };
-                    let take = (need - self.have).min(bytes.len());
-                    self.header[self.have..self.have + take].copy_from_slice(&bytes[..take]);
-                    self.have += take;
-                    bytes = &bytes[take..];
-                    if self.have == need {
-                        self.begin_frame(need)?;
-                    }
-                }
-                Some(n) => {
-                    let take = n.min(bytes.len());
-                    self.check(&bytes[..take]);
-                    bytes = &bytes[take..];
-                    self.remaining = Some(n - take);
-                    if n == take {
-                        self.end_frame();
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn begin_frame(&mut self, header_len: usize) -> Result<(), FrameError> {
-        let word: [u8; 4] = self.header[header_len - 4..header_len]
-            .try_into()
-            .unwrap_or_default();
-        let len = u32::from_be_bytes(word);
-        if len < 4 || len > i32::MAX as u32 {
-            return Err(FrameError::BadLength(len));
-        }
-        let len = len as usize;
-        if self.startup && len > MAX_STARTUP_PACKET {
-            return Err(FrameError::StartupTooLong(len));
-        }
-        if !self.startup && len > self.max {
-            return Err(FrameError::TooLong { len, max: self.max });
-        }
-        // The SQL text of a Query; the statement's name and text of a
-        // Parse; the portal's and statement's names of a Bind.
-        self.strings = match (self.startup, self.header[0]) {
-            (false, b'Q') => 1,
-            (false, b'P' | b'B') => 2,
-            _ => 0,
-        };
-        self.startup = false;
-        self.have = 0;
-        self.valid = true;
-        self.carry.clear();
-        self.remaining = Some(len - 4);
-        if len == 4 {
-            self.end_frame();
-        }
-        Ok(())
-    }
-
-    fn end_frame(&mut self) {
-        if !self.carry.is_empty() {
-            self.valid = false;
-        }
-        self.verdicts.push_back(if self.valid {
-            Verdict::Ok
-        } else {
-            Verdict::InvalidUtf8
-        });
-        self.remaining = None;
-        self.strings = 0;
-        self.carry.clear();
-    }
-
-    /// Checks the part of `chunk` that belongs to the leading strings.
-    fn check(&mut self, mut chunk: &[u8]) {
-        while self.strings > 0 && !chunk.is_empty() {
-            let (text, rest, ended) = match chunk.iter().position(|&b| b == 0) {
-                Some(i) => (&chunk[..i], &chunk[i + 1..], true),
-                None => (chunk, &[][..], false),
-            };
-            chunk = rest;
-            let mut pending = std::mem::take(&mut self.carry);
-            pending.extend_from_slice(text);
-            match std::str::from_utf8(&pending) {
-                Ok(_) => {}
-                // Cut off at the chunk's end: the rest may come next.
-                Err(e) if e.error_len().is_none() && !ended => {
-                    self.carry = pending[e.valid_up_to()..].to_vec();
-                }
-                Err(_) => self.valid = false,
-            }
-            if ended {
-                if !self.carry.is_empty() {
-                    self.valid = false;
-                    self.carry.clear();
-                }
-                self.strings -= 1;
-            }
-        }
-    }
 }
 
 /// A client's stream with a [`Framer`] reading beside pgwire's decoder.
@@ -514,83 +353,4 @@ pub async fn serve_socket<H: PgWireServerHandlers>(
     }
     drop(place);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
-        let mut m = vec![kind];
-        m.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-        m.extend_from_slice(body);
-        m
-    }
-
-    fn startup() -> Vec<u8> {
-        let body = b"\x00\x03\x00\x00user\x00weir\x00\x00";
-        let mut m = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-        m.extend_from_slice(body);
-        m
-    }
-
-    fn verdicts(stream: &[u8], step: usize) -> Result<Vec<Verdict>, FrameError> {
-        let mut f = Framer::new(1 << 20);
-        for chunk in stream.chunks(step) {
-            f.feed(chunk)?;
-        }
-        Ok(std::iter::from_fn(|| f.take_verdict()).collect())
-    }
-
-    #[test]
-    fn sees_each_frame_whatever_the_chunking() {
-        let mut s = startup();
-        s.extend(message(b'Q', b"SELECT 'caf\xc3\xa9'\0"));
-        s.extend(message(b'Q', b"SELECT '\xff'\0"));
-        // A Parse whose text is fine and whose parameter types are binary.
-        s.extend(message(b'P', b"\0SELECT $1\0\x00\x01\xff\xff\xff\xff"));
-        s.extend(message(b'S', b""));
-        for step in [1, 2, 3, 7, 1000] {
-            assert_eq!(
-                verdicts(&s, step).unwrap(),
-                vec![
-                    Verdict::Ok,
-                    Verdict::Ok,
-                    Verdict::InvalidUtf8,
-                    Verdict::Ok,
-                    Verdict::Ok
-                ],
-                "chunks of {step}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_sequence_cut_at_the_string_end_is_invalid() {
-        let mut s = startup();
-        s.extend(message(b'Q', b"SELECT 'caf\xc3'\0"));
-        assert_eq!(
-            verdicts(&s, 1).unwrap(),
-            vec![Verdict::Ok, Verdict::InvalidUtf8]
-        );
-    }
-
-    #[test]
-    fn refuses_long_and_impossible_lengths_at_the_length_word() {
-        let mut long_startup = 20_000u32.to_be_bytes().to_vec();
-        long_startup.extend_from_slice(&[0; 4]);
-        assert_eq!(
-            verdicts(&long_startup, 1000),
-            Err(FrameError::StartupTooLong(20_000))
-        );
-        let mut s = startup();
-        s.extend_from_slice(b"Q\x7f\xff\xff\xf0");
-        assert!(matches!(
-            verdicts(&s, 1000),
-            Err(FrameError::TooLong { .. })
-        ));
-        let mut s = startup();
-        s.extend_from_slice(b"Q\x00\x00\x00\x02");
-        assert_eq!(verdicts(&s, 1000), Err(FrameError::BadLength(2)));
-    }
 }
