@@ -72,6 +72,8 @@ pub fn check(db: &Database, session: &Session, stmt: &Stmt) -> Result<()> {
         | Statement::StartTransaction { .. }
         | Statement::Commit { .. }
         | Statement::Rollback { .. }
+        | Statement::Savepoint { .. }
+        | Statement::ReleaseSavepoint { .. }
         | Statement::Discard { .. }
         | Statement::Deallocate { .. }
         | Statement::Close { .. } => Ok(()),

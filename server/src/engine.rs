@@ -463,6 +463,14 @@ impl Database {
                 end_transaction(session)?;
                 Ok(QueryResult::command("COMMIT"))
             }
+            // Savepoints inside a block (psycopg's nested transactions,
+            // SQLAlchemy's) are accepted as the block is: a statement's
+            // writes are its own, and rolling back to one undoes nothing.
+            Statement::Savepoint { .. } => Ok(QueryResult::command("SAVEPOINT")),
+            Statement::ReleaseSavepoint { .. } => Ok(QueryResult::command("RELEASE")),
+            Statement::Rollback {
+                savepoint: Some(_), ..
+            } => Ok(QueryResult::command("ROLLBACK")),
             Statement::Rollback { .. } => {
                 end_transaction(session)?;
                 Ok(QueryResult::command("ROLLBACK"))

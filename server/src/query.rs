@@ -33,10 +33,7 @@ pub async fn select(
         .collect()
         .await?
         .into_iter()
-        .map(|b| match &names {
-            Some(n) => RecordBatch::try_new(renamed(&b.schema(), Some(n)), b.columns().to_vec()),
-            None => Ok(b),
-        })
+        .map(|b| RecordBatch::try_new(renamed(&b.schema(), names.as_deref()), b.columns().to_vec()))
         .collect::<std::result::Result<_, _>>()?;
     let settings = std::mem::take(&mut *set_by_query.lock().unwrap_or_else(|e| e.into_inner()));
     for (name, value) in settings {
@@ -58,9 +55,29 @@ pub fn prepare(q: &mut Query) -> Result<Option<Vec<String>>> {
     Ok(names)
 }
 
-/// `schema` with its fields named `names`, when given.
+/// `schema` with its fields named `names`, when given; otherwise with the
+/// names the catalog rewrite had to make unique given back (see
+/// [`crate::pg_catalog::rewrite::SAME_NAME`]).
 pub fn renamed(schema: &SchemaRef, names: Option<&[String]>) -> SchemaRef {
+    let marker = crate::pg_catalog::rewrite::SAME_NAME;
     match names {
+        None if schema.fields().iter().any(|f| f.name().starts_with(marker)) => {
+            Arc::new(Schema::new_with_metadata(
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        let name = f
+                            .name()
+                            .split_once(':')
+                            .map_or(f.name().as_str(), |(_, n)| n);
+                        let name = name.to_string();
+                        f.as_ref().clone().with_name(name)
+                    })
+                    .collect::<Vec<_>>(),
+                schema.metadata().clone(),
+            ))
+        }
         Some(names) if names.len() == schema.fields().len() => Arc::new(Schema::new_with_metadata(
             schema
                 .fields()

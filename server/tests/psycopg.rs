@@ -1,4 +1,4 @@
-//! psycopg 3 (from PyPI, installed by `scripts/test` in a virtualenv
+//! psycopg 3 and SQLAlchemy 2 (from PyPI, installed by `scripts/test` in a virtualenv
 //! beside the build): `tests/psycopg/weir_psycopg.py` binds parameters on
 //! the server and on the client, reads through a named (server-side)
 //! cursor, COPYs in and out; its findings must be what Postgres gives.
@@ -45,6 +45,42 @@ copy rows: [('4', None), ('5', '7.25')]
 server-side cursor: [1, 2, 3, 4, 5]
 error: 42P01
 after error: (1,)
+";
+    assert_eq!(stdout, expected, "{stderr}");
+}
+
+/// Superset's way in: SQLAlchemy 2's inspector over psycopg 3
+/// (`tests/psycopg/weir_sqlalchemy.py`), every answer as Postgres gives it.
+#[test]
+fn sqlalchemy_inspects_the_catalogs_as_superset_does() {
+    let python = python();
+    let server = common::Server::start();
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/psycopg/weir_sqlalchemy.py");
+    let out = Command::new(python)
+        .arg(&program)
+        .arg(server.port.to_string())
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "SQLAlchemy failed:\n{stdout}\n{stderr}"
+    );
+    let expected = "\
+schemas: ['information_schema', 'public', 'weir_catalog']
+tables: ['sa_orders']
+views: ['sa_big']
+materialized: ['sa_spend']
+columns: [('id', 'INTEGER', False), ('customer', 'VARCHAR(20)', False), ('amount', 'NUMERIC(10, 2)', True)]
+view columns: ['customer', 'total']
+primary key: {'constrained_columns': ['id'], 'name': 'sa_orders_pkey', 'comment': None}
+foreign keys: []
+indexes: []
+unique: []
+comment: {'text': None}
+has table: True
+query: [(1, 'ann')]
 ";
     assert_eq!(stdout, expected, "{stderr}");
 }

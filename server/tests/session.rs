@@ -237,3 +237,38 @@ async fn startup_parameters_and_options_set_the_session() {
     assert_eq!(db.code().code(), "0A000");
     assert!(db.message().contains("UTC"), "{}", db.message());
 }
+
+/// What the columns of a set-returning function in `FROM` are called, and
+/// savepoints inside a block, as Postgres has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_columns_and_savepoints_are_as_in_postgres() {
+    let server = common::Server::start();
+    let client = server.client().await;
+    for (sql, name) in [
+        ("SELECT * FROM generate_series(1, 3)", "generate_series"),
+        ("SELECT * FROM generate_series(1, 3) AS g", "g"),
+        ("SELECT * FROM generate_series(1, 3) AS g(n)", "n"),
+        ("SELECT generate_series(1, 3)", "generate_series"),
+        (
+            "SELECT * FROM string_to_array('a,b', ',') AS parts",
+            "parts",
+        ),
+    ] {
+        let rows = client.query(sql, &[]).await.expect(sql);
+        assert_eq!(rows[0].columns()[0].name(), name, "{sql}");
+    }
+    let rows = client
+        .query("SELECT * FROM generate_series(1, 3)", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    client
+        .batch_execute(
+            "BEGIN; SAVEPOINT a; RELEASE SAVEPOINT a; SAVEPOINT b; ROLLBACK TO SAVEPOINT b; COMMIT",
+        )
+        .await
+        .unwrap();
+}

@@ -283,6 +283,72 @@ fn boolean(_: &[DataType]) -> DfResult<DataType> {
     Ok(DataType::Boolean)
 }
 
+/// One `format()` result: `arg(n)` is the n-th argument (from 0).
+fn pg_format<'a>(fmt: &str, arg: impl Fn(usize) -> DfResult<Option<&'a str>>) -> DfResult<String> {
+    let mut out = String::new();
+    let mut next = 0;
+    let mut chars = fmt.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut digits = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            digits.push(*d);
+            chars.next();
+        }
+        let index = if !digits.is_empty() && chars.peek() == Some(&'$') {
+            chars.next();
+            digits
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|n| n - 1)
+        } else if digits.is_empty() {
+            None
+        } else {
+            return Err(DataFusionError::Execution(
+                "format(): widths are not supported".into(),
+            ));
+        };
+        let kind = chars.next();
+        if kind == Some('%') {
+            out.push('%');
+            continue;
+        }
+        let n = index.unwrap_or(next);
+        next = n + 1;
+        let value = arg(n)?;
+        match kind {
+            Some('s') => out.push_str(value.unwrap_or("")),
+            Some('I') => match value {
+                Some(v) => out.push_str(&crate::stmt::quote_ident(v)),
+                None => {
+                    return Err(DataFusionError::Execution(
+                        "null values cannot be formatted as an SQL identifier".into(),
+                    ));
+                }
+            },
+            Some('L') => match value {
+                Some(v) => {
+                    out.push('\'');
+                    out.push_str(&v.replace('\'', "''"));
+                    out.push('\'');
+                }
+                None => out.push_str("NULL"),
+            },
+            other => {
+                return Err(DataFusionError::Execution(format!(
+                    "unrecognized format() type specifier \"{}\"",
+                    other.map(String::from).unwrap_or_default()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A text function of the first argument as an oid.
 fn by_oid_text(
     name: &str,
@@ -696,6 +762,35 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
             Ok(Arc::new(b.finish()))
         },
     ));
+    // `parse_ident('a."B".c')`: the parts of a qualified name, unquoted
+    // parts in lower case (Grafana splits a table's name with it).
+    fns.push(udf(
+        "parse_ident",
+        1..=2,
+        |_| {
+            Ok(DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Utf8,
+                true,
+            ))))
+        },
+        |args, rows| {
+            let texts = texts(args, 0, rows)?;
+            let mut b = ListBuilder::new(StringBuilder::new());
+            for t in texts.iter() {
+                match t {
+                    Some(t) => {
+                        for part in split_name(t) {
+                            b.values().append_value(part);
+                        }
+                        b.append(true);
+                    }
+                    None => b.append_null(),
+                }
+            }
+            Ok(Arc::new(b.finish()))
+        },
+    ));
     let (n, s) = (names.clone(), session.clone());
     fns.push(udf(
         "pg_table_is_visible",
@@ -726,9 +821,48 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         ))
     }));
     let n = names.clone();
-    fns.push(by_oid_text("pg_get_indexdef", 1..=3, move |o| {
-        let (table, key) = n.keys.get(&o?)?;
-        Some(super::tables::key_index_def("public", table, key))
+    // `pg_get_indexdef(index [, column, pretty])`: the index's definition,
+    // or with a column number above 0 that key column's name.
+    fns.push(udf("pg_get_indexdef", 1..=3, utf8, move |args, rows| {
+        let oids = ints(args, 0, rows)?;
+        let columns = ints(args, 1, rows)?;
+        let out = (0..rows)
+            .map(|i| {
+                let oid = (!oids.is_null(i)).then(|| oids.value(i))?;
+                let (table, key) = n.keys.get(&oid)?;
+                match (!columns.is_null(i)).then(|| columns.value(i)) {
+                    Some(c) if c > 0 => {
+                        key.get(c as usize - 1).map(|k| crate::stmt::quote_ident(k))
+                    }
+                    _ => Some(super::tables::key_index_def("public", table, key)),
+                }
+            })
+            .collect::<StringArray>();
+        Ok(Arc::new(out))
+    }));
+    // Postgres's `format(text, …)`: `%s` (NULL as nothing), `%I` (an
+    // identifier, quoted where it must be), `%L` (a literal, NULL as
+    // NULL), `%%`, each optionally `%n$` for the n-th argument.
+    fns.push(udf("format", 1..=100, utf8, |args, rows| {
+        let fmts = texts(args, 0, rows)?;
+        let values = (1..args.len())
+            .map(|i| texts(args, i, rows))
+            .collect::<DfResult<Vec<_>>>()?;
+        let mut out = Vec::with_capacity(rows);
+        for r in 0..rows {
+            if fmts.is_null(r) {
+                out.push(None);
+                continue;
+            }
+            let arg = |n: usize| -> DfResult<Option<&str>> {
+                let a = values.get(n).ok_or_else(|| {
+                    DataFusionError::Execution("too few arguments for format()".into())
+                })?;
+                Ok((!a.is_null(r)).then(|| a.value(r)))
+            };
+            out.push(Some(pg_format(fmts.value(r), arg)?));
+        }
+        Ok(Arc::new(StringArray::from(out)))
     }));
     let n = names.clone();
     fns.push(by_oid_text("pg_get_constraintdef", 1..=2, move |o| {
@@ -744,6 +878,7 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         "regproc",
         "regrole",
         "to_regclass",
+        "to_regtype",
     ] {
         let (n, s) = (names.clone(), session.clone());
         fns.push(udf(
@@ -815,7 +950,7 @@ fn reg_convert(
             };
             let oid = match kind {
                 "regclass" | "to_regclass" => n.regclass(v, &s.search_path),
-                "regtype" => {
+                "regtype" | "to_regtype" => {
                     let name = v.trim().trim_start_matches("pg_catalog.");
                     types::TYPES
                         .iter()
@@ -838,7 +973,7 @@ fn reg_convert(
             };
             match oid {
                 Some(o) => out.push(Some(o)),
-                None if kind == "to_regclass" => out.push(None),
+                None if kind.starts_with("to_") => out.push(None),
                 None => {
                     let e = match kind {
                         "regclass" => {

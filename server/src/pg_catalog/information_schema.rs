@@ -92,6 +92,11 @@ fn rows(
     rels: &[Relation],
     session: &SessionInfo,
 ) -> Vec<Vec<V>> {
+    // As in Postgres, materialized views are not in the standard's views
+    // (`pg_class` and `pg_matviews` have them): tools that list tables
+    // from both (Metabase) would otherwise see their columns twice.
+    let rels: Vec<Relation> = rels.iter().filter(|r| r.relkind != "m").cloned().collect();
+    let rels = rels.as_slice();
     let r = |values: Vec<(&str, V)>| row(cols, values);
     let db = || V::from(session.database.as_str());
     let user = || V::from(session.user.as_str());
@@ -119,7 +124,7 @@ fn rows(
             for rel in rels {
                 let table_type = match rel.relkind {
                     "r" => "BASE TABLE",
-                    "v" | "m" => "VIEW",
+                    "v" => "VIEW",
                     _ => "FOREIGN",
                 };
                 out.push(r(vec![
@@ -133,7 +138,7 @@ fn rows(
             }
         }
         "views" => {
-            for rel in rels.iter().filter(|r| matches!(r.relkind, "v" | "m")) {
+            for rel in rels.iter().filter(|r| r.relkind == "v") {
                 out.push(r(vec![
                     ("table_catalog", db()),
                     ("table_schema", rel.schema.into()),

@@ -11,6 +11,14 @@
 //! - an unqualified `pg_*` catalog table is `pg_catalog`'s, as Postgres
 //!   searches `pg_catalog` first;
 //! - `ARRAY(SELECT x …)` is `(SELECT array_agg(x) …)`;
+//! - in a `FROM`, `generate_series(a, b)` names its column as Postgres
+//!   does and takes any integers, and a function of one value (Grafana's
+//!   `string_to_array(…) s`) is a table of one row;
+//! - `x IN (SELECT …)` in a select list, and a subquery in `ORDER BY`, are
+//!   given shapes DataFusion plans (Grafana's table list); a plain column
+//!   beside `t.*` gets a unique name the client never sees (DBeaver's
+//!   `SELECT c.oid, c.*`); bare `user` is `current_user`;
+//!   `generate_subscripts` is the positions `unnest` zips with (SQLAlchemy);
 //! - a `SELECT` without aggregation that inner-joins a catalog table Weir
 //!   never fills (policies, publications, inheritance, …) returns no rows,
 //!   so its expressions (which use SQL DataFusion does not plan, such as
@@ -22,8 +30,8 @@ use std::ops::ControlFlow;
 use datafusion::sql::sqlparser::ast::{
     AccessExpr, ArrayElemTypeDef, BinaryOperator, CastKind, DataType as SqlType, Expr, Function,
     FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident,
-    ObjectName, ObjectNamePart, Query, Select, SelectItem, SetExpr, TableFactor, Value, VisitMut,
-    VisitorMut,
+    ObjectName, ObjectNamePart, OrderByKind, Query, Select, SelectItem, SetExpr, TableAlias,
+    TableAliasColumnDef, TableFactor, Value, VisitMut, VisitorMut,
 };
 
 use super::tables::{EMPTY_TABLES, TABLE_NAMES};
@@ -86,6 +94,9 @@ fn printed_reg_literals(query: &Query) -> Vec<(usize, &'static str)> {
                 Expr::Function(f) if last_name(&f.name).as_deref() == Some("to_regclass") => {
                     "weir_regclass"
                 }
+                Expr::Function(f) if last_name(&f.name).as_deref() == Some("to_regtype") => {
+                    "weir_regtype"
+                }
                 _ => return None,
             };
             Some((i, back))
@@ -121,6 +132,8 @@ impl VisitorMut for Rewriter {
     /// `FROM unnest(a) x`: in Postgres, a function of one column so named
     /// names its column `x` too.
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        series_in_from(factor);
+        scalar_in_from(factor);
         if let TableFactor::Table {
             name,
             args: Some(_),
@@ -183,8 +196,320 @@ impl VisitorMut for Rewriter {
 
     fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         prune_set_expr(&mut query.body);
+        if let SetExpr::Select(select) = query.body.as_mut() {
+            beside_wildcards(select);
+        }
+        sort_by_subqueries(query);
+        if let SetExpr::Select(select) = query.body.as_mut() {
+            in_subqueries_in_projection(select);
+        }
         ControlFlow::Continue(())
     }
+}
+
+/// SQL's `current_user`, spelled as it parses back (without parentheses).
+fn current_user() -> Expr {
+    match call("current_user", vec![]) {
+        Expr::Function(mut f) => {
+            f.args = FunctionArguments::None;
+            Expr::Function(f)
+        }
+        other => other,
+    }
+}
+
+/// The prefix of a column's name made unique for DataFusion, up to a `:`
+/// after which the name the client is to see follows.
+pub const SAME_NAME: &str = "weir_same_name_";
+
+/// `SELECT c.oid, c.* FROM pg_class c` (DBeaver's way): Postgres returns
+/// two columns named `oid`; DataFusion wants the names of a select list
+/// unique. Beside a wildcard, a plain column gets a unique name that
+/// carries the client's one, which the result's schema takes back.
+fn beside_wildcards(select: &mut Select) {
+    if !select.projection.iter().any(|i| {
+        matches!(
+            i,
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+        )
+    }) {
+        return;
+    }
+    for (n, item) in select.projection.iter_mut().enumerate() {
+        let name = match item {
+            SelectItem::UnnamedExpr(Expr::Identifier(i)) => crate::stmt::ident(i),
+            SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => match parts.last() {
+                Some(i) => crate::stmt::ident(i),
+                None => continue,
+            },
+            _ => continue,
+        };
+        if let SelectItem::UnnamedExpr(expr) = item {
+            *item = SelectItem::ExprWithAlias {
+                expr: expr.clone(),
+                alias: Ident::with_quote('"', format!("{SAME_NAME}{n}:{name}")),
+            };
+        }
+    }
+}
+
+/// Whether `expr` holds a subquery.
+fn has_subquery(expr: &Expr) -> bool {
+    let mut found = false;
+    let _ = datafusion::sql::sqlparser::ast::visit_expressions(expr, |e| {
+        if matches!(
+            e,
+            Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. }
+        ) {
+            found = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    found
+}
+
+/// `ORDER BY x IN (SELECT …)`, as Grafana's table list sorts: DataFusion
+/// plans a subquery in a select list or a condition but not in a sort. So
+/// the sort keys become hidden columns of the query, which an outer query
+/// sorts by and leaves out:
+/// `SELECT a, b FROM (SELECT a AS c1, b AS c2, <key> AS k1 …) ORDER BY k1`.
+/// (The client still sees `a` and `b` by their names: those are taken
+/// from the query as written.) Left alone: `SELECT *`, `DISTINCT` (where
+/// a hidden column would change the rows) and set operations.
+fn sort_by_subqueries(query: &mut Query) {
+    let Some(order_by) = &query.order_by else {
+        return;
+    };
+    let OrderByKind::Expressions(keys) = &order_by.kind else {
+        return;
+    };
+    if !keys.iter().any(|k| has_subquery(&k.expr)) {
+        return;
+    }
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return;
+    };
+    if select.distinct.is_some()
+        || select.projection.iter().any(|i| {
+            matches!(
+                i,
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+            )
+        })
+    {
+        return;
+    }
+    let mut inner = select.as_ref().clone();
+    let width = inner.projection.len();
+    for (i, item) in inner.projection.iter_mut().enumerate() {
+        let expr = match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e.clone(),
+            _ => return,
+        };
+        *item = SelectItem::ExprWithAlias {
+            expr,
+            alias: Ident::new(format!("weir_column_{i}")),
+        };
+    }
+    let mut outer_keys = Vec::with_capacity(keys.len());
+    for (k, key) in keys.iter().enumerate() {
+        let mut key = key.clone();
+        // `ORDER BY 2`: the second column, which the outer query has too.
+        let positional = matches!(&key.expr, Expr::Value(v)
+            if matches!(&v.value, Value::Number(n, _) if n.parse::<usize>().is_ok_and(|n| (1..=width).contains(&n))));
+        if !positional {
+            let name = format!("weir_sort_{k}");
+            inner.projection.push(SelectItem::ExprWithAlias {
+                expr: key.expr.clone(),
+                alias: Ident::new(name.clone()),
+            });
+            key.expr = Expr::Identifier(Ident::new(name));
+        }
+        outer_keys.push(key);
+    }
+    let columns = (0..width)
+        .map(|i| format!("weir_column_{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Ok(mut outer) = datafusion::sql::sqlparser::parser::Parser::new(
+        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
+    )
+    .try_with_sql(&format!("SELECT {columns} FROM (SELECT 1) AS weir_sorted"))
+    .and_then(|mut p| p.parse_query()) else {
+        return;
+    };
+    let SetExpr::Select(outer_select) = outer.body.as_mut() else {
+        return;
+    };
+    let Some(TableFactor::Derived { subquery, .. }) =
+        outer_select.from.first_mut().map(|t| &mut t.relation)
+    else {
+        return;
+    };
+    in_subqueries_in_projection(&mut inner);
+    *subquery.body = SetExpr::Select(Box::new(inner));
+    subquery.with = query.with.take();
+    query.body = outer.body;
+    if let Some(order_by) = &mut query.order_by {
+        order_by.kind = OrderByKind::Expressions(outer_keys);
+    }
+}
+
+/// `x IN (SELECT …)` in a select list, which DataFusion plans only in a
+/// condition, becomes `coalesce(array_has((SELECT array_agg(…) …), x),
+/// false)`: a scalar subquery, which it plans anywhere. The two differ
+/// only when no row matches and the subquery returned a NULL (false here,
+/// NULL in Postgres), which a CASE or a sort treats alike.
+fn in_subqueries_in_projection(select: &mut Select) {
+    for item in select.projection.iter_mut() {
+        if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
+            let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(e, |e| {
+                if let Expr::InSubquery {
+                    expr,
+                    subquery,
+                    negated,
+                } = e
+                {
+                    let sql = format!(
+                        "{}coalesce(array_has((SELECT array_agg(weir_in.c) FROM ({subquery}) AS weir_in(c)), {expr}), false)",
+                        if *negated { "NOT " } else { "" }
+                    );
+                    if let Ok(new) = datafusion::sql::sqlparser::parser::Parser::new(
+                        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
+                    )
+                    .try_with_sql(&sql)
+                    .and_then(|mut p| p.parse_expr())
+                    {
+                        *e = new;
+                    }
+                }
+                ControlFlow::<()>::Continue(())
+            });
+        }
+    }
+}
+
+/// The functions that return rows, which a `FROM` takes as they are.
+const TABLE_FUNCTIONS: &[&str] = &[
+    "generate_series",
+    "range",
+    "unnest",
+    "tumble",
+    "hop",
+    "cumulate",
+    "session",
+    "_pg_expandarray",
+];
+
+/// `FROM generate_series(a, b)` in Postgres: a column named
+/// `generate_series` (or the alias), of the arguments' integer type.
+/// DataFusion's takes 64-bit integers only, and names its column `value`.
+/// Two arguments are always integers (a series of timestamps needs its
+/// step), so they are cast; three are left as they are.
+fn series_in_from(factor: &mut TableFactor) {
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        alias,
+        ..
+    } = factor
+    else {
+        return;
+    };
+    if last_name(name).as_deref() != Some("generate_series") {
+        return;
+    }
+    if args.args.len() == 2 {
+        for a in args.args.iter_mut() {
+            if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a {
+                *e = Expr::Cast {
+                    kind: CastKind::Cast,
+                    expr: Box::new(e.clone()),
+                    data_type: SqlType::BigInt(None),
+                    array: false,
+                    format: None,
+                };
+            }
+        }
+    }
+    if alias.is_none() {
+        *alias = Some(TableAlias {
+            at: None,
+            explicit: true,
+            name: Ident::new("generate_series"),
+            columns: vec![TableAliasColumnDef::from_name("generate_series")],
+        });
+    }
+}
+
+/// `FROM string_to_array(…) s`: a function that returns one value is, in
+/// a Postgres `FROM`, a table of one row whose one column is named after
+/// the alias (or the function). DataFusion takes only table functions
+/// there, so it becomes `(SELECT f(…) AS s) AS s`.
+fn scalar_in_from(factor: &mut TableFactor) {
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        alias,
+        with_ordinality: false,
+        ..
+    } = factor
+    else {
+        return;
+    };
+    let Some(function) = last_name(name) else {
+        return;
+    };
+    if TABLE_FUNCTIONS.contains(&function.as_str()) {
+        return;
+    }
+    let alias = alias.clone().unwrap_or_else(|| TableAlias {
+        at: None,
+        explicit: true,
+        name: Ident::new(function.clone()),
+        columns: vec![],
+    });
+    let column = alias
+        .columns
+        .first()
+        .map_or_else(|| alias.name.clone(), |c| c.name.clone());
+    let call = Expr::Function(Function {
+        name: name.clone(),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args.args.clone(),
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    });
+    let select = format!(
+        "SELECT {call} AS {}",
+        crate::stmt::quote_ident(&column.value)
+    );
+    let Ok(mut parsed) = datafusion::sql::sqlparser::parser::Parser::new(
+        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
+    )
+    .try_with_sql(&select)
+    .and_then(|mut p| p.parse_query()) else {
+        return;
+    };
+    // The argument may itself need this file's rewrites.
+    let _ = rewrite(&mut parsed);
+    *factor = TableFactor::Derived {
+        lateral: false,
+        sample: None,
+        subquery: parsed,
+        alias: Some(TableAlias {
+            columns: vec![],
+            ..alias
+        }),
+    };
 }
 
 fn last_name(name: &ObjectName) -> Option<String> {
@@ -259,6 +584,17 @@ fn array_of(t: SqlType) -> SqlType {
 
 fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
     Ok(Some(match expr {
+        // A bare `user` is SQL's `current_user` (a column of that name
+        // must be quoted).
+        Expr::Identifier(i) if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("user") => {
+            current_user()
+        }
+        Expr::Function(f)
+            if matches!(f.args, FunctionArguments::None)
+                && unqualified(&f.name).as_deref() == Some("user") =>
+        {
+            current_user()
+        }
         Expr::BinaryOp {
             left,
             op: BinaryOperator::PGCustomBinaryOperator(parts),
@@ -356,12 +692,45 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
             }
             e
         }
-        // `to_regclass('t')`: the oid, or NULL where `::regclass` fails.
+        // `generate_subscripts(a, d)` in a select list (SQLAlchemy's key
+        // columns, beside `unnest(a)`): the positions 1..n as rows, which
+        // DataFusion zips with the other `unnest` as Postgres does.
         Expr::Function(f)
-            if f.name.0.len() == 1 && last_name(&f.name).as_deref() == Some("to_regclass") =>
+            if f.name.0.len() == 1
+                && last_name(&f.name).as_deref() == Some("generate_subscripts")
+                && let FunctionArguments::List(list) = &f.args
+                && let [
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(array)),
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(dim)),
+                ] = list.args.as_slice() =>
+        {
+            let bigint = |e: Expr| Expr::Cast {
+                kind: CastKind::Cast,
+                expr: Box::new(e),
+                data_type: SqlType::BigInt(None),
+                array: false,
+                format: None,
+            };
+            call(
+                "unnest",
+                vec![call(
+                    "generate_series",
+                    vec![
+                        bigint(Expr::value(Value::Number("1".into(), false))),
+                        bigint(call("array_length", vec![array.clone(), dim.clone()])),
+                    ],
+                )],
+            )
+        }
+        // `to_regclass('t')`, `to_regtype('int4')`: the oid, or NULL where
+        // `::regclass` (`::regtype`) fails.
+        Expr::Function(f)
+            if f.name.0.len() == 1
+                && last_name(&f.name).is_some_and(|n| n == "to_regclass" || n == "to_regtype") =>
         {
             let mut f = f.clone();
-            f.name = ObjectName::from(vec![Ident::new("weir_to_regclass")]);
+            let name = format!("weir_{}", last_name(&f.name).unwrap_or_default());
+            f.name = ObjectName::from(vec![Ident::new(name)]);
             Expr::Function(f)
         }
         // `ARRAY(SELECT x FROM …)`: the rows' x as an array.
@@ -407,7 +776,31 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
                 && let FunctionArguments::List(list) = &f.args
                 && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice()
             {
-                let is_text = matches!(arg, Expr::Value(v) if matches!(v.value, Value::SingleQuotedString(_)));
+                // A name (a literal, or text made by a text function or
+                // `||`, as Metabase's `format('%I.%I', …)::regclass`) is
+                // looked up; anything else is an oid already.
+                let is_text = match arg {
+                    Expr::Value(v) => matches!(v.value, Value::SingleQuotedString(_)),
+                    Expr::Function(f) => last_name(&f.name).is_some_and(|n| {
+                        matches!(
+                            n.as_str(),
+                            "format"
+                                | "concat"
+                                | "concat_ws"
+                                | "quote_ident"
+                                | "lower"
+                                | "upper"
+                                | "btrim"
+                                | "trim"
+                                | "replace"
+                        )
+                    }),
+                    Expr::BinaryOp {
+                        op: BinaryOperator::StringConcat,
+                        ..
+                    } => true,
+                    _ => false,
+                };
                 return Ok(Some(if is_text {
                     (**inner).clone()
                 } else {
