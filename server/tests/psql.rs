@@ -201,7 +201,7 @@ Server: datagen
             "\\d orders_pkey",
             "Index \"public.orders_pkey\"
 Column|Type|Key?|Definition
-id|integer|yes|CREATE UNIQUE INDEX orders_pkey ON public.orders USING btree (id)
+id|integer|yes|id
 primary key, btree, for table \"public.orders\"
 ",
         ),

@@ -390,16 +390,19 @@ fn in_subqueries_in_projection(select: &mut Select) {
     }
 }
 
-/// The functions that return rows, which a `FROM` takes as they are.
-const TABLE_FUNCTIONS: &[&str] = &[
-    "generate_series",
-    "range",
-    "unnest",
-    "tumble",
-    "hop",
-    "cumulate",
-    "session",
-    "_pg_expandarray",
+/// Functions of one value that clients put in a `FROM` (Grafana's
+/// `string_to_array(…) s`). Only these are turned into a table of one row:
+/// a set-returning function Weir lacks (`pg_options_to_table`, …) must
+/// stay as it is, for the rewrites that prune what it is in.
+const SCALARS_IN_FROM: &[&str] = &[
+    "string_to_array",
+    "regexp_split_to_array",
+    "current_schemas",
+    "current_schema",
+    "current_setting",
+    "current_database",
+    "parse_ident",
+    "version",
 ];
 
 /// `FROM generate_series(a, b)` in Postgres: a column named
@@ -461,7 +464,7 @@ fn scalar_in_from(factor: &mut TableFactor) {
     let Some(function) = last_name(name) else {
         return;
     };
-    if TABLE_FUNCTIONS.contains(&function.as_str()) {
+    if !SCALARS_IN_FROM.contains(&function.as_str()) {
         return;
     }
     let alias = alias.clone().unwrap_or_else(|| TableAlias {
