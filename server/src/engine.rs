@@ -102,6 +102,8 @@ pub struct Database {
     pub catalog: Catalog,
     /// Who may connect, and what each role may read.
     pub roles: crate::roles::Roles,
+    /// The connections logged in now (`pg_stat_activity`).
+    pub activity: crate::activity::Activity,
     pub cluster: Cluster,
     /// DDL statements run one at a time.
     pub(crate) ddl_lock: tokio::sync::Mutex<()>,
@@ -143,6 +145,7 @@ impl Database {
         let db = Arc::new(Self {
             catalog,
             roles,
+            activity: Default::default(),
             cluster,
             ddl_lock: tokio::sync::Mutex::new(()),
             stream_watermarks: Default::default(),

@@ -2,6 +2,7 @@
 //! dispatch of statements to the planner and the cluster. The `weir` binary
 //! (`main.rs`) starts it.
 
+pub mod activity;
 pub mod auth;
 pub mod bench;
 pub mod catalog;

@@ -61,6 +61,8 @@ pub const DATABASE: &str = "weir";
 #[derive(Debug, Clone)]
 pub struct Prepared {
     stmt: Stmt,
+    /// The text the client prepared (what `pg_stat_activity` shows).
+    text: String,
     /// Types of `$1`, `$2`, …
     param_types: Vec<Type>,
     /// Columns of the result, for queries.
@@ -169,6 +171,7 @@ impl Parser {
         }
         Ok(Some(Prepared {
             stmt,
+            text: sql.to_string(),
             param_types,
             schema,
         }))
@@ -233,6 +236,8 @@ pub struct Connection {
     sasl: std::sync::Mutex<SASLState>,
     /// The connection's place in its role's connection limit.
     login: std::sync::OnceLock<crate::roles::Login>,
+    /// Its row of `pg_stat_activity`, once logged in.
+    activity: std::sync::OnceLock<crate::activity::Entry>,
 }
 
 /// A `COPY … FROM STDIN` waiting for the client's `CopyDone`.
@@ -273,6 +278,7 @@ impl Connection {
             auth,
             sasl: std::sync::Mutex::new(SASLState::Initial),
             login: Default::default(),
+            activity: Default::default(),
         }
     }
 
@@ -334,7 +340,19 @@ impl Connection {
     /// A query (which changes nothing) is cancelled after
     /// `statement_timeout` or by a cancel request; a statement that writes
     /// runs to its end, so that nothing is left half done.
-    async fn run(&self, stmt: Stmt) -> Result<QueryResult> {
+    async fn run(&self, stmt: Stmt, text: &str) -> Result<QueryResult> {
+        let activity = self.activity.get();
+        if let Some(a) = activity {
+            a.active(text);
+        }
+        let result = self.run_statement(stmt).await;
+        if let Some(a) = activity {
+            a.idle();
+        }
+        result
+    }
+
+    async fn run_statement(&self, stmt: Stmt) -> Result<QueryResult> {
         let mut session = self.session.lock().await;
         let reads_only = matches!(&stmt, Stmt::Sql(s) if matches!(s.as_ref(), Statement::Query(_)))
             || matches!(stmt, Stmt::Fetch { .. });
@@ -398,6 +416,12 @@ impl Connection {
                 })
                 .collect()
         };
+        if let (Some(a), Some((_, name))) = (
+            self.activity.get(),
+            changed.iter().find(|(n, _)| *n == "application_name"),
+        ) {
+            a.set_application_name(name);
+        }
         for (name, value) in changed {
             client
                 .feed(PgWireBackendMessage::ParameterStatus(
@@ -739,6 +763,22 @@ impl Connection {
         let _ = self
             .cancel
             .set(self.manager.register(pid, secret_key.clone()));
+        let now = std::time::SystemTime::now();
+        let _ = self.activity.set(crate::activity::Entry::register(
+            &self.db,
+            crate::activity::Backend {
+                pid,
+                user: role.name.clone(),
+                user_oid: role.oid,
+                application_name: meta.get("application_name").cloned().unwrap_or_default(),
+                client: client.socket_addr(),
+                backend_start: now,
+                query_start: None,
+                state_change: now,
+                state: "idle",
+                query: String::new(),
+            },
+        ));
         {
             let mut session = self.session.lock().await;
             // `pg_backend_pid()` is the pid of the backend key, which is
@@ -849,7 +889,7 @@ impl SimpleQueryHandler for Connection {
         let mut out = Vec::with_capacity(stmts.len());
         for s in stmts {
             let tag = command_tag(&s);
-            match self.run(s).await {
+            match self.run(s, query).await {
                 Ok(QueryResult::Subscribe { sub, copy }) => {
                     let cancelled = self.cancelled().await;
                     let format = &Format::UnifiedText;
@@ -929,7 +969,7 @@ impl ExtendedQueryHandler for Connection {
             stmt::bind(s, &values)?;
         }
         let tag = command_tag(&stmt);
-        let result = self.run(stmt).await;
+        let result = self.run(stmt, &prepared.text).await;
         self.report_parameters(client).await?;
         match result? {
             QueryResult::Subscribe { sub, copy } => {

@@ -272,3 +272,51 @@ async fn series_columns_and_savepoints_are_as_in_postgres() {
         .await
         .unwrap();
 }
+
+/// `pg_stat_activity`: a row per connection, the running statement's text
+/// and state, the application's name as the client last set it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_stat_activity_shows_every_connection() {
+    let server = common::Server::start();
+    let (other, conn) = tokio_postgres::connect(
+        &format!("{} application_name=dashboard", server.url()),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    other.batch_execute("SELECT 41").await.unwrap();
+    let me = server.client().await;
+    me.batch_execute("SET application_name = 'console'")
+        .await
+        .unwrap();
+    let rows = common::rows(
+        &me,
+        "SELECT application_name, state, query, usename, pid = pg_backend_pid() FROM pg_stat_activity ORDER BY application_name",
+    )
+    .await;
+    assert_eq!(
+        rows,
+        vec![
+            vec![
+                "console",
+                "active",
+                "SELECT application_name, state, query, usename, pid = pg_backend_pid() FROM pg_stat_activity ORDER BY application_name",
+                "weir",
+                "t"
+            ],
+            vec!["dashboard", "idle", "SELECT 41", "weir", "f"],
+        ]
+    );
+    drop(other);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while common::one(&me, "SELECT count(*) FROM pg_stat_activity").await != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a closed connection leaves"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -63,6 +63,7 @@ pub(super) const TABLE_NAMES: &[&str] = &[
     "pg_shadow",
     "pg_shdescription",
     "pg_stat_all_tables",
+    "pg_stat_activity",
     "pg_stat_user_tables",
     "pg_statio_user_tables",
     "pg_statistic_ext",
@@ -654,6 +655,7 @@ pub(super) async fn build(
             .collect(),
         "pg_type" => type_rows(cols),
         "pg_roles" | "pg_authid" => role_rows(cols, session),
+        "pg_stat_activity" => activity_rows(db, cols, session),
         "pg_user" | "pg_shadow" => {
             let mut login = session.clone();
             login.roles.retain(|r| r.login);
@@ -793,6 +795,48 @@ fn type_rows(cols: &[(&str, Kind)]) -> Vec<Vec<V>> {
         }
     }
     rows
+}
+
+/// One row per logged-in connection. As in Postgres, what another role's
+/// connection is running is shown to superusers only.
+fn activity_rows(db: &Arc<Database>, cols: &[(&str, Kind)], session: &SessionInfo) -> Vec<Vec<V>> {
+    let micros = |t: std::time::SystemTime| {
+        V::I(
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64),
+        )
+    };
+    let superuser = session.role().is_some_and(|r| r.superuser);
+    db.activity
+        .all()
+        .into_iter()
+        .map(|b| {
+            let visible = superuser || b.user == session.user;
+            let mut values = vec![
+                ("datid", V::from(DATABASE_OID)),
+                ("datname", session.database.as_str().into()),
+                ("pid", b.pid.into()),
+                ("usesysid", b.user_oid.into()),
+                ("usename", b.user.as_str().into()),
+                ("application_name", b.application_name.as_str().into()),
+                ("backend_start", micros(b.backend_start)),
+                ("backend_type", "client backend".into()),
+            ];
+            if visible {
+                values.extend([
+                    ("client_addr", b.client.ip().to_string().into()),
+                    ("client_port", i64::from(b.client.port()).into()),
+                    ("query_start", b.query_start.map_or(V::N, micros)),
+                    ("state_change", micros(b.state_change)),
+                    ("state", b.state.into()),
+                    ("query", b.query.as_str().into()),
+                ]);
+            } else {
+                values.push(("query", "<insufficient privilege>".into()));
+            }
+            row(cols, values)
+        })
+        .collect()
 }
 
 fn role_rows(cols: &[(&str, Kind)], session: &SessionInfo) -> Vec<Vec<V>> {
