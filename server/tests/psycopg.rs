@@ -21,19 +21,27 @@ fn python() -> PathBuf {
     python
 }
 
-#[test]
-fn psycopg_parameters_server_side_cursors_and_copy() {
-    let python = python();
+/// Runs `tests/psycopg/<script>` against a fresh server; its output, and
+/// what it said on stderr.
+fn run_script(script: &str) -> (String, String) {
     let server = common::Server::start();
-    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/psycopg/weir_psycopg.py");
-    let out = Command::new(python)
+    let program = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/psycopg")
+        .join(script);
+    let out = Command::new(python())
         .arg(&program)
         .arg(server.port.to_string())
         .output()
         .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "psycopg failed:\n{stdout}\n{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn psycopg_parameters_server_side_cursors_and_copy() {
+    let (stdout, stderr) = run_script("weir_psycopg.py");
     let expected = "\
 params: [(2, 'n2', 3.0), (3, 'n3', 4.5)]
 client-side: [('n1',)]
@@ -53,20 +61,7 @@ after error: (1,)
 /// (`tests/psycopg/weir_sqlalchemy.py`), every answer as Postgres gives it.
 #[test]
 fn sqlalchemy_inspects_the_catalogs_as_superset_does() {
-    let python = python();
-    let server = common::Server::start();
-    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/psycopg/weir_sqlalchemy.py");
-    let out = Command::new(python)
-        .arg(&program)
-        .arg(server.port.to_string())
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "SQLAlchemy failed:\n{stdout}\n{stderr}"
-    );
+    let (stdout, stderr) = run_script("weir_sqlalchemy.py");
     let expected = "\
 schemas: ['information_schema', 'public', 'weir_catalog']
 tables: ['sa_orders']

@@ -218,6 +218,20 @@ fn current_user() -> Expr {
     }
 }
 
+/// SQL this file writes, parsed back (Postgres's dialect) by `f`.
+fn parse<T>(
+    sql: &str,
+    f: impl FnOnce(
+        &mut datafusion::sql::sqlparser::parser::Parser<'_>,
+    ) -> std::result::Result<T, datafusion::sql::sqlparser::parser::ParserError>,
+) -> Option<T> {
+    let dialect = datafusion::sql::sqlparser::dialect::PostgreSqlDialect {};
+    let mut parser = datafusion::sql::sqlparser::parser::Parser::new(&dialect)
+        .try_with_sql(sql)
+        .ok()?;
+    f(&mut parser).ok()
+}
+
 /// The prefix of a column's name made unique for DataFusion, up to a `:`
 /// after which the name the client is to see follows.
 pub const SAME_NAME: &str = "weir_same_name_";
@@ -332,11 +346,10 @@ fn sort_by_subqueries(query: &mut Query) {
         .map(|i| format!("weir_column_{i}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let Ok(mut outer) = datafusion::sql::sqlparser::parser::Parser::new(
-        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
-    )
-    .try_with_sql(&format!("SELECT {columns} FROM (SELECT 1) AS weir_sorted"))
-    .and_then(|mut p| p.parse_query()) else {
+    let Some(mut outer) = parse(
+        &format!("SELECT {columns} FROM (SELECT 1) AS weir_sorted"),
+        |p| p.parse_query(),
+    ) else {
         return;
     };
     let SetExpr::Select(outer_select) = outer.body.as_mut() else {
@@ -375,12 +388,7 @@ fn in_subqueries_in_projection(select: &mut Select) {
                         "{}coalesce(array_has((SELECT array_agg(weir_in.c) FROM ({subquery}) AS weir_in(c)), {expr}), false)",
                         if *negated { "NOT " } else { "" }
                     );
-                    if let Ok(new) = datafusion::sql::sqlparser::parser::Parser::new(
-                        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
-                    )
-                    .try_with_sql(&sql)
-                    .and_then(|mut p| p.parse_expr())
-                    {
+                    if let Some(new) = parse(&sql, |p| p.parse_expr()) {
                         *e = new;
                     }
                 }
@@ -495,11 +503,7 @@ fn scalar_in_from(factor: &mut TableFactor) {
         "SELECT {call} AS {}",
         crate::stmt::quote_ident(&column.value)
     );
-    let Ok(mut parsed) = datafusion::sql::sqlparser::parser::Parser::new(
-        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
-    )
-    .try_with_sql(&select)
-    .and_then(|mut p| p.parse_query()) else {
+    let Some(mut parsed) = parse(&select, |p| p.parse_query()) else {
         return;
     };
     // The argument may itself need this file's rewrites.
