@@ -22,6 +22,27 @@ pub struct Backend {
     pub state: &'static str,
     /// The running statement's text, or the last one's.
     pub query: String,
+    /// How `pg_cancel_backend` and `pg_terminate_backend` reach it.
+    pub signals: Signals,
+}
+
+/// A connection's two signals, as Postgres's SIGINT and SIGTERM: cancel the
+/// running statement; end the connection.
+#[derive(Debug, Clone)]
+pub struct Signals {
+    /// The cancel a `CancelRequest` fires too.
+    pub cancel: Arc<pgwire::api::ConnectionHandle>,
+    /// The connection loop closes the connection when this is notified.
+    pub terminate: Arc<tokio::sync::Notify>,
+}
+
+/// What a signal did (`pg_cancel_backend` answers `true` for `Sent`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Signalled {
+    Sent,
+    NoSuchBackend,
+    /// The role may not signal that backend; the message says why.
+    NotAllowed(String),
 }
 
 /// Every logged-in connection, by backend pid.
@@ -38,6 +59,56 @@ impl Activity {
         {
             f(b);
         }
+    }
+
+    /// Signals backend `pid` for `role` (a superuser may signal any
+    /// backend; anyone else only backends of their own role that are not
+    /// a superuser's, as in Postgres), cancelling its statement and, with
+    /// `terminate`, ending its connection.
+    pub fn signal(
+        &self,
+        pid: i32,
+        role: &crate::roles::Role,
+        roles: &[crate::roles::Role],
+        terminate: bool,
+    ) -> Signalled {
+        let Some(target) = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&pid)
+            .cloned()
+        else {
+            return Signalled::NoSuchBackend;
+        };
+        if !role.superuser {
+            let target_super = roles.iter().any(|r| r.name == target.user && r.superuser);
+            let denied = if terminate {
+                "permission denied to terminate process"
+            } else {
+                "permission denied to cancel query"
+            };
+            if target_super {
+                return Signalled::NotAllowed(format!(
+                    "{denied}: only superusers may signal a superuser's backend"
+                ));
+            }
+            if target.user != role.name {
+                return Signalled::NotAllowed(format!(
+                    "{denied}: only superusers and the backend's own role may signal it"
+                ));
+            }
+        }
+        let signals = target.signals;
+        if terminate {
+            signals.terminate.notify_one();
+        }
+        // The handle's lock is async; the cancel is fired beside the
+        // statement that asked for it.
+        tokio::spawn(async move {
+            signals.cancel.cancel().await;
+        });
+        Signalled::Sent
     }
 
     /// Every connection now, by pid.

@@ -146,6 +146,11 @@ pub fn new_context() -> SessionContext {
         .with_target_partitions(2)
         .with_information_schema(false);
     config.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
+    // `timestamptz` and `now()` are instants in UTC, as Weir stores them
+    // (`types::UTC`); without a zone DataFusion makes them `timestamp`.
+    config.options_mut().execution.time_zone = Some(crate::types::UTC.to_string());
+    // `1.5` is numeric, as in Postgres, not a double: `0.1 + 0.2` is `0.3`.
+    config.options_mut().sql_parser.parse_float_as_decimal = true;
     let ctx = SessionContext::new_with_config(config);
     ctx.register_udf(crate::proctime::udf());
     for f in planner::functions::udfs() {

@@ -358,8 +358,22 @@ fn replace_default_keywords(
     } else {
         columns.iter().map(object_name).collect::<Result<_>>()?
     };
+    // Each position's column type, for the string literals whose text
+    // DataFusion would misread (see `literals`).
+    let types: Vec<Option<DataType>> = names
+        .iter()
+        .map(|n| {
+            declared
+                .iter()
+                .find(|c| &c.name == n)
+                .and_then(|c| crate::types::parse_type(&c.sql_type).ok())
+        })
+        .collect();
     for row in &mut values.rows {
         for (i, e) in row.iter_mut().enumerate() {
+            if let Some(Some(t)) = types.get(i) {
+                crate::literals::type_string(e, t)?;
+            }
             let SqlExpr::Identifier(id) = e else {
                 continue;
             };

@@ -16,6 +16,7 @@ pub mod dml;
 pub mod engine;
 pub mod error;
 pub mod ingest;
+pub mod literals;
 pub mod params;
 pub mod pg;
 pub mod pg_catalog;

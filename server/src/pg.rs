@@ -125,7 +125,9 @@ impl Parser {
                 _ => None,
             };
             let mut inferred = HashMap::new();
-            if let Some(planned) = planned {
+            let cast = params::cast_types(s);
+            if let Some(mut planned) = planned {
+                params::declare_types(&mut planned, client_types)?;
                 let is_query = matches!(planned, Statement::Query(_));
                 let ctx = {
                     let session = self.session.lock().await;
@@ -158,14 +160,17 @@ impl Parser {
                     .cloned()
                     .flatten()
                     .filter(|t| *t != Type::UNKNOWN);
-                let t = from_client.unwrap_or_else(|| {
-                    inferred
-                        .get(&format!("${}", i + 1))
-                        .cloned()
-                        .flatten()
-                        .and_then(|dt| into_pg_type(&dt).ok())
-                        .unwrap_or(Type::TEXT)
-                });
+                let name = format!("${}", i + 1);
+                let t = from_client
+                    .or_else(|| cast.get(&name).cloned())
+                    .unwrap_or_else(|| {
+                        inferred
+                            .get(&name)
+                            .cloned()
+                            .flatten()
+                            .and_then(|dt| into_pg_type(&dt).ok())
+                            .unwrap_or(Type::TEXT)
+                    });
                 param_types.push(t);
             }
         }
@@ -178,8 +183,29 @@ impl Parser {
     }
 }
 
+/// The row description of `schema`. A column of no type (`SELECT NULL`,
+/// or `SELECT $1` of a parameter the client left untyped) is `text`, as
+/// Postgres resolves it, rather than `unknown`.
 fn fields(schema: &SchemaRef, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
-    arrow_schema_to_pg_fields(schema, format, None)
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::Null)
+    {
+        return arrow_schema_to_pg_fields(schema, format, None);
+    }
+    let typed = datafusion::arrow::datatypes::Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Null => Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8)),
+                _ => f.clone(),
+            })
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    );
+    arrow_schema_to_pg_fields(&Arc::new(typed), format, None)
 }
 
 #[async_trait]
@@ -238,6 +264,9 @@ pub struct Connection {
     login: std::sync::OnceLock<crate::roles::Login>,
     /// Its row of `pg_stat_activity`, once logged in.
     activity: std::sync::OnceLock<crate::activity::Entry>,
+    /// Notified by `pg_terminate_backend`: the connection loop closes the
+    /// connection.
+    pub terminate: Arc<tokio::sync::Notify>,
 }
 
 /// A `COPY … FROM STDIN` waiting for the client's `CopyDone`.
@@ -279,6 +308,7 @@ impl Connection {
             sasl: std::sync::Mutex::new(SASLState::Initial),
             login: Default::default(),
             activity: Default::default(),
+            terminate: Default::default(),
         }
     }
 
@@ -760,9 +790,9 @@ impl Connection {
             }
         }
         let (pid, secret_key) = client.pid_and_secret_key();
-        let _ = self
-            .cancel
-            .set(self.manager.register(pid, secret_key.clone()));
+        let registered = self.manager.register(pid, secret_key.clone());
+        let cancel = registered.0.clone();
+        let _ = self.cancel.set(registered);
         let now = std::time::SystemTime::now();
         let _ = self.activity.set(crate::activity::Entry::register(
             &self.db,
@@ -777,6 +807,10 @@ impl Connection {
                 state_change: now,
                 state: "idle",
                 query: String::new(),
+                signals: crate::activity::Signals {
+                    cancel,
+                    terminate: self.terminate.clone(),
+                },
             },
         ));
         {
@@ -967,6 +1001,8 @@ impl ExtendedQueryHandler for Connection {
                 values.insert(format!("${}", i + 1), params::literal(portal, i, t)?);
             }
             stmt::bind(s, &values)?;
+            // `CAST($1 AS text[])` of a text parameter is now the literal's.
+            crate::literals::normalize(s)?;
         }
         let tag = command_tag(&stmt);
         let result = self.run(stmt, &prepared.text).await;
@@ -1091,8 +1127,9 @@ pub async fn serve(
                         auth.clone(),
                     )));
                     let (wire, count) = (wire.clone(), count.clone());
+                    let terminate = handlers.0.terminate.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = crate::wire::serve_socket(socket, handlers, &wire, &count).await {
+                        if let Err(e) = crate::wire::serve_socket(socket, handlers, &wire, &count, terminate).await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
                     });

@@ -326,6 +326,13 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         } else {
             Stmt::Sql(Box::new(parser.parse_statement()?))
         };
+        let mut stmt = stmt;
+        match &mut stmt {
+            Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
+                crate::literals::normalize(s)?
+            }
+            _ => {}
+        }
         out.push(stmt);
         if parser.peek_token().token != Token::EOF && !parser.consume_token(&Token::SemiColon) {
             let t = parser.peek_token();

@@ -209,12 +209,15 @@ fn fatal(code: &str, message: String) -> PgWireBackendMessage {
     )
 }
 
-/// Serves one client socket with `handlers` until it closes.
+/// Serves one client socket with `handlers` until it closes, or until
+/// `terminate` is notified after the handshake (`pg_terminate_backend`:
+/// FATAL 57P01, as Postgres).
 pub async fn serve_socket<H: PgWireServerHandlers>(
     socket: TcpStream,
     handlers: H,
     config: &WireConfig,
     count: &Arc<ConnectionCount>,
+    terminate: Arc<tokio::sync::Notify>,
 ) -> std::io::Result<()> {
     let deadline = tokio::time::sleep(config.handshake_timeout);
     tokio::pin!(deadline);
@@ -266,7 +269,16 @@ pub async fn serve_socket<H: PgWireServerHandlers>(
                 next = decoded => next,
             }
         } else {
-            decoded.await
+            tokio::select! {
+                biased;
+                () = terminate.notified() => {
+                    let _ = socket
+                        .send(fatal("57P01", "terminating connection due to administrator command".into()))
+                        .await;
+                    break;
+                }
+                next = decoded => next,
+            }
         };
         let message = match next {
             Err(_) => {

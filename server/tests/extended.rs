@@ -168,3 +168,142 @@ async fn unknown_database_and_role_are_refused() {
         .expect("refused");
     assert_eq!(err.code().map(|c| c.code()), Some("28000"));
 }
+
+/// An interval as the binary format carries it: (months, days, µs).
+#[derive(Debug, PartialEq)]
+struct Interval(i32, i32, i64);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Interval {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let micros = i64::from_be_bytes(raw[0..8].try_into()?);
+        let days = i32::from_be_bytes(raw[8..12].try_into()?);
+        let months = i32::from_be_bytes(raw[12..16].try_into()?);
+        Ok(Interval(months, days, micros))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::INTERVAL
+    }
+}
+
+/// Results are described with the types Postgres gives them, and read the
+/// same in text (simple protocol) and binary (tokio-postgres's extended
+/// protocol): decimal literals are numeric, `timestamptz` and `now()` are
+/// `timestamptz`, a series of integers is `integer`, an untyped value is
+/// `text`; `bytea`, `interval` and array literals are read as Postgres
+/// reads their text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_have_postgres_types_in_text_and_binary() {
+    use tokio_postgres::types::Type;
+    let server = Server::start();
+    let c = server.client().await;
+    let typed = c
+        .prepare(
+            "SELECT 0.1 + 0.2, now(), '2024-02-29 12:00:00+02'::timestamptz, NULL, \
+             '\\xdead'::bytea, interval '1 year 2 mons 3 days 04:05:06.5', '{1,NULL,3}'::int[], \
+             cast('{a,\"b c\"}' AS text[])",
+        )
+        .await
+        .unwrap();
+    let types: Vec<Type> = typed.columns().iter().map(|c| c.type_().clone()).collect();
+    assert_eq!(
+        types,
+        vec![
+            Type::NUMERIC,
+            Type::TIMESTAMPTZ,
+            Type::TIMESTAMPTZ,
+            Type::TEXT,
+            Type::BYTEA,
+            Type::INTERVAL,
+            Type::INT4_ARRAY,
+            Type::TEXT_ARRAY
+        ]
+    );
+    let row = c.query_one(&typed, &[]).await.unwrap();
+    assert_eq!(
+        row.get::<_, rust_decimal::Decimal>(0),
+        "0.3".parse().unwrap()
+    );
+    assert_eq!(
+        row.get::<_, chrono::DateTime<chrono::Utc>>(2).to_rfc3339(),
+        "2024-02-29T10:00:00+00:00"
+    );
+    assert_eq!(row.get::<_, Option<String>>(3), None);
+    assert_eq!(row.get::<_, Vec<u8>>(4), vec![0xde, 0xad]);
+    assert_eq!(
+        row.get::<_, Interval>(5),
+        Interval(14, 3, (4 * 3600 + 5 * 60 + 6) * 1_000_000 + 500_000)
+    );
+    assert_eq!(
+        row.get::<_, Vec<Option<i32>>>(6),
+        vec![Some(1), None, Some(3)]
+    );
+    assert_eq!(row.get::<_, Vec<String>>(7), vec!["a", "b c"]);
+    // The same in text.
+    let text = common::rows(
+        &c,
+        "SELECT 0.1 + 0.2, '\\xdead'::bytea, interval '1 day 04:05:06', '{1,NULL,3}'::int[]",
+    )
+    .await;
+    assert_eq!(
+        text,
+        vec![vec!["0.3", "\\xdead", "1 day 04:05:06", "{1,NULL,3}"]]
+    );
+
+    // generate_series: integer for integers, bigint past them.
+    let series = c
+        .prepare("SELECT g FROM generate_series(1, 3) g")
+        .await
+        .unwrap();
+    assert_eq!(series.columns()[0].type_(), &Type::INT4);
+    let got: Vec<i32> = c
+        .query(&series, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, vec![1, 2, 3]);
+    let big = c
+        .prepare("SELECT * FROM generate_series(1, 5000000000) LIMIT 1")
+        .await
+        .unwrap();
+    assert_eq!(big.columns()[0].type_(), &Type::INT8);
+    assert_eq!(big.columns()[0].name(), "generate_series");
+    let rows = c.prepare("SELECT generate_series(1, 2)").await.unwrap();
+    assert_eq!(rows.columns()[0].type_(), &Type::INT4);
+
+    // Parameters: the declared type describes the result; arrays and
+    // intervals go both ways in binary.
+    let echo = c
+        .prepare_typed("SELECT $1, $2", &[Type::INTERVAL, Type::INT4_ARRAY])
+        .await
+        .unwrap();
+    assert_eq!(echo.columns()[0].type_(), &Type::INTERVAL);
+    assert_eq!(echo.columns()[1].type_(), &Type::INT4_ARRAY);
+    let untyped = c.prepare("SELECT $1").await.unwrap();
+    assert_eq!(untyped.columns()[0].type_(), &Type::TEXT);
+    let arrays = c
+        .query_one(
+            "SELECT $1::int[], $2::text[]",
+            &[&vec![Some(4i32), None], &vec!["x,y", "\"q\""]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(arrays.get::<_, Vec<Option<i32>>>(0), vec![Some(4), None]);
+    assert_eq!(arrays.get::<_, Vec<String>>(1), vec!["x,y", "\"q\""]);
+
+    // Bad text of these types is 22P02, and the connection goes on.
+    for bad in [
+        "SELECT '\\x1'::bytea",
+        "SELECT interval 'soon'",
+        "SELECT '{1'::int[]",
+    ] {
+        let err = c.simple_query(bad).await.expect_err(bad);
+        assert_eq!(err.code().map(|c| c.code()), Some("22P02"), "{bad}: {err}");
+    }
+    assert_eq!(common::one(&c, "SELECT 1").await, "1");
+}

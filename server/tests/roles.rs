@@ -289,3 +289,109 @@ async fn a_role_connection_limit_is_answered_53300() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// `pg_cancel_backend` and `pg_terminate_backend`: a superuser signals any
+/// backend, another role only its own; the cancelled statement ends with
+/// 57014, the terminated connection is told 57P01 and closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_are_cancelled_and_terminated_by_pid() {
+    let server = Server::start();
+    let admin = server.client().await;
+    admin
+        .batch_execute("CREATE ROLE analyst LOGIN PASSWORD 'pw'")
+        .await
+        .unwrap();
+    let admin_pid = one(&admin, "SELECT pg_backend_pid()").await;
+
+    // A long query, cancelled from another connection: the cancel is sent
+    // again until the query has seen it, since the query may not have
+    // begun listening when its row first says `active`.
+    let busy = server.client().await;
+    let busy_pid = one(&busy, "SELECT pg_backend_pid()").await;
+    let mut running = tokio::spawn(async move {
+        busy.simple_query("SELECT count(*) FROM generate_series(1, 100000000000) a")
+            .await
+            .map(|_| ())
+            .map_err(|e| e.code().map(|c| c.code().to_string()))
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let outcome = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the query is cancelled"
+        );
+        let state = one(
+            &admin,
+            &format!("SELECT state FROM pg_stat_activity WHERE pid = {busy_pid}"),
+        )
+        .await;
+        if state == "active" {
+            assert_eq!(
+                one(&admin, &format!("SELECT pg_cancel_backend({busy_pid})")).await,
+                "t"
+            );
+        }
+        if let Ok(done) =
+            tokio::time::timeout(std::time::Duration::from_millis(500), &mut running).await
+        {
+            break done.unwrap();
+        }
+    };
+    assert_eq!(outcome, Err(Some("57014".to_string())));
+    // No such backend: false, as Postgres answers (with a warning).
+    assert_eq!(one(&admin, "SELECT pg_cancel_backend(1)").await, "f");
+
+    // Another role may not signal the superuser's backend, but may its own.
+    let analyst = login(server.port, "analyst", Some("pw")).await.unwrap();
+    expect_error(
+        &analyst,
+        &format!("SELECT pg_terminate_backend({admin_pid})"),
+        "42501",
+        "permission denied to terminate process",
+    )
+    .await;
+    expect_error(
+        &analyst,
+        &format!("SELECT pg_cancel_backend({admin_pid})"),
+        "42501",
+        "permission denied to cancel query",
+    )
+    .await;
+    let url = format!(
+        "host=127.0.0.1 port={} user=analyst dbname=weir password=pw",
+        server.port
+    );
+    let (victim, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(conn);
+    let victim_pid = one(&victim, "SELECT pg_backend_pid()").await;
+    assert_eq!(
+        one(
+            &analyst,
+            &format!("SELECT pg_terminate_backend({victim_pid})")
+        )
+        .await,
+        "t"
+    );
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), connection)
+        .await
+        .expect("the terminated connection closes")
+        .unwrap();
+    let err = ended.expect_err("the server ends the connection with an error");
+    assert_eq!(err.code().map(|c| c.code()), Some("57P01"), "{err}");
+    assert!(victim.is_closed());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while one(
+        &admin,
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {victim_pid}"),
+    )
+    .await
+        != "0"
+    {
+        assert!(std::time::Instant::now() < deadline, "its row goes");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The superuser's own connection is untouched.
+    assert_eq!(one(&admin, "SELECT 1").await, "1");
+}

@@ -230,11 +230,32 @@ fn udf(
     returns: impl Fn(&[DataType]) -> DfResult<DataType> + Send + Sync + 'static,
     body: impl Fn(&[ArrayRef], usize) -> DfResult<ArrayRef> + Send + Sync + 'static,
 ) -> ScalarUDF {
+    udf_with(Volatility::Stable, name, arity, returns, body)
+}
+
+/// A function that does something (`pg_cancel_backend`): volatile, so that
+/// planning (a Describe, say) never folds it into a constant by running it.
+fn action(
+    name: &str,
+    arity: std::ops::RangeInclusive<usize>,
+    returns: impl Fn(&[DataType]) -> DfResult<DataType> + Send + Sync + 'static,
+    body: impl Fn(&[ArrayRef], usize) -> DfResult<ArrayRef> + Send + Sync + 'static,
+) -> ScalarUDF {
+    udf_with(Volatility::Volatile, name, arity, returns, body)
+}
+
+fn udf_with(
+    volatility: Volatility,
+    name: &str,
+    arity: std::ops::RangeInclusive<usize>,
+    returns: impl Fn(&[DataType]) -> DfResult<DataType> + Send + Sync + 'static,
+    body: impl Fn(&[ArrayRef], usize) -> DfResult<ArrayRef> + Send + Sync + 'static,
+) -> ScalarUDF {
     let fname = name.to_string();
     let signature = if *arity.start() == 0 && *arity.end() == 0 {
-        Signature::nullary(Volatility::Stable)
+        Signature::nullary(volatility)
     } else {
-        Signature::variadic_any(Volatility::Stable)
+        Signature::variadic_any(volatility)
     };
     ScalarUDF::new_from_impl(Udf {
         name: name.to_string(),
@@ -899,6 +920,37 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
             },
             move |args, rows| reg_convert(kind, &n, &s, &args[0], rows),
         ));
+    }
+    // `pg_cancel_backend(pid)`, `pg_terminate_backend(pid [, timeout])`:
+    // true when the backend was signalled, false when there is none.
+    for (name, arity, terminate) in [
+        ("pg_cancel_backend", 1..=1, false),
+        ("pg_terminate_backend", 1..=2, true),
+    ] {
+        let (info, db) = (session.clone(), db.clone());
+        fns.push(action(name, arity, boolean, move |args, rows| {
+            let pids = ints(args, 0, rows)?;
+            let role = info.role().ok_or_else(|| {
+                DataFusionError::Execution(format!("role \"{}\" does not exist", info.user))
+            })?;
+            let mut out = Vec::with_capacity(rows);
+            for pid in pids.iter() {
+                let Some(pid) = pid else {
+                    out.push(None);
+                    continue;
+                };
+                match db.activity.signal(pid, role, &info.roles, terminate) {
+                    crate::activity::Signalled::Sent => out.push(Some(true)),
+                    crate::activity::Signalled::NoSuchBackend => out.push(Some(false)),
+                    crate::activity::Signalled::NotAllowed(why) => {
+                        return Err(DataFusionError::External(Box::new(
+                            ServerError::InsufficientPrivilege(why),
+                        )));
+                    }
+                }
+            }
+            Ok(Arc::new(BooleanArray::from(out)))
+        }));
     }
     for f in fns {
         ctx.register_udf(f);

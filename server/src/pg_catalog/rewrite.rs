@@ -417,12 +417,14 @@ const SCALARS_IN_FROM: &[&str] = &[
 /// `generate_series` (or the alias), of the arguments' integer type.
 /// DataFusion's takes 64-bit integers only, and names its column `value`.
 /// Two arguments are always integers (a series of timestamps needs its
-/// step), so they are cast; three are left as they are.
+/// step), so they are cast; three are left as they are. A series of
+/// `integer`s (see `int4_args`) is cast back, in a subquery.
 fn series_in_from(factor: &mut TableFactor) {
     let TableFactor::Table {
         name,
         args: Some(args),
         alias,
+        with_ordinality,
         ..
     } = factor
     else {
@@ -431,7 +433,16 @@ fn series_in_from(factor: &mut TableFactor) {
     if last_name(name).as_deref() != Some("generate_series") {
         return;
     }
-    if args.args.len() == 2 {
+    let exprs: Vec<Expr> = args
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    let int4 = !*with_ordinality && exprs.len() == args.args.len() && int4_args(&exprs);
+    if args.args.len() == 2 || int4 {
         for a in args.args.iter_mut() {
             if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a {
                 *e = Expr::Cast {
@@ -444,14 +455,58 @@ fn series_in_from(factor: &mut TableFactor) {
             }
         }
     }
-    if alias.is_none() {
-        *alias = Some(TableAlias {
-            at: None,
-            explicit: true,
-            name: Ident::new("generate_series"),
-            columns: vec![TableAliasColumnDef::from_name("generate_series")],
-        });
+    let mut named = alias.take().unwrap_or_else(|| TableAlias {
+        at: None,
+        explicit: true,
+        name: Ident::new("generate_series"),
+        columns: vec![TableAliasColumnDef::from_name("generate_series")],
+    });
+    if !int4 {
+        *alias = Some(named);
+        return;
     }
+    // `FROM generate_series(1, 3) g`: the column is `g`, as a function's
+    // one column is named after its alias.
+    if named.columns.is_empty() {
+        named.columns = vec![TableAliasColumnDef::from_name(named.name.value.clone())];
+    }
+    // The factor, its alias taken, is DataFusion's `generate_series` with
+    // its column `value`.
+    let select = format!("SELECT CAST(value AS integer) AS generate_series FROM {factor}");
+    let Some(subquery) = parse(&select, |p| p.parse_query()) else {
+        return;
+    };
+    *factor = TableFactor::Derived {
+        lateral: false,
+        sample: None,
+        subquery,
+        alias: Some(named),
+    };
+}
+
+/// Whether Postgres would type all of `args` `integer` (or `smallint`):
+/// numbers that fit in 32 bits, and casts to those types. Anything else
+/// (a bigint, a column, an expression) keeps the series `bigint`.
+fn int4_args(args: &[Expr]) -> bool {
+    fn int4(e: &Expr) -> bool {
+        match e {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => n.parse::<i32>().is_ok(),
+                _ => false,
+            },
+            Expr::UnaryOp { expr, .. } | Expr::Nested(expr) => int4(expr),
+            Expr::Cast { data_type, .. } => matches!(
+                data_type,
+                SqlType::Int(_)
+                    | SqlType::Integer(_)
+                    | SqlType::Int4(_)
+                    | SqlType::SmallInt(_)
+                    | SqlType::Int2(_)
+            ),
+            _ => false,
+        }
+    }
+    !args.is_empty() && args.iter().all(int4)
 }
 
 /// `FROM string_to_array(…) s`: a function that returns one value is, in
@@ -539,7 +594,7 @@ fn unqualified(name: &ObjectName) -> Option<String> {
     }
 }
 
-pub(super) fn call(name: &str, args: Vec<Expr>) -> Expr {
+pub(crate) fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(Function {
         name: ObjectName::from(vec![Ident::new(name)]),
         uses_odbc_syntax: false,
@@ -1015,15 +1070,45 @@ fn series_as_rows(select: &mut Select) {
         match item {
             SelectItem::UnnamedExpr(e) if is_series(e) => {
                 *item = SelectItem::ExprWithAlias {
-                    expr: call("unnest", vec![e.clone()]),
+                    expr: series_rows(e),
                     alias: Ident::with_quote('"', "generate_series"),
                 };
             }
             SelectItem::ExprWithAlias { expr, .. } if is_series(expr) => {
-                *expr = call("unnest", vec![expr.clone()]);
+                *expr = series_rows(expr);
             }
             _ => {}
         }
+    }
+}
+
+/// `unnest(generate_series(…))`, cast back to `integer` when Postgres
+/// would type the arguments so (see `int4_args`).
+fn series_rows(series: &Expr) -> Expr {
+    let rows = call("unnest", vec![series.clone()]);
+    let Expr::Function(f) = series else {
+        return rows;
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return rows;
+    };
+    let args: Vec<Expr> = list
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    if args.len() != list.args.len() || !int4_args(&args) {
+        return rows;
+    }
+    Expr::Cast {
+        kind: CastKind::Cast,
+        expr: Box::new(rows),
+        data_type: SqlType::Integer(None),
+        array: false,
+        format: None,
     }
 }
 

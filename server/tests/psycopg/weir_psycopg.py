@@ -5,6 +5,8 @@ server/tests/psycopg.rs compares them with what Postgres would give.
 
     python weir_psycopg.py PORT
 """
+import datetime as dt
+import decimal
 import sys
 
 import psycopg
@@ -58,3 +60,49 @@ with psycopg.connect(conninfo) as conn:
         print("error:", e.sqlstate)
         conn.rollback()
     print("after error:", conn.execute("SELECT 1").fetchone())
+
+# Every column type, and arrays, both ways in both formats: parameters
+# sent as text (%t) and as binary (%b), results read as text and binary.
+values = [
+    ("boolean", True),
+    ("smallint", -32768),
+    ("integer", 2**31 - 1),
+    ("bigint", -(2**63)),
+    ("real", 1.5),
+    ("double precision", -0.1),
+    ("numeric(20,6)", decimal.Decimal("-123456.789")),
+    ("text", 'héllo "q" \\ \t,{}'),
+    ("varchar(10)", "short"),
+    ("date", dt.date(1999, 12, 31)),
+    ("timestamp", dt.datetime(2024, 2, 29, 23, 59, 59, 123456)),
+    ("timestamptz", dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=dt.timezone.utc)),
+    ("interval", dt.timedelta(days=-1, seconds=5, microseconds=7)),
+    ("bytea", b"\x00\xff\\x"),
+]
+selected = values + [
+    ("time", dt.time(1, 2, 3, 456)),
+    ("integer[]", [1, None, 3]),
+    ("text[]", ["a", "b c", None, '"q"']),
+    ("double precision[]", [0.5, -2.0]),
+]
+with psycopg.connect(conninfo, autocommit=True) as conn:
+    columns = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(values))
+    conn.execute(f"CREATE TABLE every_type (id int PRIMARY KEY, {columns})")
+    for id, mark in ((1, "%t"), (2, "%b")):
+        marks = ", ".join([mark] * (len(values) + 1))
+        conn.execute(f"INSERT INTO every_type VALUES ({marks})", [id] + [v for _, v in values])
+    for binary in (False, True):
+        wrong = []
+        with conn.cursor(binary=binary) as cur:
+            for row in cur.execute("SELECT * FROM every_type ORDER BY id").fetchall():
+                for (t, want), got in zip(values, row[1:]):
+                    if got != want:
+                        wrong.append(f"{t} (row {row[0]}): {got!r}")
+            for mark in ("%t", "%b"):
+                for t, want in selected:
+                    # psycopg sends a list of str untyped, as Postgres
+                    # would return it: the cast says what it is.
+                    got = cur.execute(f"SELECT {mark}::{t}", [want]).fetchone()[0]
+                    if got != want:
+                        wrong.append(f"SELECT {mark} of {t}: {got!r}")
+        print("types,", "binary" if binary else "text", "results:", wrong or "ok")
