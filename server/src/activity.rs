@@ -100,14 +100,14 @@ impl Activity {
             }
         }
         let signals = target.signals;
+        // Fired before this returns, so that a backend signalled while
+        // idle is not cancelled in its next statement instead: the handle
+        // holds the sender of the statement running (or of the last one,
+        // whose receiver is gone). Its lock is held only to swap senders.
+        futures::executor::block_on(signals.cancel.cancel());
         if terminate {
             signals.terminate.notify_one();
         }
-        // The handle's lock is async; the cancel is fired beside the
-        // statement that asked for it.
-        tokio::spawn(async move {
-            signals.cancel.cancel().await;
-        });
         Signalled::Sent
     }
 

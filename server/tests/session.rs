@@ -261,8 +261,9 @@ async fn series_columns_and_savepoints_are_as_in_postgres() {
         .query("SELECT * FROM generate_series(1, 3)", &[])
         .await
         .unwrap();
+    // A series of integers is integer, as in Postgres.
     assert_eq!(
-        rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>(),
         vec![1, 2, 3]
     );
     client
