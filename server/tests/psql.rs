@@ -138,6 +138,25 @@ public|v|view|weir
 (1 row)
 ",
         ),
+        // The system's relations, with S: pg_catalog's tables and views.
+        (
+            "\\dvS pg_r*",
+            "List of relations
+Schema|Name|Type|Owner
+pg_catalog|pg_roles|view|weir
+(1 row)
+",
+        ),
+        (
+            "\\d pg_am",
+            "Table \"pg_catalog.pg_am\"
+Column|Type|Collation|Nullable|Default
+oid|oid|||
+amname|text|||
+amhandler|text|||
+amtype|\"char\"|||
+",
+        ),
         (
             "\\dm",
             "List of relations

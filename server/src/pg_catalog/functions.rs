@@ -53,7 +53,12 @@ impl Names {
             add(system_oid(t, i), "pg_catalog", t, "r");
         }
         for (i, t) in super::information_schema::VIEW_NAMES.iter().enumerate() {
-            add(12_500 + i as i32, "information_schema", t, "v");
+            add(
+                INFORMATION_SCHEMA_FIRST_OID + i as i32,
+                "information_schema",
+                t,
+                "v",
+            );
         }
         let entries = db.catalog.all();
         for e in &entries {
@@ -115,6 +120,9 @@ impl Names {
         }
     }
 }
+
+/// The oid of `information_schema`'s first view; the others follow it.
+pub(super) const INFORMATION_SCHEMA_FIRST_OID: i32 = 12_500;
 
 /// The oid of a `pg_catalog` table: Postgres's own for those clients name
 /// by number, others after them.

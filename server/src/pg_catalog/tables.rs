@@ -526,6 +526,99 @@ pub(super) async fn relations(db: &Arc<Database>) -> Vec<Relation> {
     out
 }
 
+/// What Postgres has as views among `pg_catalog`'s relations (the rest
+/// are tables).
+const SYSTEM_VIEWS: &[&str] = &[
+    "pg_group",
+    "pg_indexes",
+    "pg_matviews",
+    "pg_roles",
+    "pg_sequences",
+    "pg_settings",
+    "pg_shadow",
+    "pg_stat_activity",
+    "pg_stat_all_tables",
+    "pg_stat_user_tables",
+    "pg_statio_user_tables",
+    "pg_tables",
+    "pg_timezone_names",
+    "pg_user",
+    "pg_views",
+];
+
+/// The type oid of a catalog column of `kind`.
+fn kind_oid(kind: Kind) -> i32 {
+    match kind {
+        Kind::Oid => 26,
+        Kind::Int2 => 21,
+        Kind::Int4 => 23,
+        Kind::Int8 => 20,
+        Kind::Float4 => 700,
+        Kind::Bool => 16,
+        Kind::Text => 25,
+        Kind::Char => 18,
+        Kind::Timestamptz => 1184,
+        Kind::TextArray => 1009,
+        Kind::Int2Array => 1005,
+        Kind::OidArray => 1028,
+    }
+}
+
+/// `pg_catalog`'s tables and views and `information_schema`'s views, as
+/// `pg_class` and `pg_attribute` describe them, so that psql's `\dS` and
+/// `\d pg_class` find them. The other catalogs (`pg_tables`,
+/// `information_schema.tables`, …) list Weir's own relations only.
+pub(super) fn system_relations() -> Vec<Relation> {
+    let relation = |oid, name: &str, schema, namespace, relkind, cols: &[(&str, Kind)]| Relation {
+        id: 0,
+        oid,
+        name: name.to_string(),
+        schema,
+        namespace,
+        relkind,
+        columns: cols
+            .iter()
+            .map(|(name, kind)| Attribute {
+                name: name.to_string(),
+                type_oid: kind_oid(*kind),
+                typmod: -1,
+                not_null: false,
+                default: None,
+            })
+            .collect(),
+        primary_key: Vec::new(),
+        definition: None,
+        connector: None,
+    };
+    let catalog = TABLE_NAMES.iter().enumerate().filter_map(|(i, t)| {
+        let relkind = if SYSTEM_VIEWS.contains(t) { "v" } else { "r" };
+        let cols = columns_of(PG_CATALOG, t)?;
+        Some(relation(
+            super::functions::system_oid(t, i),
+            t,
+            "pg_catalog",
+            PG_CATALOG_OID,
+            relkind,
+            cols,
+        ))
+    });
+    let information_schema = super::information_schema::VIEW_NAMES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let cols = columns_of(super::columns::INFORMATION_SCHEMA, t)?;
+            Some(relation(
+                super::functions::INFORMATION_SCHEMA_FIRST_OID + i as i32,
+                t,
+                "information_schema",
+                INFORMATION_SCHEMA_OID,
+                "v",
+                cols,
+            ))
+        });
+    catalog.chain(information_schema).collect()
+}
+
 /// The namespaces: `(oid, name)`.
 pub(super) const NAMESPACES: &[(i32, &str)] = &[
     (PG_CATALOG_OID, "pg_catalog"),
@@ -884,7 +977,10 @@ async fn relation_rows(
     name: &str,
     cols: &[(&str, Kind)],
 ) -> DfResult<Vec<Vec<V>>> {
-    let rels = relations(db).await;
+    let mut rels = relations(db).await;
+    if matches!(name, "pg_class" | "pg_attribute") {
+        rels.extend(system_relations());
+    }
     let r = |values: Vec<(&str, V)>| row(cols, values);
     let owner = || V::from(SUPERUSER_OID);
     let user = || V::from(crate::pg::USER);
