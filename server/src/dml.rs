@@ -176,6 +176,9 @@ async fn insert_with(
     let desc = target(db, &object_name(name)?, "insert into")?;
     let mut insert = insert;
     if let Some(source) = insert.source.as_mut() {
+        // `INSERT … SELECT g FROM generate_series(1, 3) g` and the other
+        // Postgres spellings a query may use.
+        crate::pg_catalog::rewrite::rewrite(source)?;
         replace_default_keywords(db, &desc, &insert.columns, source)?;
         name_source_columns(source);
         // As in Postgres, `VALUES` shorter than the table fills the

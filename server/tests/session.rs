@@ -321,3 +321,48 @@ async fn pg_stat_activity_shows_every_connection() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// `INSERT … SELECT` from a series named by its alias, and the sizes psql's
+/// `\dt+` and DBeaver show: a table's bytes grow with its rows, a view
+/// stores nothing, a materialized view's state is not measured (NULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relation_sizes_and_inserts_from_a_series() {
+    let server = common::Server::start();
+    let c = server.client().await;
+    c.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);
+         CREATE VIEW vv AS SELECT * FROM t;
+         CREATE MATERIALIZED VIEW mv AS SELECT count(*) AS n FROM t",
+    )
+    .await
+    .unwrap();
+    let size = |sql: &'static str| {
+        let c = &c;
+        async move { common::one(c, sql).await }
+    };
+    assert_eq!(size("SELECT pg_total_relation_size('t')").await, "0");
+    c.batch_execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 100) g")
+        .await
+        .unwrap();
+    assert_eq!(common::one(&c, "SELECT count(*) FROM t").await, "100");
+    let rows: i64 = size("SELECT pg_relation_size('t')").await.parse().unwrap();
+    let table: i64 = size("SELECT pg_table_size('t'::regclass)")
+        .await
+        .parse()
+        .unwrap();
+    let total: i64 = size("SELECT pg_total_relation_size('t')")
+        .await
+        .parse()
+        .unwrap();
+    assert!(rows > 100 * 4, "{rows}");
+    assert!(table > rows, "the change log counts in the table's size");
+    assert_eq!(total, table);
+    c.batch_execute("INSERT INTO t SELECT g, 'more' FROM generate_series(101, 200) g")
+        .await
+        .unwrap();
+    let grown: i64 = size("SELECT pg_relation_size('t')").await.parse().unwrap();
+    assert!(grown > rows, "{grown} after {rows}");
+    assert_eq!(size("SELECT pg_total_relation_size('vv')").await, "0");
+    assert_eq!(size("SELECT pg_total_relation_size('mv')").await, "NULL");
+    assert_eq!(size("SELECT pg_indexes_size('t')").await, "0");
+}

@@ -612,6 +612,17 @@ impl TableStore {
         Ok(self.handle(id)?.ingested.subscribe())
     }
 
+    /// The bytes table `id` holds, as `(rows, change log)`: its keys and
+    /// values as written, counted by reading them (what `pg_relation_size`
+    /// and `pg_table_size` report).
+    pub fn stored_bytes(&self, id: u64) -> Result<(u64, u64)> {
+        let (from, to) = keys::id_range(keys::TABLE_ROW, id);
+        let rows = self.kv.range_bytes(&from, &to)?;
+        let (from, to) = keys::id_range(keys::TABLE_LOG, id);
+        let log = self.kv.range_bytes(&from, &to)?;
+        Ok((rows, log))
+    }
+
     pub fn last_seq(&self, id: u64) -> Result<u64> {
         Ok(*self.handle(id)?.seq.borrow())
     }

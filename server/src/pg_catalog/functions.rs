@@ -510,11 +510,9 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         constant("obj_description", 1..=2, DataType::Utf8, V::N),
         constant("col_description", 2..=2, DataType::Utf8, V::N),
         constant("shobj_description", 2..=2, DataType::Utf8, V::N),
-        // Sizes are not measured per relation.
-        constant("pg_table_size", 1..=1, DataType::Int64, V::N),
-        constant("pg_relation_size", 1..=2, DataType::Int64, V::N),
-        constant("pg_total_relation_size", 1..=1, DataType::Int64, V::N),
-        constant("pg_indexes_size", 1..=1, DataType::Int64, V::N),
+        // Indexes are not kept apart from their table (the primary key
+        // is the rows' key), and the database's size is not measured.
+        constant("pg_indexes_size", 1..=1, DataType::Int64, V::I(0)),
         constant("pg_database_size", 1..=1, DataType::Int64, V::N),
         constant(
             "pg_relation_is_publishable",
@@ -929,6 +927,42 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
             move |args, rows| reg_convert(kind, &n, &s, &args[0], rows),
         ));
     }
+    // Relation sizes: a table's rows (`pg_relation_size`), with its change
+    // log (`pg_table_size`, `pg_total_relation_size`), in bytes as written;
+    // 0 for a view, which stores nothing; NULL for what Weir does not
+    // measure (a materialized view's state lives with its job's tasks).
+    for (name, arity, with_log) in [
+        ("pg_relation_size", 1..=2, false),
+        ("pg_table_size", 1..=1, true),
+        ("pg_total_relation_size", 1..=1, true),
+    ] {
+        let (n, db) = (names.clone(), db.clone());
+        fns.push(udf(
+            name,
+            arity,
+            |_| Ok(DataType::Int64),
+            move |args, rows| {
+                let oids = session_less_regclass(&n, args, rows)?;
+                let mut out = Vec::with_capacity(rows);
+                for oid in oids.iter() {
+                    let size = match oid.and_then(|o| relation_entry(&db, o)) {
+                        Some(Entry::Table { id, .. }) => {
+                            let (rows, log) = db
+                                .cluster
+                                .tables
+                                .stored_bytes(id)
+                                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                            Some((rows + if with_log { log } else { 0 }) as i64)
+                        }
+                        Some(Entry::View { .. }) => Some(0),
+                        _ => None,
+                    };
+                    out.push(size);
+                }
+                Ok(Arc::new(Int64Array::from(out)))
+            },
+        ));
+    }
     // `pg_cancel_backend(pid)`, `pg_terminate_backend(pid [, timeout])`:
     // true when the backend was signalled, false when there is none.
     for (name, arity, terminate) in [
@@ -963,6 +997,12 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
     for f in fns {
         ctx.register_udf(f);
     }
+}
+
+/// The catalog entry whose relation oid is `oid`.
+fn relation_entry(db: &Database, oid: i32) -> Option<Entry> {
+    let id = u64::try_from(oid.checked_sub(FIRST_USER_OID)?).ok()?;
+    db.catalog.get(id)
 }
 
 /// `pg_get_viewdef` takes an oid or a name.
