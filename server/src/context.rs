@@ -152,6 +152,7 @@ pub fn new_context() -> SessionContext {
     // `1.5` is numeric, as in Postgres, not a double: `0.1 + 0.2` is `0.3`.
     config.options_mut().sql_parser.parse_float_as_decimal = true;
     let ctx = SessionContext::new_with_config(config);
+    crate::decimal_division::register(&ctx);
     ctx.register_udf(crate::proctime::udf());
     for f in planner::functions::udfs() {
         ctx.register_udf(f.as_ref().clone());

@@ -280,6 +280,8 @@ fn classify_plan(m: &str) -> ServerError {
         "failed to coerce",
         "does not support",
         "cannot be cast",
+        // `interval * 2`: no such operator for these types.
+        "cannot get result type",
     ]) {
         // Postgres: function or operator does not exist for these types.
         ServerError::UndefinedFunction(m.to_string())

@@ -12,6 +12,7 @@ pub mod cursor;
 pub mod dcl;
 pub mod ddl;
 pub mod dead_letters;
+pub mod decimal_division;
 pub mod dml;
 pub mod engine;
 pub mod error;

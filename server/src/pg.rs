@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, into_pg_type};
 use arrow_pg::encoder::{Encoder, encode_value};
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
@@ -656,10 +656,25 @@ fn encode_rows(
             _ => None,
         })
         .collect();
+    // Numerics in text exactly, by Arrow: `arrow_pg` goes through
+    // rust_decimal, which holds 28 digits where Decimal128 holds 38.
+    let decimals: Vec<Option<&Decimal128Array>> = batch
+        .columns()
+        .iter()
+        .zip(fields.iter())
+        .map(|(a, f)| match a.data_type() {
+            DataType::Decimal128(_, _) if f.format() == FieldFormat::Text => {
+                a.as_any().downcast_ref::<Decimal128Array>()
+            }
+            _ => None,
+        })
+        .collect();
     for row in 0..batch.num_rows() {
         for (col, array) in batch.columns().iter().enumerate() {
             let result = if array.is_null(row) {
                 Encoder::encode_field(&mut encoder, &None::<i8>, &fields[col])
+            } else if let Some(values) = decimals[col] {
+                Encoder::encode_field(&mut encoder, &values.value_as_string(row), &fields[col])
             } else if let Some(values) = &floats[col] {
                 let v = values.value(row);
                 let text = if v.is_nan() {

@@ -253,6 +253,28 @@ async fn results_have_postgres_types_in_text_and_binary() {
         vec![vec!["0.3", "\\xdead", "1 day 04:05:06", "{1,NULL,3}"]]
     );
 
+    // Division keeps Postgres's 16 significant digits (Arrow's kernel
+    // would keep the dividend's scale + 4), and numerics past rust_decimal's
+    // 28 digits are written exactly in text.
+    let text = common::rows(
+        &c,
+        "SELECT 1 / 3.0, 100000000000000000 / 3.0,          12345678901234567890123456.123456789012::numeric(38,12)",
+    )
+    .await;
+    assert_eq!(
+        text,
+        vec![vec![
+            "0.33333333333333333",
+            "33333333333333333.33333333333333333",
+            "12345678901234567890123456.123456789012"
+        ]]
+    );
+    let err = c
+        .simple_query("SELECT interval '1 day' * 2")
+        .await
+        .expect_err("no interval * number yet");
+    assert_eq!(err.code().map(|c| c.code()), Some("42883"), "{err}");
+
     // generate_series: integer for integers, bigint past them.
     let series = c
         .prepare("SELECT g FROM generate_series(1, 3) g")
