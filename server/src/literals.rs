@@ -17,11 +17,12 @@ use std::ops::ControlFlow;
 use datafusion::arrow::compute::kernels::cast_utils::parse_interval_month_day_nano;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::sql::sqlparser::ast::{
-    Array, ArrayElemTypeDef, CastKind, DataType as SqlType, Expr, Interval, Statement, TypedString,
-    Value, visit_expressions_mut,
+    Array, ArrayElemTypeDef, DataType as SqlType, Expr, Interval, Statement, TypedString, Value,
+    visit_expressions_mut,
 };
 
 use crate::error::{Result, ServerError};
+use crate::pg_catalog::rewrite::{call, cast};
 
 /// Rewrites the `bytea` and `interval` literals of `stmt`.
 pub fn normalize(stmt: &mut Statement) -> Result<()> {
@@ -43,22 +44,16 @@ fn normalize_expr(e: &mut Expr) -> Result<()> {
             leading_field: None,
             last_field: None,
             ..
-        }) => {
+        })
+        | Expr::Cast {
+            expr: value,
+            data_type: SqlType::Interval { .. },
+            ..
+        } => {
             if let Some(s) = string(value)
                 && let Some(canonical) = interval_text(s)?
             {
                 **value = Expr::value(Value::SingleQuotedString(canonical));
-            }
-        }
-        Expr::Cast {
-            expr,
-            data_type: SqlType::Interval { .. },
-            ..
-        } => {
-            if let Some(s) = string(expr)
-                && let Some(canonical) = interval_text(s)?
-            {
-                **expr = Expr::value(Value::SingleQuotedString(canonical));
             }
         }
         Expr::Cast {
@@ -116,16 +111,13 @@ pub fn type_string(e: &mut Expr, t: &DataType) -> Result<()> {
         }
         DataType::Interval(_) => {
             let text = interval_text(s)?.unwrap_or_else(|| s.to_string());
-            *e = Expr::Cast {
-                kind: CastKind::Cast,
-                expr: Box::new(Expr::value(Value::SingleQuotedString(text))),
-                data_type: SqlType::Interval {
+            *e = cast(
+                Expr::value(Value::SingleQuotedString(text)),
+                SqlType::Interval {
                     fields: None,
                     precision: None,
                 },
-                array: false,
-                format: None,
-            };
+            );
         }
         _ => {}
     }
@@ -156,7 +148,7 @@ fn string(e: &Expr) -> Option<&str> {
 pub fn decode_call(bytes: &[u8]) -> Expr {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let text = |s: String| Expr::value(Value::SingleQuotedString(s));
-    crate::pg_catalog::rewrite::call("decode", vec![text(hex), text("hex".into())])
+    call("decode", vec![text(hex), text("hex".into())])
 }
 
 /// The bytes of a `bytea` in Postgres's input syntax: `\x` and hex digits,
@@ -270,16 +262,13 @@ fn array_cast(s: &str, data_type: &SqlType) -> Result<Expr> {
             Some(text) => Expr::value(Value::SingleQuotedString(text)),
         })
         .collect();
-    Ok(Expr::Cast {
-        kind: CastKind::Cast,
-        expr: Box::new(Expr::Array(Array {
+    Ok(cast(
+        Expr::Array(Array {
             elem: items,
             named: true,
-        })),
-        data_type: data_type.clone(),
-        array: false,
-        format: None,
-    })
+        }),
+        data_type.clone(),
+    ))
 }
 
 /// An interval's text in a form DataFusion reads, or `None` when it reads

@@ -7,8 +7,7 @@ use std::ops::ControlFlow;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::sql::sqlparser::ast::{
-    ArrayElemTypeDef, CastKind, DataType as SqlType, Expr as SqlExpr, Statement, Value,
-    visit_expressions_mut,
+    ArrayElemTypeDef, DataType as SqlType, Expr as SqlExpr, Statement, Value, visit_expressions_mut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -99,13 +98,7 @@ pub fn declare_types(stmt: &mut Statement, types: &[Option<Type>]) -> Result<()>
             && let Value::Placeholder(p) = &v.value
             && let Some(data_type) = casts.get(p)
         {
-            *e = SqlExpr::Cast {
-                kind: CastKind::Cast,
-                expr: Box::new(e.clone()),
-                data_type: data_type.clone(),
-                array: false,
-                format: None,
-            };
+            *e = crate::pg_catalog::rewrite::cast(e.clone(), data_type.clone());
         }
         ControlFlow::<()>::Continue(())
     });

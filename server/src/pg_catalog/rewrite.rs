@@ -433,25 +433,11 @@ fn series_in_from(factor: &mut TableFactor) {
     if last_name(name).as_deref() != Some("generate_series") {
         return;
     }
-    let exprs: Vec<Expr> = args
-        .args
-        .iter()
-        .filter_map(|a| match a {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
-            _ => None,
-        })
-        .collect();
-    let int4 = !*with_ordinality && exprs.len() == args.args.len() && int4_args(&exprs);
+    let int4 = !*with_ordinality && int4_args(&args.args);
     if args.args.len() == 2 || int4 {
         for a in args.args.iter_mut() {
             if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a {
-                *e = Expr::Cast {
-                    kind: CastKind::Cast,
-                    expr: Box::new(e.clone()),
-                    data_type: SqlType::BigInt(None),
-                    array: false,
-                    format: None,
-                };
+                *e = cast(e.clone(), SqlType::BigInt(None));
             }
         }
     }
@@ -486,8 +472,9 @@ fn series_in_from(factor: &mut TableFactor) {
 
 /// Whether Postgres would type all of `args` `integer` (or `smallint`):
 /// numbers that fit in 32 bits, and casts to those types. Anything else
-/// (a bigint, a column, an expression) keeps the series `bigint`.
-fn int4_args(args: &[Expr]) -> bool {
+/// (a bigint, a column, an expression, a named argument) keeps the
+/// series `bigint`.
+fn int4_args(args: &[FunctionArg]) -> bool {
     fn int4(e: &Expr) -> bool {
         match e {
             Expr::Value(v) => match &v.value {
@@ -506,7 +493,21 @@ fn int4_args(args: &[Expr]) -> bool {
             _ => false,
         }
     }
-    !args.is_empty() && args.iter().all(int4)
+    !args.is_empty()
+        && args
+            .iter()
+            .all(|a| matches!(a, FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) if int4(e)))
+}
+
+/// `CAST(expr AS data_type)`.
+pub(crate) fn cast(expr: Expr, data_type: SqlType) -> Expr {
+    Expr::Cast {
+        kind: CastKind::Cast,
+        expr: Box::new(expr),
+        data_type,
+        array: false,
+        format: None,
+    }
 }
 
 /// `FROM string_to_array(…) s`: a function that returns one value is, in
@@ -1089,26 +1090,11 @@ fn series_rows(series: &Expr) -> Expr {
     let Expr::Function(f) = series else {
         return rows;
     };
-    let FunctionArguments::List(list) = &f.args else {
-        return rows;
-    };
-    let args: Vec<Expr> = list
-        .args
-        .iter()
-        .filter_map(|a| match a {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
-            _ => None,
-        })
-        .collect();
-    if args.len() != list.args.len() || !int4_args(&args) {
-        return rows;
-    }
-    Expr::Cast {
-        kind: CastKind::Cast,
-        expr: Box::new(rows),
-        data_type: SqlType::Integer(None),
-        array: false,
-        format: None,
+    match &f.args {
+        FunctionArguments::List(list) if int4_args(&list.args) => {
+            cast(rows, SqlType::Integer(None))
+        }
+        _ => rows,
     }
 }
 
