@@ -461,9 +461,10 @@ fn for_system_time(tokens: &mut Vec<Token>) -> Result<()> {
 }
 
 /// `(name = value, …)` from `tokens[start]` (an opening parenthesis), and
-/// the index after the closing one. Names may be dotted
-/// (`nexmark.table.type`) and are lower-cased; values are strings, numbers
-/// or words.
+/// the index after the closing one. Names may be dotted and hyphenated
+/// (`nexmark.table.type`, `sink.delivery-guarantee`) or quoted as Flink
+/// writes them (`'sink.delivery-guarantee'`), and are lower-cased;
+/// values are strings, numbers or words.
 fn option_list(tokens: &[Token], start: usize) -> Result<(BTreeMap<String, String>, usize)> {
     let bad = |t: Option<&Token>| {
         ServerError::Syntax(format!(
@@ -488,12 +489,12 @@ fn option_list(tokens: &[Token], start: usize) -> Result<(BTreeMap<String, Strin
                 t => return Err(bad(t)),
             }
             i += 1;
-            if tokens.get(i) == Some(&Token::Period) {
-                name.push('.');
-                i += 1;
-            } else {
-                break;
+            match tokens.get(i) {
+                Some(Token::Period) => name.push('.'),
+                Some(Token::Minus) => name.push('-'),
+                _ => break,
             }
+            i += 1;
         }
         if tokens.get(i) != Some(&Token::Eq) {
             return Err(bad(tokens.get(i)));

@@ -2,7 +2,8 @@
 //! `scripts/test` installs): a topic's partitions read into views exactly
 //! once across a SIGKILL and a rescale, every startup mode, records that
 //! cannot be decoded skipped, batch `SELECT`s up to the topic's end, and
-//! the errors of a topic or broker that is not there.
+//! the errors of a topic or broker that is not there; and the `kafka`
+//! sink, at least once and exactly once (transactions).
 
 mod common;
 
@@ -394,6 +395,141 @@ async fn kafka_sinks_upsert_by_key_and_append() {
         ),
         "22023",
         "topic \"nope\" does not exist",
+    )
+    .await;
+}
+
+/// Polls `topic` as a `read_committed` consumer until it holds `n`
+/// records.
+async fn until_committed(broker: &Broker, topic: &str, partitions: i32, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let got = broker.committed_records(topic, partitions).len();
+        if got >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic} has {got} committed records, not {n}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_kafka_sinks_write_each_checkpoint_in_one_transaction() {
+    let broker = Broker::start().await;
+    broker.create_topic("eos_events", 2).await;
+    broker.create_topic("eos_totals", 3).await;
+    // Checkpoints 5 s apart, so that the crash below comes after a
+    // checkpoint's transactions committed and before the next checkpoint
+    // completes: the restarted jobs then commit that checkpoint again.
+    let mut server = Server::start_with(&["--checkpoint-interval-ms", "5000"]);
+    let client = server.client().await;
+    let with = |topic: &str, extra: &str| {
+        format!(
+            "WITH (connector = 'kafka', topic = '{topic}', properties.bootstrap.server = '{}', \
+             sink.delivery-guarantee = 'exactly-once'{extra})",
+            broker.address()
+        )
+    };
+    for sql in [
+        "SET streaming_parallelism = 2".to_string(),
+        "CREATE TABLE events (id int, kind varchar) APPEND ONLY".into(),
+        "CREATE TABLE orders (id int PRIMARY KEY, customer varchar, amount int)".into(),
+        "CREATE MATERIALIZED VIEW totals AS \
+         SELECT customer, sum(amount) AS total, count(*) AS n FROM orders GROUP BY customer"
+            .into(),
+        format!(
+            "CREATE SINK events_eos FROM events {} FORMAT PLAIN ENCODE JSON",
+            with(
+                "eos_events",
+                ", 'sink.transactional-id-prefix' = 'weir-events'"
+            )
+        ),
+        format!(
+            "CREATE SINK totals_eos FROM totals {} FORMAT UPSERT ENCODE JSON",
+            with("eos_totals", ", primary_key = 'customer'")
+        ),
+        "INSERT INTO events SELECT i, 'k' || (i % 3) FROM generate_series(1, 300) AS s(i)".into(),
+        "INSERT INTO orders SELECT i, 'c' || (i % 7), i FROM generate_series(1, 200) AS s(i)"
+            .into(),
+        "FLUSH".into(),
+    ] {
+        rows(&client, &sql).await;
+    }
+    until_committed(&broker, "eos_events", 2, 300).await;
+    until_committed(&broker, "eos_totals", 3, 7).await;
+    // The transactions of the last checkpoint are committed, and no
+    // later checkpoint has completed: the restarted jobs restore that
+    // checkpoint's records, and must find them in Kafka already.
+    drop(client);
+    server.crash_and_restart();
+    let client = server.client().await;
+    for sql in [
+        "INSERT INTO events SELECT i, 'late' FROM generate_series(301, 350) AS s(i)",
+        "UPDATE orders SET amount = amount + 1000 WHERE id % 10 = 0",
+        "DELETE FROM orders WHERE customer = 'c0'",
+        "FLUSH",
+    ] {
+        rows(&client, sql).await;
+    }
+    until_committed(&broker, "eos_events", 2, 350).await;
+    let events = broker.committed_records("eos_events", 2);
+    let mut ids: Vec<i64> = events
+        .iter()
+        .map(|(_, _, v)| {
+            let v: serde_json::Value =
+                serde_json::from_slice(v.as_deref().expect("value")).expect("JSON");
+            v["id"].as_i64().expect("id")
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        (1..=350).collect::<Vec<_>>(),
+        "each event exactly once"
+    );
+    assert!(events.iter().any(|e| e.0 == 0) && events.iter().any(|e| e.0 == 1));
+    // The restarted jobs did commit the restored checkpoints, and found
+    // them in Kafka.
+    assert!(
+        server
+            .log_text()
+            .contains("checkpoint already in Kafka, not written again"),
+        "the restored checkpoints were not recognised as committed:\n{}",
+        server.log_text()
+    );
+    let view = "SELECT customer, total, n FROM totals ORDER BY customer";
+    let expected = rows(&client, view).await;
+    assert_eq!(expected.len(), 6, "{expected:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while upserted(&broker.committed_records("eos_totals", 3)) != expected {
+        assert!(std::time::Instant::now() < deadline, "totals never matched");
+    }
+
+    // Errors name the option and what it takes.
+    expect_error(
+        &client,
+        &format!(
+            "CREATE SINK s FROM events WITH (connector = 'kafka', topic = 'eos_events', \
+             properties.bootstrap.server = '{}', sink.delivery-guarantee = 'twice') \
+             FORMAT PLAIN ENCODE JSON",
+            broker.address()
+        ),
+        "22023",
+        "sink.delivery-guarantee of connector kafka must be at-least-once or exactly-once",
+    )
+    .await;
+    expect_error(
+        &client,
+        &format!(
+            "CREATE SINK s FROM events WITH (connector = 'kafka', topic = 'eos_events', \
+             properties.bootstrap.server = '{}', sink.transactional-id-prefix = 'p') \
+             FORMAT PLAIN ENCODE JSON",
+            broker.address()
+        ),
+        "22023",
+        "only with sink.delivery-guarantee = 'exactly-once'",
     )
     .await;
 }

@@ -129,6 +129,16 @@ impl Connection {
             .await
     }
 
+    /// `properties.bootstrap.server`, as librdkafka takes it.
+    pub(crate) fn bootstrap_servers(&self) -> String {
+        self.brokers.join(",")
+    }
+
+    /// `properties.client.id`, if given.
+    pub(crate) fn client_id(&self) -> Option<&str> {
+        self.client_id.as_deref()
+    }
+
     pub(crate) fn failed(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
         ExecError::Connector(format!("kafka topic {}: {what}: {e}", self.topic))
     }
@@ -384,6 +394,8 @@ impl KafkaReader {
     /// The offset after the partition's last record: the high watermark a
     /// fetch reports. (Not `ListOffsets` of the latest offset, which some
     /// brokers (tansu 0.6) answer with the start of the last record batch.)
+    /// The fetch may wait a millisecond: tansu after 0.6 answers a fetch
+    /// that may not wait at all with no partitions.
     async fn end_offset(&mut self) -> Result<i64> {
         let start = self.offset_at(OffsetAt::Earliest).await?;
         let p = self.partition;
@@ -391,7 +403,7 @@ impl KafkaReader {
         let (_, high_watermark) = self
             .partition()
             .await?
-            .fetch_records(start, 1..2, 0)
+            .fetch_records(start, 1..2, 1)
             .await
             .map_err(|e| shared.conn.failed(&format!("end of partition {p}"), e))?;
         Ok(high_watermark)

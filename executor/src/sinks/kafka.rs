@@ -13,12 +13,17 @@
 //! Kafka's Java producer places them, so every change of a key is in one
 //! partition, in order; records without one are spread round-robin.
 //!
-//! Guarantee: *at least once*. Every write waits for the brokers'
-//! acknowledgement, so a barrier passes only once everything before it is
-//! in the topic; after a failure, the changes since the last completed
-//! checkpoint are written again. The client (rskafka) has no Kafka
-//! transactions, so a consumer can see those changes twice; with UPSERT
-//! the last value per key is still the query's result.
+//! Guarantees (`sink.delivery-guarantee`, Flink's option):
+//! - `at-least-once` (the default): every write waits for the brokers'
+//!   acknowledgement, so a barrier passes only once everything before it
+//!   is in the topic; after a failure, the changes since the last
+//!   completed checkpoint are written again, and a consumer can see those
+//!   twice (with UPSERT the last value per key is still the query's
+//!   result). Records appear as they come.
+//! - `exactly-once`: a checkpoint's records are written in one Kafka
+//!   transaction when the checkpoint completes, and never twice
+//!   ([`super::kafka_transactions`]); `read_committed` consumers see each
+//!   once. With UPSERT, a checkpoint writes one record per key it changed.
 
 use std::sync::Arc;
 
@@ -30,8 +35,10 @@ use rskafka::client::partition::{Compression, PartitionClient};
 use rskafka::record::Record;
 use storage::chunk::Chunk;
 
+use super::kafka_transactions::{Placed, Transactions};
 use super::{
-    Encoder, SinkConnector, SinkContext, SinkWriter, inserts, plain_needs_append_only, upserts,
+    Encoder, Held, SinkConnector, SinkContext, SinkWriter, inserts, plain_needs_append_only,
+    upserts,
 };
 use crate::connectors::Options;
 use crate::connectors::kafka::Connection;
@@ -43,6 +50,8 @@ const OPTIONS: &[&str] = &[
     "properties.client.id",
     "primary_key",
     "force_append_only",
+    "sink.delivery-guarantee (at-least-once | exactly-once)",
+    "sink.transactional-id-prefix",
 ];
 /// Records a produce request carries at most.
 const BATCH: usize = 500;
@@ -57,6 +66,8 @@ pub(super) struct KafkaSink {
     conn: Arc<Connection>,
     format: Format,
     encoder: Encoder,
+    /// `exactly-once`: the prefix of the writers' transactional ids.
+    transactional: Option<String>,
 }
 
 impl KafkaSink {
@@ -64,6 +75,30 @@ impl KafkaSink {
         let mut o = Options::new("kafka", &spec.options);
         let conn = Connection::new(&mut o)?;
         let force = o.flag("force_append_only")?.unwrap_or(false);
+        let guarantee = o.take("sink.delivery-guarantee");
+        let prefix = o.take("sink.transactional-id-prefix");
+        let transactional = match guarantee.as_deref().map(str::trim) {
+            None | Some("at-least-once") => None,
+            Some("exactly-once") => Some(
+                prefix
+                    .clone()
+                    .unwrap_or_else(|| format!("weir-sink-{}", ctx.sink_id)),
+            ),
+            Some(other) => {
+                return Err(o.invalid(
+                    "sink.delivery-guarantee",
+                    other,
+                    "at-least-once or exactly-once",
+                ));
+            }
+        };
+        if prefix.is_some() && transactional.is_none() {
+            return Err(ExecError::InvalidOption(
+                "sink connector kafka takes sink.transactional-id-prefix only with \
+                 sink.delivery-guarantee = 'exactly-once'"
+                    .into(),
+            ));
+        }
         o.finish(OPTIONS)?;
         let (format, encoder) = match spec.format.as_deref() {
             Some("PLAIN") => {
@@ -94,6 +129,7 @@ impl KafkaSink {
             conn: Arc::new(conn),
             format,
             encoder,
+            transactional,
         })
     }
 }
@@ -105,13 +141,26 @@ impl SinkConnector for KafkaSink {
     }
 
     fn writer(&self, ctx: &SinkContext) -> Result<Box<dyn SinkWriter>> {
+        let exactly_once = self.transactional.as_ref().map(|prefix| ExactlyOnce {
+            held: Held::new(ctx),
+            transactions: Transactions::new(
+                self.conn.bootstrap_servers(),
+                self.conn.client_id().map(str::to_string),
+                self.conn.topic.clone(),
+                prefix.clone(),
+            ),
+            subtask: ctx.subtask,
+            sink_id: ctx.sink_id,
+        });
         Ok(Box::new(KafkaWriter {
             conn: self.conn.clone(),
             format: self.format,
             encoder: self.encoder,
             key: ctx.key.clone(),
             partitions: Vec::new(),
+            count: None,
             next: ctx.subtask,
+            exactly_once,
         }))
     }
 }
@@ -124,10 +173,23 @@ struct KafkaWriter {
     format: Format,
     encoder: Encoder,
     key: Vec<usize>,
-    /// A client per partition, opened on the first write.
+    /// A client per partition, opened on the first write (at least
+    /// once).
     partitions: Vec<PartitionClient>,
+    /// The topic's number of partitions, read on the first write.
+    count: Option<usize>,
     /// Round-robin position for records without a key.
     next: usize,
+    exactly_once: Option<ExactlyOnce>,
+}
+
+/// What a writer of an exactly-once sink keeps.
+struct ExactlyOnce {
+    /// The changes of the checkpoint under way.
+    held: Held,
+    transactions: Transactions,
+    subtask: usize,
+    sink_id: u64,
 }
 
 impl KafkaWriter {
@@ -171,31 +233,62 @@ impl KafkaWriter {
     }
 }
 
+impl KafkaWriter {
+    /// The records of `chunk`, each with its partition: `murmur2(key)`,
+    /// or round-robin.
+    async fn placed(&mut self, chunk: &Chunk) -> Result<Vec<Placed>> {
+        let records = self.records(chunk)?;
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = match self.count {
+            Some(n) => n,
+            None => *self.count.insert(self.conn.partitions().await?),
+        };
+        Ok(records
+            .into_iter()
+            .map(|(key, value)| {
+                let p = match &key {
+                    Some(k) => (murmur2(k) & 0x7fff_ffff) as usize % n,
+                    None => {
+                        self.next = self.next.wrapping_add(1);
+                        self.next % n
+                    }
+                };
+                (p as i32, key, value)
+            })
+            .collect())
+    }
+}
+
 #[async_trait]
 impl SinkWriter for KafkaWriter {
+    async fn clean_up(&mut self, writers: &[usize], _restored: Option<u64>) -> Result<()> {
+        if let Some(e) = &mut self.exactly_once {
+            e.transactions.open(e.subtask, writers).await?;
+        }
+        Ok(())
+    }
+
     async fn write(&mut self, chunk: &Chunk) -> Result<()> {
-        let records = self.records(chunk)?;
+        if let Some(e) = &mut self.exactly_once {
+            e.held.push(chunk);
+            return Ok(());
+        }
+        let records = self.placed(chunk).await?;
         if records.is_empty() {
             return Ok(());
         }
         if self.partitions.is_empty() {
-            let n = self.conn.partitions().await?;
-            for p in 0..n {
+            for p in 0..self.count.unwrap_or(0) {
                 self.partitions.push(self.conn.partition(p as i32).await?);
             }
         }
-        let n = self.partitions.len();
-        let mut by_partition: Vec<Vec<Record>> = (0..n).map(|_| Vec::new()).collect();
+        let mut by_partition: Vec<Vec<Record>> =
+            (0..self.partitions.len()).map(|_| Vec::new()).collect();
         let timestamp = chrono::Utc::now();
-        for (key, value) in records {
-            let p = match &key {
-                Some(k) => (murmur2(k) & 0x7fff_ffff) as usize % n,
-                None => {
-                    self.next = self.next.wrapping_add(1);
-                    self.next % n
-                }
-            };
-            by_partition[p].push(Record {
+        for (p, key, value) in records {
+            by_partition[p as usize].push(Record {
                 key,
                 value,
                 headers: Default::default(),
@@ -216,11 +309,38 @@ impl SinkWriter for KafkaWriter {
     }
 
     async fn prepare(&mut self, _checkpoint: u64) -> Result<Option<Vec<u8>>> {
-        // Every write was acknowledged before it returned.
-        Ok(None)
+        match &mut self.exactly_once {
+            Some(e) => e.held.prepare(),
+            // Every write was acknowledged before it returned.
+            None => Ok(None),
+        }
     }
 
-    async fn commit(&mut self, _checkpoint: u64, _committable: &[u8]) -> Result<()> {
+    async fn commit(&mut self, checkpoint: u64, committable: &[u8]) -> Result<()> {
+        if self.exactly_once.is_none() {
+            return Ok(());
+        }
+        let (writer, chunk) = Held::decode("kafka", committable)?;
+        let records = self.placed(&chunk).await?;
+        let n = records.len();
+        let e = self.exactly_once.as_mut().expect("checked above");
+        let written = e.transactions.commit(writer, checkpoint, records).await?;
+        if written {
+            tracing::debug!(
+                sink_id = e.sink_id,
+                writer,
+                checkpoint,
+                records = n,
+                "kafka sink: checkpoint committed"
+            );
+        } else {
+            tracing::info!(
+                sink_id = e.sink_id,
+                writer,
+                checkpoint,
+                "kafka sink: checkpoint already in Kafka, not written again"
+            );
+        }
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ mod blackhole;
 mod encode;
 mod file;
 mod kafka;
+mod kafka_transactions;
 mod postgres;
 mod table;
 
@@ -235,6 +236,53 @@ pub(crate) fn upserts(chunk: &Chunk, key: &[usize]) -> Result<Vec<(usize, bool)>
             (None, None) => None,
         })
         .collect())
+}
+
+/// A checkpoint's changes, held back until its barrier by a writer that
+/// applies a whole checkpoint in one transaction of the target (the
+/// postgres sink, the exactly-once kafka sink). The committable is the
+/// writer's index and the changes as Arrow IPC ([`Held::decode`]): a
+/// commit after a rescale may be another subtask's, and its target keeps
+/// a high-water mark per writer.
+pub(crate) struct Held {
+    subtask: usize,
+    schema: SchemaRef,
+    chunks: Vec<Chunk>,
+}
+
+impl Held {
+    pub(crate) fn new(ctx: &SinkContext) -> Self {
+        Self {
+            subtask: ctx.subtask,
+            schema: ctx.schema.clone(),
+            chunks: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, chunk: &Chunk) {
+        self.chunks.push(chunk.clone());
+    }
+
+    /// The committable of what was held since the last barrier; `None`
+    /// when nothing was.
+    pub(crate) fn prepare(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.chunks.is_empty() {
+            return Ok(None);
+        }
+        let chunk = Chunk::concat(&self.schema, &std::mem::take(&mut self.chunks))?;
+        let mut out = (self.subtask as u32).to_be_bytes().to_vec();
+        out.extend(chunk.to_ipc()?);
+        Ok(Some(out))
+    }
+
+    /// The writer and the changes of a committable of `connector`'s.
+    pub(crate) fn decode(connector: &str, committable: &[u8]) -> Result<(usize, Chunk)> {
+        let (writer, ipc) = committable.split_at_checked(4).ok_or_else(|| {
+            ExecError::Protocol(format!("{connector} sink: committable too short"))
+        })?;
+        let writer = u32::from_be_bytes(writer.try_into().expect("4 bytes")) as usize;
+        Ok((writer, Chunk::from_ipc(ipc)?))
+    }
 }
 
 /// The state key under which writer `subtask` keeps its pending

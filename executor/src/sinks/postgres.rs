@@ -24,13 +24,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, RecordBatch};
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use planner::spec::ConnectorSpec;
 use storage::chunk::Chunk;
 use tokio_postgres::{Client, NoTls};
 
-use super::{SinkConnector, SinkContext, SinkWriter, plain_needs_append_only, upserts};
+use super::{Held, SinkConnector, SinkContext, SinkWriter, plain_needs_append_only, upserts};
 use crate::connectors::Options;
 use crate::{ExecError, Result};
 
@@ -226,9 +225,7 @@ impl SinkConnector for PostgresSink {
         Ok(Box::new(PostgresWriter {
             target: self.target.clone(),
             sink_id: ctx.sink_id as i64,
-            subtask: ctx.subtask,
-            schema: ctx.schema.clone(),
-            buffered: Vec::new(),
+            held: Held::new(ctx),
             client: None,
             statements: None,
         }))
@@ -246,10 +243,8 @@ struct Statements {
 struct PostgresWriter {
     target: Arc<Target>,
     sink_id: i64,
-    subtask: usize,
-    schema: SchemaRef,
     /// Changes since the last barrier.
-    buffered: Vec<Chunk>,
+    held: Held,
     client: Option<Client>,
     statements: Option<Statements>,
 }
@@ -341,26 +336,17 @@ fn text_columns(
 #[async_trait]
 impl SinkWriter for PostgresWriter {
     async fn write(&mut self, chunk: &Chunk) -> Result<()> {
-        self.buffered.push(chunk.clone());
+        self.held.push(chunk);
         Ok(())
     }
 
     async fn prepare(&mut self, _checkpoint: u64) -> Result<Option<Vec<u8>>> {
-        if self.buffered.is_empty() {
-            return Ok(None);
-        }
-        let chunk = Chunk::concat(&self.schema, &std::mem::take(&mut self.buffered))?;
-        let mut out = (self.subtask as u32).to_be_bytes().to_vec();
-        out.extend(chunk.to_ipc()?);
-        Ok(Some(out))
+        self.held.prepare()
     }
 
     async fn commit(&mut self, checkpoint: u64, committable: &[u8]) -> Result<()> {
-        let (writer, ipc) = committable
-            .split_at_checked(4)
-            .ok_or_else(|| ExecError::Protocol("postgres sink: committable too short".into()))?;
-        let writer = u32::from_be_bytes(writer.try_into().expect("4 bytes")) as i32;
-        let chunk = Chunk::from_ipc(ipc)?;
+        let (writer, chunk) = Held::decode("postgres", committable)?;
+        let writer = writer as i32;
         let target = self.target.clone();
         let sink_id = self.sink_id;
         self.client().await?;

