@@ -143,12 +143,7 @@ impl SinkConnector for KafkaSink {
     fn writer(&self, ctx: &SinkContext) -> Result<Box<dyn SinkWriter>> {
         let exactly_once = self.transactional.as_ref().map(|prefix| ExactlyOnce {
             held: Held::new(ctx),
-            transactions: Transactions::new(
-                self.conn.bootstrap_servers(),
-                self.conn.client_id().map(str::to_string),
-                self.conn.topic.clone(),
-                prefix.clone(),
-            ),
+            transactions: Transactions::new(self.conn.clone(), prefix.clone()),
             subtask: ctx.subtask,
             sink_id: ctx.sink_id,
         });

@@ -33,6 +33,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::connectors::kafka::Connection;
 use crate::{ExecError, Result};
 
 /// How long a transactional call may take before the commit fails (and
@@ -44,9 +45,8 @@ pub(super) type Placed = (i32, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// The transactional producers of one subtask, by writer index.
 pub(super) struct Transactions {
-    brokers: String,
-    client_id: Option<String>,
-    topic: String,
+    /// The sink's brokers, client id and topic.
+    conn: Arc<Connection>,
     prefix: String,
     writers: HashMap<usize, Arc<TxnWriter>>,
 }
@@ -58,23 +58,16 @@ struct TxnWriter {
 }
 
 impl Transactions {
-    pub(super) fn new(
-        brokers: String,
-        client_id: Option<String>,
-        topic: String,
-        prefix: String,
-    ) -> Self {
+    pub(super) fn new(conn: Arc<Connection>, prefix: String) -> Self {
         Self {
-            brokers,
-            client_id,
-            topic,
+            conn,
             prefix,
             writers: HashMap::new(),
         }
     }
 
     fn failed(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
-        ExecError::Connector(format!("kafka topic {}: {what}: {e}", self.topic))
+        self.conn.failed(what, e)
     }
 
     /// The producer of `writer`, opened (and its zombies fenced) on first
@@ -84,14 +77,15 @@ impl Transactions {
             return Ok(w.clone());
         }
         let id = format!("{}-{writer}", self.prefix);
+        let brokers = self.conn.bootstrap_servers();
         let mut config = ClientConfig::new();
         config
-            .set("bootstrap.servers", &self.brokers)
+            .set("bootstrap.servers", &brokers)
             .set("transactional.id", &id)
             .set("transaction.timeout.ms", "60000")
             .set("message.timeout.ms", "30000")
             .set("linger.ms", "5");
-        if let Some(c) = &self.client_id {
+        if let Some(c) = self.conn.client_id() {
             config.set("client.id", c);
         }
         let producer: ThreadedProducer<DefaultProducerContext> = config
@@ -99,7 +93,7 @@ impl Transactions {
             .map_err(|e| self.failed("creating a transactional producer", e))?;
         let mut config = ClientConfig::new();
         config
-            .set("bootstrap.servers", &self.brokers)
+            .set("bootstrap.servers", &brokers)
             .set("group.id", &id)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed");
@@ -137,7 +131,7 @@ impl Transactions {
         records: Vec<Placed>,
     ) -> Result<bool> {
         let w = self.writer(writer).await?;
-        let topic = self.topic.clone();
+        let topic = self.conn.topic.clone();
         let result = blocking(move || w.commit(&topic, checkpoint, &records)).await;
         match result {
             Ok(written) => Ok(written),
