@@ -23,6 +23,10 @@ pub enum ClusterError {
     /// A cluster RPC failed (the peer is down or unreachable).
     #[error("cluster rpc: {0}")]
     Rpc(String),
+    /// A TaskManager could not be reached at all (its process is gone, or
+    /// the network to it): it is declared lost at once.
+    #[error("task manager {resource_id} is unreachable: {error}")]
+    TaskManagerUnreachable { resource_id: String, error: String },
     #[error("savepoint \"{0}\" does not exist")]
     UnknownSavepoint(String),
     #[error("savepoint \"{0}\" already exists")]

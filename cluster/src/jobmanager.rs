@@ -242,7 +242,11 @@ impl JobManager {
     /// completed a checkpoint.
     pub async fn rescale(&self, job: u64, graph: JobGraph) -> Result<()> {
         let old = self.job_master(job).ok_or(ClusterError::UnknownJob(job))?;
-        self.checkpoint_now(job).await?;
+        // A job that failed for good starts again from its latest retained
+        // checkpoint; a running one takes a checkpoint to start from.
+        if !matches!(old.state(), JobState::Failed(_)) {
+            self.checkpoint_now(job).await?;
+        }
         // Until the new JobMaster replaces it, reads of the stopped job go
         // to its retained checkpoints.
         old.stop(false).await?;
@@ -258,6 +262,12 @@ impl JobManager {
             return Err(e);
         }
         self.checkpoint_now(job).await
+    }
+
+    /// Whether `job` failed for good (its restart strategy gave up).
+    pub fn has_failed(&self, job: u64) -> bool {
+        self.job_master(job)
+            .is_some_and(|jm| matches!(jm.state(), JobState::Failed(_)))
     }
 
     /// Reads the savepoints in checkpoint storage; an incomplete or damaged
@@ -424,7 +434,14 @@ impl JobManager {
         let jm = self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
         match jm {
             Some(jm) => jm.stop(drop_state).await,
-            None => Err(ClusterError::UnknownJob(job)),
+            None => {
+                // A job that never started here (it could not be restored)
+                // may still have checkpoints from an earlier run.
+                if drop_state {
+                    self.storage.drop_job(job).await?;
+                }
+                Err(ClusterError::UnknownJob(job))
+            }
         }
     }
 

@@ -580,6 +580,11 @@ impl JobMaster {
             };
             match tm.submit_task(deployment, me.clone()).await {
                 Ok(()) => {}
+                Err(e @ ClusterError::TaskManagerUnreachable { .. }) => {
+                    self.rm
+                        .disconnect_task_executor(&ev.slot.task_manager, &e.to_string());
+                    return Err(e);
+                }
                 Err(ClusterError::CorruptCheckpoint(why)) => {
                     if let Some(meta) = &restore_from {
                         self.discard_corrupt(meta.id, &why).await?;
@@ -1027,6 +1032,10 @@ impl JobMaster {
             }
         }
         let mut error = error;
+        // Whether this failure uses up one of the restart strategy's
+        // attempts: waiting for slots, or finding a TaskManager gone (it is
+        // declared lost at once, and the next attempt avoids it), do not.
+        let mut counts = true;
         loop {
             let delay = {
                 let _commit = self.commit.write().await;
@@ -1047,7 +1056,7 @@ impl JobMaster {
                 }
                 // A full disk is waited out: restarting cannot fix it, so it
                 // does not use up the restart strategy's attempts.
-                if !error.contains(DISK_FULL) {
+                if counts && !error.contains(DISK_FULL) {
                     inner.restarts += 1;
                 }
                 let delay = self.config.restart_strategy.delay(inner.restarts.max(1));
@@ -1081,7 +1090,14 @@ impl JobMaster {
             }
             match self.allocate_and_deploy().await {
                 Ok(()) => return,
-                Err(e) if self.state() == JobState::Restarting => error = e.to_string(),
+                Err(e) if self.state() == JobState::Restarting => {
+                    counts = !matches!(
+                        e,
+                        ClusterError::NotEnoughSlots { .. }
+                            | ClusterError::TaskManagerUnreachable { .. }
+                    );
+                    error = e.to_string();
+                }
                 Err(_) => {
                     // Stopped while it got its slots: give them back.
                     self.teardown().await;

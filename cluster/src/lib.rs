@@ -19,6 +19,7 @@ mod jobmaster;
 mod process;
 mod resource_manager;
 mod rpc;
+mod task_runtime;
 mod taskmanager;
 
 pub use checkpoint::{CheckpointStats, CheckpointStatus, CompletedCheckpoint};
@@ -27,4 +28,5 @@ pub use error::{ClusterError, Result};
 pub use jobmanager::{JobManager, JobSources, JobStatus};
 pub use process::{Cluster, TaskManagerOptions, run_task_manager};
 pub use resource_manager::ResourceManager;
+pub use task_runtime::STACK_BYTES as TASK_STACK_BYTES;
 pub use taskmanager::TaskExecutor;

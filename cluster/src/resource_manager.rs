@@ -258,32 +258,51 @@ impl ResourceManagerGateway for ResourceManager {
         job_master: Arc<dyn JobMasterGateway>,
     ) -> Result<Vec<SlotId>> {
         let deadline = tokio::time::Instant::now() + self.slot_request_timeout;
-        let slots = loop {
-            // A pending request: wait for TaskManagers to bring slots.
-            let notified = self.slots_changed.notified();
-            match self.choose(count)? {
-                Ok(slots) => break slots,
-                Err((total, free)) => {
-                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                        return Err(ClusterError::NotEnoughSlots {
-                            needed: count,
-                            total,
-                            free,
-                        });
+        'request: loop {
+            let slots = loop {
+                // A pending request: wait for TaskManagers to bring slots.
+                let notified = self.slots_changed.notified();
+                match self.choose(count)? {
+                    Ok(slots) => break slots,
+                    Err((total, free)) => {
+                        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                            return Err(ClusterError::NotEnoughSlots {
+                                needed: count,
+                                total,
+                                free,
+                            });
+                        }
                     }
                 }
+            };
+            for slot in &slots {
+                let gateway = self.task_executor(slot)?;
+                match gateway
+                    .request_slot(slot.clone(), job, job_master.clone())
+                    .await
+                {
+                    Ok(()) => {}
+                    // Gone before its heartbeats said so: lost now, and the
+                    // request is served by the TaskManagers that are left.
+                    Err(e @ ClusterError::TaskManagerUnreachable { .. }) => {
+                        self.disconnect_task_executor(&slot.task_manager, &e.to_string());
+                        if let Ok(mut tms) = self.lock() {
+                            for tm in tms.values_mut() {
+                                for jobs in tm.slot_jobs.iter_mut() {
+                                    jobs.remove(&job);
+                                }
+                            }
+                        }
+                        continue 'request;
+                    }
+                    Err(e) => return Err(e),
+                }
+                if let Some(tm) = self.lock()?.get_mut(&slot.task_manager) {
+                    tm.slot_jobs[slot.index].insert(job);
+                }
             }
-        };
-        for slot in &slots {
-            let gateway = self.task_executor(slot)?;
-            gateway
-                .request_slot(slot.clone(), job, job_master.clone())
-                .await?;
-            if let Some(tm) = self.lock()?.get_mut(&slot.task_manager) {
-                tm.slot_jobs[slot.index].insert(job);
-            }
+            return Ok(slots);
         }
-        Ok(slots)
     }
 
     fn preview_slots(&self, count: usize) -> Result<Vec<SlotId>> {
@@ -362,5 +381,149 @@ fn info(tm: &Registered) -> TaskManagerInfo {
             .iter()
             .map(|j| j.iter().copied().collect())
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::{HardwareDescription, SlotStatus};
+    use datafusion::arrow::array::RecordBatch;
+    use datafusion::arrow::datatypes::SchemaRef;
+    use executor::message::Barrier;
+    use executor::operators::changelog::Changes;
+    use executor::task::{CheckpointAck, TaskDeployment, TaskId};
+    use planner::execution_graph::ExecutionState;
+
+    /// A TaskManager that answers, or one whose process is gone.
+    struct FakeTaskManager {
+        id: String,
+        gone: bool,
+    }
+
+    #[async_trait]
+    impl TaskExecutorGateway for FakeTaskManager {
+        fn resource_id(&self) -> ResourceId {
+            self.id.clone()
+        }
+        fn address(&self) -> String {
+            self.id.clone()
+        }
+        async fn request_slot(
+            &self,
+            _: SlotId,
+            _: u64,
+            _: Arc<dyn JobMasterGateway>,
+        ) -> Result<()> {
+            if self.gone {
+                return Err(ClusterError::TaskManagerUnreachable {
+                    resource_id: self.id.clone(),
+                    error: "tcp connect error".into(),
+                });
+            }
+            Ok(())
+        }
+        async fn free_slots(&self, _: u64) -> Result<()> {
+            Ok(())
+        }
+        async fn submit_task(&self, _: TaskDeployment, _: Arc<dyn JobMasterGateway>) -> Result<()> {
+            Ok(())
+        }
+        async fn cancel_job(&self, _: u64) -> Result<()> {
+            Ok(())
+        }
+        async fn trigger_checkpoint(&self, _: TaskId, _: Barrier) -> Result<()> {
+            Ok(())
+        }
+        async fn notify_checkpoint_complete(&self, _: u64, _: u64) -> Result<()> {
+            Ok(())
+        }
+        async fn abort_checkpoint(&self, _: u64, _: u64) -> Result<()> {
+            Ok(())
+        }
+        async fn drop_job_state(&self, _: u64, _: Vec<u64>) -> Result<()> {
+            Ok(())
+        }
+        async fn scan_view(
+            &self,
+            _: u64,
+            _: SchemaRef,
+            _: std::ops::Range<u16>,
+        ) -> Result<Vec<RecordBatch>> {
+            Ok(Vec::new())
+        }
+        async fn scan_changes(
+            &self,
+            _: u64,
+            _: SchemaRef,
+            _: std::ops::Range<u16>,
+            _: u64,
+        ) -> Result<Changes> {
+            Err(ClusterError::Internal("not here".into()))
+        }
+    }
+
+    struct FakeJobMaster;
+
+    #[async_trait]
+    impl JobMasterGateway for FakeJobMaster {
+        fn acknowledge_checkpoint(&self, _: &TaskId, _: CheckpointAck) {}
+        fn update_task_execution_state(&self, _: &TaskId, _: ExecutionState, _: Option<String>) {}
+        async fn offer_slots(&self, _: u64, slots: Vec<SlotId>) -> Result<Vec<SlotId>> {
+            Ok(slots)
+        }
+    }
+
+    async fn register(rm: &ResourceManager, id: &str, gone: bool) {
+        let slots = (0..2)
+            .map(|index| SlotStatus {
+                slot: SlotId {
+                    task_manager: id.to_string(),
+                    index,
+                },
+                jobs: Vec::new(),
+            })
+            .collect();
+        rm.register_task_executor(
+            TaskExecutorRegistration {
+                resource_id: id.to_string(),
+                address: id.to_string(),
+                hardware: HardwareDescription {
+                    cpu_cores: 2,
+                    managed_memory_bytes: 1 << 20,
+                },
+                slots: SlotReport { slots },
+            },
+            Arc::new(FakeTaskManager {
+                id: id.to_string(),
+                gone,
+            }),
+        )
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_task_manager_found_gone_is_lost_at_once_and_never_chosen() {
+        // Heartbeats would take a minute to notice.
+        let rm = ResourceManager::start(Duration::from_secs(5), Duration::from_secs(60));
+        let mut lost = rm.lost_task_managers();
+        register(&rm, "alive", false).await;
+        register(&rm, "gone", true).await;
+        // Spread evenly, the job's first choice has a slot on each.
+        let slots = rm
+            .request_slots(7, 2, Arc::new(FakeJobMaster))
+            .await
+            .expect("slots on the TaskManager that is left");
+        assert!(slots.iter().all(|s| s.task_manager == "alive"), "{slots:?}");
+        assert_eq!(lost.try_recv().ok().as_deref(), Some("gone"));
+        assert!(rm.registration_instance("gone").is_none());
+        let taken: usize = rm
+            .task_managers()
+            .iter()
+            .filter(|t| t.state == "REGISTERED")
+            .map(|t| t.slot_jobs.iter().filter(|j| j.contains(&7)).count())
+            .sum();
+        assert_eq!(taken, 2);
     }
 }

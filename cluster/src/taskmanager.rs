@@ -268,8 +268,14 @@ impl TaskExecutor {
         loop {
             self.register(&rm, &config).await?;
             let mut last_ok = Instant::now();
+            // The first heartbeat goes at once: it opens the heartbeat
+            // stream, whose breaking tells the JobManager at once that this
+            // process is gone.
+            let mut first = true;
             loop {
-                tokio::time::sleep(config.heartbeat_interval).await;
+                if !std::mem::take(&mut first) {
+                    tokio::time::sleep(config.heartbeat_interval).await;
+                }
                 let report = self.slot_report()?;
                 match rm
                     .heartbeat_from_task_executor(&self.resource_id, report)
@@ -311,6 +317,7 @@ impl TaskExecutor {
         let weak = Arc::downgrade(&te);
         let rm = Arc::downgrade(&rm);
         let interval = config.heartbeat_interval;
+        let config = config.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
@@ -318,11 +325,26 @@ impl TaskExecutor {
                     break;
                 };
                 let Ok(report) = te.slot_report() else { break };
-                if let Err(e) = rm
+                match rm
                     .heartbeat_from_task_executor(&te.resource_id, report)
                     .await
                 {
-                    tracing::warn!(error = %e, "heartbeat to the resource manager failed");
+                    Ok(()) => {}
+                    // Declared lost (its heartbeats were late): what ran
+                    // here is being restarted; offer the slots again, as
+                    // a TaskManager in its own process does.
+                    Err(ClusterError::UnknownTaskManager(_)) => {
+                        tracing::warn!(
+                            "the resource manager does not know this task manager; registering again"
+                        );
+                        te.cancel_all().await;
+                        if let Err(e) = te.register(&rm, &config).await {
+                            tracing::error!(error = %e, "registering again failed");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "heartbeat to the resource manager failed")
+                    }
                 }
             }
         });
@@ -587,7 +609,7 @@ impl TaskExecutorGateway for TaskExecutor {
             attempt = id.attempt
         );
         let task_id = id.clone();
-        let handle = tokio::spawn(
+        let handle = crate::task_runtime::handle().spawn(
             async move {
                 // A panicking operator fails its task like an error does.
                 if AssertUnwindSafe(task.run()).catch_unwind().await.is_err() {

@@ -177,6 +177,8 @@ struct InputChannel {
     blocked: bool,
     closed: bool,
     watermark: Option<i64>,
+    /// The checkpoint id of the last barrier it delivered (0: none).
+    last_barrier: u64,
 }
 
 /// What an InputGate yields.
@@ -195,16 +197,32 @@ pub enum GateEvent {
 
 /// All input channels of a subtask, with barrier alignment (exactly-once)
 /// or barrier tracking (at-least-once).
+///
+/// Alignment (Flink's BarrierBuffer) blocks a channel once it delivered
+/// barrier *n* until every open channel has, so no record after *n* is
+/// processed before *n*'s snapshot. Tracking (Flink's BarrierTracker)
+/// blocks nothing: channels may run ahead, so barriers of several
+/// checkpoints can be open at once; a checkpoint completes when every
+/// open channel has delivered its barrier (or a later one), and then the
+/// older open ones complete with it, oldest first. A channel that closes
+/// no longer counts, whether or not it delivered the barrier.
 pub struct InputGate {
     channels: Vec<InputChannel>,
     /// Exactly-once holds a channel back after its barrier; at-least-once
     /// only counts barriers.
     align: bool,
     next: usize,
+    /// Exactly-once: the barrier being aligned.
     aligning: Option<Barrier>,
     /// When the barrier being aligned first arrived.
     aligning_since: Option<std::time::Instant>,
-    arrived: usize,
+    /// At-least-once: the barriers some channel delivered and not every
+    /// channel yet, by checkpoint id, with when each first arrived.
+    tracking: std::collections::BTreeMap<u64, (Barrier, std::time::Instant)>,
+    /// At-least-once: the newest checkpoint completed.
+    tracked: u64,
+    /// Events decided and not yet returned (barriers completing together).
+    ready: std::collections::VecDeque<GateEvent>,
     watermark: Option<i64>,
 }
 
@@ -229,12 +247,15 @@ impl InputGate {
                     blocked: false,
                     closed: false,
                     watermark: None,
+                    last_barrier: 0,
                 })
                 .collect(),
             next: 0,
             aligning: None,
             aligning_since: None,
-            arrived: 0,
+            tracking: Default::default(),
+            tracked: 0,
+            ready: Default::default(),
             watermark: None,
         }
     }
@@ -245,48 +266,74 @@ impl InputGate {
         self
     }
 
-    fn open(&self) -> usize {
-        self.channels.iter().filter(|c| !c.closed).count()
+    /// Whether every open channel has delivered checkpoint `id`'s barrier.
+    fn all_delivered(&self, id: u64) -> bool {
+        self.channels
+            .iter()
+            .filter(|c| !c.closed)
+            .all(|c| c.last_barrier >= id)
     }
 
-    /// Completes the alignment if every open channel has delivered the barrier.
+    /// Completes what can be completed: the aligned barrier, or the
+    /// tracked ones every open channel has passed.
     fn try_complete(&mut self) -> Option<GateEvent> {
-        let barrier = self.aligning?;
-        if self.arrived < self.open() {
-            return None;
+        if self.align {
+            let barrier = self.aligning?;
+            if !self.all_delivered(barrier.checkpoint_id) {
+                return None;
+            }
+            self.aligning = None;
+            for c in &mut self.channels {
+                c.blocked = false;
+            }
+            let alignment = self
+                .aligning_since
+                .take()
+                .map(|t| t.elapsed())
+                .unwrap_or_default();
+            return Some(GateEvent::Barrier(barrier, alignment));
         }
-        self.aligning = None;
-        self.arrived = 0;
-        for c in &mut self.channels {
-            c.blocked = false;
+        let newest = self
+            .tracking
+            .keys()
+            .rev()
+            .copied()
+            .find(|id| self.all_delivered(*id))?;
+        let rest = self.tracking.split_off(&(newest + 1));
+        for (_, (barrier, since)) in std::mem::replace(&mut self.tracking, rest) {
+            self.ready
+                .push_back(GateEvent::Barrier(barrier, since.elapsed()));
         }
-        let alignment = self
-            .aligning_since
-            .take()
-            .map(|t| t.elapsed())
-            .unwrap_or_default();
-        Some(GateEvent::Barrier(barrier, alignment))
+        self.tracked = newest;
+        self.ready.pop_front()
     }
 
     fn on_message(&mut self, i: usize, msg: Message) -> Result<Option<GateEvent>> {
         match msg {
             Message::Chunk(chunk) => Ok(Some(GateEvent::Chunk(self.channels[i].input, chunk))),
             Message::Barrier(b) => {
-                match self.aligning {
-                    None => {
-                        self.aligning = Some(b);
-                        self.aligning_since = Some(std::time::Instant::now());
+                let id = b.checkpoint_id;
+                if self.align {
+                    match self.aligning {
+                        None => {
+                            self.aligning = Some(b);
+                            self.aligning_since = Some(std::time::Instant::now());
+                        }
+                        Some(a) if a.checkpoint_id != id => {
+                            return Err(ExecError::Protocol(format!(
+                                "barrier {id} arrived while aligning {}",
+                                a.checkpoint_id
+                            )));
+                        }
+                        Some(_) => {}
                     }
-                    Some(a) if a.checkpoint_id != b.checkpoint_id => {
-                        return Err(ExecError::Protocol(format!(
-                            "barrier {} arrived while aligning {}",
-                            b.checkpoint_id, a.checkpoint_id
-                        )));
-                    }
-                    Some(_) => {}
+                    self.channels[i].blocked = true;
+                } else if id > self.tracked {
+                    self.tracking
+                        .entry(id)
+                        .or_insert_with(|| (b, std::time::Instant::now()));
                 }
-                self.channels[i].blocked = self.align;
-                self.arrived += 1;
+                self.channels[i].last_barrier = self.channels[i].last_barrier.max(id);
                 Ok(self.try_complete())
             }
             Message::Broken(why) => Err(ExecError::ChannelBroken(why)),
@@ -315,6 +362,9 @@ impl InputGate {
 
     /// The next event. Cancel-safe: no message is lost if the future is dropped.
     pub async fn next(&mut self) -> Result<GateEvent> {
+        if let Some(ev) = self.ready.pop_front() {
+            return Ok(ev);
+        }
         std::future::poll_fn(|cx| {
             let n = self.channels.len();
             loop {
@@ -343,9 +393,6 @@ impl InputGate {
                         Poll::Ready(None) => {
                             ch.closed = true;
                             progressed = true;
-                            if ch.blocked {
-                                self.arrived -= 1;
-                            }
                             if let Some(ev) = self.try_complete() {
                                 return Poll::Ready(Ok(ev));
                             }
@@ -430,6 +477,85 @@ mod tests {
             GateEvent::Barrier(b, _) => assert_eq!(b.checkpoint_id, 1),
             other => panic!("expected barrier, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn at_least_once_closed_channel_counts_no_more() {
+        // A channel that delivered barrier 1 and then closed: the other
+        // channel's barrier is still needed.
+        let (tx0, rx0) = mpsc::channel(8);
+        let (tx1, rx1) = mpsc::channel(8);
+        let mut gate = InputGate::new(vec![(0, rx0), (1, rx1)])
+            .with_mode(planner::spec::CheckpointMode::AtLeastOnce);
+        tx0.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        drop(tx0);
+        tx1.send(data(1)).await.unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Chunk(1, _) => {}
+            other => panic!("the barrier completed early: {other:?}"),
+        }
+        tx1.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Barrier(b, _) => assert_eq!(b.checkpoint_id, 1),
+            other => panic!("expected barrier 1, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn at_least_once_takes_overlapping_barriers() {
+        // Channel 0 runs two checkpoints ahead of channel 1.
+        let (tx0, rx0) = mpsc::channel(8);
+        let (tx1, rx1) = mpsc::channel(8);
+        let mut gate = InputGate::new(vec![(0, rx0), (1, rx1)])
+            .with_mode(planner::spec::CheckpointMode::AtLeastOnce);
+        for id in [1, 2] {
+            tx0.send(Message::Barrier(Barrier::checkpoint(id)))
+                .await
+                .unwrap();
+        }
+        tx0.send(data(3)).await.unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Chunk(0, _) => {}
+            other => panic!("expected data, got {other:?}"),
+        }
+        tx1.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Barrier(b, _) => assert_eq!(b.checkpoint_id, 1),
+            other => panic!("expected barrier 1, got {other:?}"),
+        }
+        tx1.send(Message::Barrier(Barrier::checkpoint(2)))
+            .await
+            .unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Barrier(b, _) => assert_eq!(b.checkpoint_id, 2),
+            other => panic!("expected barrier 2, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn exactly_once_closed_channel_after_its_barrier() {
+        let (tx0, rx0) = mpsc::channel(8);
+        let (tx1, rx1) = mpsc::channel(8);
+        let mut gate = InputGate::new(vec![(0, rx0), (1, rx1)]);
+        tx0.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        drop(tx0);
+        tx1.send(data(1)).await.unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Chunk(1, _) => {}
+            other => panic!("the barrier completed early: {other:?}"),
+        }
+        tx1.send(Message::Barrier(Barrier::checkpoint(1)))
+            .await
+            .unwrap();
+        assert!(matches!(gate.next().await.unwrap(), GateEvent::Barrier(..)));
     }
 
     #[tokio::test]

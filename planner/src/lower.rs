@@ -359,22 +359,26 @@ fn agg_call(
     output_type: datafusion::arrow::datatypes::DataType,
 ) -> Result<AggCall> {
     let name = kind.name();
-    let (arg, delimiter) = match (kind, params.args.as_slice()) {
-        (AggKind::StringAgg, [arg, delimiter]) => {
-            let Expr::Literal(value, _) = delimiter else {
-                return unsupported("string_agg with a delimiter that is not a constant");
-            };
+    let (arg, delimiter, delimiter_expr) = match (kind, params.args.as_slice()) {
+        (AggKind::StringAgg, [arg, Expr::Literal(value, _)]) => {
             let delimiter = if value.is_null() {
                 String::new()
             } else {
                 value.to_string()
             };
-            (arg, Some(delimiter))
+            (arg, Some(delimiter), None)
         }
-        (_, [arg]) => (arg, None),
+        (AggKind::StringAgg, [arg, delimiter]) => {
+            check_expr(delimiter)?;
+            (arg, None, Some(delimiter.clone()))
+        }
+        (_, [arg]) => (arg, None, None),
         (_, args) => return unsupported(format!("{name} with {} arguments", args.len())),
     };
     check_expr(arg)?;
+    if params.null_treatment == Some(datafusion::logical_expr::expr::NullTreatment::IgnoreNulls) {
+        return unsupported(format!("{name}(… IGNORE NULLS) in materialized views"));
+    }
     if let Some(filter) = &params.filter {
         check_expr(filter)?;
     }
@@ -392,19 +396,24 @@ fn agg_call(
     {
         return unsupported(format!("{name}(DISTINCT …) in materialized views"));
     }
-    // Order-sensitive aggregates list values in ascending order, which is
-    // what ORDER BY the argument itself asks for; any other order is not
-    // kept. For the rest the order does not matter.
+    // Order-sensitive aggregates keep each value under its sort keys; with
+    // no ORDER BY they list values in ascending order. For the rest the
+    // order does not matter.
+    let mut order_by = Vec::new();
+    let mut order_options = Vec::new();
     if kind.order_sensitive() {
-        match params.order_by.as_slice() {
-            [] => {}
-            [s] if s.asc && !s.nulls_first && &s.expr == arg => {}
-            _ => {
-                return unsupported(format!(
-                    "{name}(… ORDER BY …) in materialized views other than ascending by its argument"
-                ));
-            }
+        for s in &params.order_by {
+            check_expr(&s.expr)?;
+            order_by.push(s.expr.clone());
+            order_options.push((!s.asc, s.nulls_first));
         }
+    }
+    if params.distinct && !order_by.is_empty() && order_by.iter().any(|o| o != arg) {
+        // Postgres's own rule.
+        return Err(PlanError::InvalidDefinition(
+            "in an aggregate with DISTINCT, ORDER BY expressions must appear in argument list"
+                .into(),
+        ));
     }
     Ok(AggCall {
         kind,
@@ -413,6 +422,9 @@ fn agg_call(
         distinct: params.distinct,
         filter: params.filter.as_deref().cloned(),
         delimiter,
+        delimiter_expr,
+        order_by,
+        order_options,
         append_only_input: false,
     })
 }

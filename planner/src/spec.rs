@@ -775,6 +775,14 @@ pub enum AggKind {
     StringAgg,
     /// `array_agg(x)`, values (NULLs included) in ascending order.
     ArrayAgg,
+    /// `first_value(x ORDER BY …)` and `last_value(…)`: the value of the
+    /// first (last) row in the call's order.
+    FirstValue,
+    LastValue,
+    /// `bit_and`, `bit_or`, `bit_xor` of integers.
+    BitAnd,
+    BitOr,
+    BitXor,
 }
 
 impl AggKind {
@@ -794,6 +802,11 @@ impl AggKind {
             "var_pop" | "var_population" => AggKind::VarPop,
             "string_agg" => AggKind::StringAgg,
             "array_agg" => AggKind::ArrayAgg,
+            "first_value" => AggKind::FirstValue,
+            "last_value" => AggKind::LastValue,
+            "bit_and" => AggKind::BitAnd,
+            "bit_or" => AggKind::BitOr,
+            "bit_xor" => AggKind::BitXor,
             _ => return None,
         })
     }
@@ -813,13 +826,21 @@ impl AggKind {
             AggKind::VarPop => "var_pop",
             AggKind::StringAgg => "string_agg",
             AggKind::ArrayAgg => "array_agg",
+            AggKind::FirstValue => "first_value",
+            AggKind::LastValue => "last_value",
+            AggKind::BitAnd => "bit_and",
+            AggKind::BitOr => "bit_or",
+            AggKind::BitXor => "bit_xor",
         }
     }
 
     /// Whether the result depends on the order rows arrive in (and so an
     /// `ORDER BY` inside the call matters).
     pub fn order_sensitive(self) -> bool {
-        matches!(self, AggKind::StringAgg | AggKind::ArrayAgg)
+        matches!(
+            self,
+            AggKind::StringAgg | AggKind::ArrayAgg | AggKind::FirstValue | AggKind::LastValue
+        )
     }
 }
 
@@ -842,6 +863,16 @@ pub struct AggCall {
     /// `string_agg`'s delimiter.
     #[serde(default)]
     pub delimiter: Option<String>,
+    /// `string_agg`'s delimiter when it is not a constant: each value is
+    /// preceded by its own row's.
+    #[serde(default, with = "crate::wire::opt_expr")]
+    pub delimiter_expr: Option<Expr>,
+    /// `ORDER BY` inside the call (order-sensitive aggregates): the keys,
+    /// and for each whether it is descending and whether NULLs come first.
+    #[serde(default, with = "crate::wire::exprs")]
+    pub order_by: Vec<Expr>,
+    #[serde(default)]
+    pub order_options: Vec<(bool, bool)>,
     /// The input is append-only, so min and max never have to give a value
     /// back: they keep only the current one instead of every value.
     #[serde(default)]

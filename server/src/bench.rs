@@ -63,8 +63,16 @@ const NEXMARK_SLT: &str = include_str!("../../sql-tests/nexmark.slt");
 fn nexmark_statements() -> Vec<String> {
     NEXMARK_SLT
         .split("\n\n")
-        .filter_map(|record| record.trim().strip_prefix("statement ok\n"))
-        .map(str::to_string)
+        .map(|record| {
+            // A record may begin with comment lines.
+            record
+                .trim()
+                .lines()
+                .skip_while(|l| l.starts_with('#'))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter_map(|record| record.strip_prefix("statement ok\n").map(str::to_string))
         .collect()
 }
 
@@ -351,4 +359,30 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     db.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_nexmark_query_sets_up_with_its_side_inputs() {
+        let q13 = nexmark_setup("q13", 1000, 1, None).unwrap();
+        assert!(
+            q13.iter().any(|s| s.starts_with("CREATE TABLE side_input")),
+            "{q13:?}"
+        );
+        assert!(q13.iter().any(|s| s.starts_with("INSERT INTO side_input")));
+        assert!(
+            q13.last()
+                .unwrap()
+                .starts_with("CREATE MATERIALIZED VIEW q13")
+        );
+        for q in 0..=22 {
+            if q == 12 {
+                continue;
+            }
+            nexmark_setup(&format!("q{q}"), 1000, 1, None).unwrap();
+        }
+    }
 }

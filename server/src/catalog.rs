@@ -263,19 +263,24 @@ fn poisoned() -> ServerError {
 }
 
 impl Catalog {
-    /// Loads every entry from the meta store.
-    pub fn load(meta: Arc<MetaStore>) -> Result<Self> {
+    /// Loads every entry from the meta store; with the ids of those that
+    /// cannot be read, and why (they are left out, not lost).
+    pub fn load(meta: Arc<MetaStore>) -> Result<(Self, Vec<(u64, String)>)> {
         let mut entries = BTreeMap::new();
+        let mut unreadable = Vec::new();
         for (id, bytes) in meta.load_catalog()? {
-            let entry: Entry = serde_json::from_slice(&bytes).map_err(|e| {
-                ServerError::Internal(format!("catalog entry {id} is unreadable: {e}"))
-            })?;
-            entries.insert(id, entry);
+            match serde_json::from_slice::<Entry>(&bytes) {
+                Ok(entry) => {
+                    entries.insert(id, entry);
+                }
+                Err(e) => unreadable.push((id, format!("catalog entry {id} is unreadable: {e}"))),
+            }
         }
-        Ok(Self {
+        let catalog = Self {
             meta,
             entries: RwLock::new(entries),
-        })
+        };
+        Ok((catalog, unreadable))
     }
 
     pub fn allocate_id(&self) -> Result<u64> {

@@ -115,6 +115,15 @@ impl TableProvider for ViewRows {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if let Some(e) = self.db.restore_errors.get(self.job) {
+            return Err(DataFusionError::External(Box::new(
+                ServerError::NotInPrerequisiteState(format!(
+                    "materialized view \"{}\" could not be restored when the server started: {}; drop it and create it again",
+                    e.name.unwrap_or_default(),
+                    e.error
+                )),
+            )));
+        }
         let batches = self
             .db
             .cluster
@@ -130,9 +139,9 @@ impl TableProvider for ViewRows {
 
 /// The columns a materialized view's rows were written with: those of its
 /// query after type coercion (a UNION widens its inputs), which the
-/// analyzer applies.
-pub(crate) async fn view_schema(db: &Arc<Database>, sql: &str) -> Result<SchemaRef> {
-    let ctx = context(db, Mode::Batch);
+/// analyzer applies. `id` is the view's: its query sees only older objects.
+pub(crate) async fn view_schema(db: &Arc<Database>, id: u64, sql: &str) -> Result<SchemaRef> {
+    let ctx = context_of_view(db, Mode::Batch, id);
     let plan = plan_query(&ctx, sql).await?;
     let plan = ctx.state().optimize(&plan)?;
     Ok(executor::expr::output_schema(plan.schema()))
@@ -151,11 +160,25 @@ pub fn new_context() -> SessionContext {
     config.options_mut().execution.time_zone = Some(crate::types::UTC.to_string());
     // `1.5` is numeric, as in Postgres, not a double: `0.1 + 0.2` is `0.3`.
     config.options_mut().sql_parser.parse_float_as_decimal = true;
-    let ctx = SessionContext::new_with_config(config);
+    // Weir's analyzer rules around DataFusion's own (planner::functions).
+    let mut rules = planner::functions::early_analyzer_rules();
+    rules.extend(datafusion::optimizer::Analyzer::new().rules);
+    let mut planners = datafusion::execution::SessionStateDefaults::default_expr_planners();
+    planners.extend(planner::functions::expr_planners());
+    let state = datafusion::execution::SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_analyzer_rules(rules)
+        .with_expr_planners(planners)
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     crate::decimal_division::register(&ctx);
     ctx.register_udf(crate::proctime::udf());
     for f in planner::functions::udfs() {
         ctx.register_udf(f.as_ref().clone());
+    }
+    for rule in planner::functions::analyzer_rules() {
+        ctx.add_analyzer_rule(rule);
     }
     ctx
 }
@@ -187,6 +210,39 @@ pub async fn plan_statement(ctx: &SessionContext, s: Statement) -> Result<Logica
 struct CatalogSchema {
     db: Arc<Database>,
     mode: Mode,
+    scope: Scope,
+}
+
+/// Which catalog objects a query's names may resolve to.
+///
+/// A view's query was checked when the view was created, against the
+/// objects that existed then, so it names only objects older than itself
+/// (ids are allocated in order, and an object a view depends on cannot be
+/// dropped without the view). Planning it again sees only those: a name
+/// that is also the view's own (`CREATE VIEW hop AS … FROM HOP(…)`, whose
+/// function name DataFusion also looks up as a table) never resolves back
+/// to the view, so inlining views always ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Only objects with smaller ids are visible; every object when `None`.
+    pub before: Option<u64>,
+}
+
+impl Scope {
+    /// The scope of a statement: the whole catalog.
+    pub const ALL: Scope = Scope { before: None };
+
+    /// The scope of the query of the object `id`.
+    pub fn of_object(id: u64) -> Self {
+        Scope { before: Some(id) }
+    }
+
+    /// The entry `name` names in this scope.
+    pub fn lookup(self, db: &Database, name: &str) -> Option<Entry> {
+        db.catalog
+            .by_name(name)
+            .filter(|e| self.before.is_none_or(|b| e.id() < b))
+    }
 }
 
 /// A table as a query in `mode` reads it.
@@ -380,8 +436,8 @@ impl CatalogSchema {
         Ok(match &entry {
             Entry::Table { .. } => table_provider(db, &entry, self.mode)?,
             Entry::Source { .. } => source_provider(&entry, self.mode)?,
-            Entry::View { sql, .. } => {
-                let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
+            Entry::View { id, sql, .. } => {
+                let plan = Box::pin(plan_query(&context_of_view(db, self.mode, *id), sql)).await?;
                 Arc::new(ViewTable::new(plan, Some(sql.clone())))
             }
             Entry::Sink { name, .. } => {
@@ -391,14 +447,15 @@ impl CatalogSchema {
             }
             Entry::MaterializedView { id, sql, .. } => {
                 if self.mode == Mode::Stream {
-                    let plan = Box::pin(plan_query(&context(db, self.mode), sql)).await?;
+                    let plan =
+                        Box::pin(plan_query(&context_of_view(db, self.mode, *id), sql)).await?;
                     Arc::new(ViewTable::new(plan, Some(sql.clone())))
                 } else {
                     Arc::new(ViewRows {
                         db: db.clone(),
                         job: *id,
                         state_table: planner::view_state_table(*id),
-                        schema: Box::pin(view_schema(db, sql)).await?,
+                        schema: Box::pin(view_schema(db, *id, sql)).await?,
                     })
                 }
             }
@@ -422,7 +479,7 @@ impl SchemaProvider for CatalogSchema {
         // `t FOR SYSTEM_TIME AS OF PROCTIME()`: the table, read at its
         // current version by a temporal join.
         if let Some(table) = name.strip_suffix(stmt::CURRENT_VERSION) {
-            let Some(entry @ Entry::Table { .. }) = self.db.catalog.by_name(table) else {
+            let Some(entry @ Entry::Table { .. }) = self.scope.lookup(&self.db, table) else {
                 return Ok(None);
             };
             let provider = table_provider(&self.db, &entry, self.mode)
@@ -436,7 +493,7 @@ impl SchemaProvider for CatalogSchema {
                 None => provider,
             }));
         }
-        let Some(entry) = self.db.catalog.by_name(name) else {
+        let Some(entry) = self.scope.lookup(&self.db, name) else {
             return Ok(None);
         };
         self.provider(entry)
@@ -446,12 +503,22 @@ impl SchemaProvider for CatalogSchema {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.db.catalog.by_name(name).is_some()
+        self.scope.lookup(&self.db, name).is_some()
     }
 }
 
 /// A context in which the catalog appears as `mode` says.
 pub fn context(db: &Arc<Database>, mode: Mode) -> SessionContext {
+    context_in(db, mode, Scope::ALL)
+}
+
+/// The context the query of the view (or job) `id` is planned in: it
+/// sees the objects older than the view only (see [`Scope`]).
+pub fn context_of_view(db: &Arc<Database>, mode: Mode, id: u64) -> SessionContext {
+    context_in(db, mode, Scope::of_object(id))
+}
+
+fn context_in(db: &Arc<Database>, mode: Mode, scope: Scope) -> SessionContext {
     let ctx = new_context();
     if let Some(catalog) = ctx.catalog("weir") {
         // Replaces the empty default schema.
@@ -460,6 +527,7 @@ pub fn context(db: &Arc<Database>, mode: Mode) -> SessionContext {
             Arc::new(CatalogSchema {
                 db: db.clone(),
                 mode,
+                scope,
             }),
         );
         let _ = catalog.register_schema(
@@ -467,6 +535,6 @@ pub fn context(db: &Arc<Database>, mode: Mode) -> SessionContext {
             Arc::new(crate::system::SystemSchema { db: db.clone() }),
         );
     }
-    crate::windows::register(&ctx, db, mode);
+    crate::windows::register(&ctx, db, mode, scope);
     ctx
 }

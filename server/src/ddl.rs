@@ -482,13 +482,18 @@ pub(crate) fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
     let Some(stmt::Stmt::Sql(s)) = stmt::parse(sql)?.pop() else {
         return Ok(vec![]);
     };
-    // `TUMBLE(t, …)` names its table as an argument.
-    let mut windows = WindowTables(Vec::new());
+    // `TUMBLE(t, …)` names its table as an argument, and is not itself a
+    // relation (though DataFusion lists it as one).
+    let mut windows = WindowTables::default();
     let _ = s.visit(&mut windows);
     let (refs, _) =
         datafusion::sql::resolve::resolve_table_references(&DfStatement::Statement(s), true)?;
-    let mut names: Vec<String> = refs.iter().map(|r| r.table().to_string()).collect();
-    names.extend(windows.0);
+    let mut names: Vec<String> = refs
+        .iter()
+        .map(|r| r.table().to_string())
+        .filter(|n| !windows.functions.contains(n) || windows.relations.contains(n))
+        .collect();
+    names.extend(windows.tables);
     let mut ids = BTreeSet::new();
     for name in names {
         if let Some(e) = db.catalog.by_name(&name) {
@@ -498,23 +503,45 @@ pub(crate) fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
     Ok(ids.into_iter().collect())
 }
 
-/// The tables window table functions read.
-struct WindowTables(Vec<String>);
+/// The tables window table functions read, the names of the functions
+/// called, and the names used as plain relations.
+#[derive(Default)]
+struct WindowTables {
+    tables: Vec<String>,
+    functions: BTreeSet<String>,
+    relations: BTreeSet<String>,
+}
 
 impl Visitor for WindowTables {
     type Break = ();
 
     fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-        if let TableFactor::Table {
-            name,
-            args: Some(args),
-            ..
-        } = factor
-            && object_name(name).is_ok_and(|n| crate::windows::FUNCTIONS.contains(&n.as_str()))
-            && let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Identifier(table)))) =
-                args.args.first()
-        {
-            self.0.push(ident(table));
+        match factor {
+            TableFactor::Table {
+                name,
+                args: Some(args),
+                ..
+            } => {
+                if let Ok(n) = object_name(name)
+                    && crate::windows::FUNCTIONS.contains(&n.as_str())
+                {
+                    if let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Identifier(
+                        table,
+                    )))) = args.args.first()
+                    {
+                        self.tables.push(ident(table));
+                    }
+                    self.functions.insert(n);
+                }
+            }
+            TableFactor::Table {
+                name, args: None, ..
+            } => {
+                if let Ok(n) = object_name(name) {
+                    self.relations.insert(n);
+                }
+            }
+            _ => {}
         }
         ControlFlow::Continue(())
     }
@@ -631,7 +658,7 @@ pub(crate) async fn job_graph(
     id: u64,
     o: &JobOptions,
 ) -> Result<JobGraph> {
-    let ctx = context(db, Mode::Stream);
+    let ctx = crate::context::context_of_view(db, Mode::Stream, id);
     let plan = planner::temporal::mark_now(plan_query(&ctx, sql).await?)?;
     plan_job(plan, id, o)
 }
@@ -759,15 +786,20 @@ pub async fn create_view(
 /// is left behind.
 pub(crate) async fn start_job(db: &Arc<Database>, entry: Entry, graph: JobGraph) -> Result<()> {
     let id = entry.id();
+    // Planned and checked: from here the object is created, whoever
+    // cancels the statement.
+    crate::control::commit_point()?;
     db.catalog.add(entry)?;
     if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
         db.catalog.remove(&[id])?;
         return Err(e.into());
     }
     if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
+        // Named while the entry is still there.
+        let error = db.job_error(e);
         db.catalog.remove(&[id])?;
         let _ = db.cluster.job_manager.cancel_job(id, true).await;
-        return Err(db.job_error(e));
+        return Err(error);
     }
     Ok(())
 }
@@ -797,7 +829,8 @@ pub async fn set_parallelism(
         _ => "ALTER MATERIALIZED VIEW",
     });
     let parallelism = parallelism as usize;
-    if parallelism == options.parallelism {
+    // The same parallelism again restarts a job that failed for good.
+    if parallelism == options.parallelism && !db.cluster.job_manager.has_failed(id) {
         return Ok(tag);
     }
     options.parallelism = parallelism;
@@ -879,6 +912,11 @@ pub async fn drop_objects(
     let tag = format!("DROP {}", kind.to_uppercase());
     // Check everything before dropping anything.
     let mut targets = Vec::new();
+    // Objects named in this statement may depend on each other.
+    let named: BTreeSet<u64> = names
+        .iter()
+        .filter_map(|n| db.catalog.by_name(n).map(|e| e.id()))
+        .collect();
     for name in names {
         let Some(entry) = db.catalog.by_name(name) else {
             if if_exists {
@@ -894,8 +932,12 @@ pub async fn drop_objects(
             )));
         }
         let dependents = db.catalog.dependents(entry.id());
-        if !dependents.is_empty() && !cascade {
-            let list: Vec<String> = dependents
+        let others: Vec<&Entry> = dependents
+            .iter()
+            .filter(|d| !named.contains(&d.id()))
+            .collect();
+        if !others.is_empty() && !cascade {
+            let list: Vec<String> = others
                 .iter()
                 .map(|d| format!("{} {}", d.kind(), d.name()))
                 .collect();
@@ -921,6 +963,7 @@ async fn drop_entry(db: &Arc<Database>, entry: &Entry) -> Result<()> {
     // The catalog goes first: a crash afterwards leaves unreferenced data,
     // never a catalog entry without its data.
     db.catalog.remove(&[entry.id()])?;
+    db.restore_errors.remove(&[entry.id()]);
     match entry {
         Entry::MaterializedView { id, .. } | Entry::Sink { id, .. } => {
             match db.cluster.job_manager.cancel_job(*id, true).await {

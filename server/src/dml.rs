@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::sqlparser::ast::{
@@ -51,6 +51,8 @@ async fn apply(db: &Database, table: u64, chunk: Chunk) -> Result<usize> {
     if n == 0 {
         return Ok(0);
     }
+    // From here the write happens, whoever cancels the statement.
+    crate::control::commit_point()?;
     let tables = db.cluster.tables.clone();
     tokio::task::spawn_blocking(move || tables.apply(table, &chunk))
         .await
@@ -65,8 +67,71 @@ async fn collect(
     Ok(ctx.execute_logical_plan(plan).await?.collect().await?)
 }
 
-/// Casts `columns` to the stored schema, checking NOT NULL.
-fn stored_batch(desc: &TableDesc, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
+/// The declared length of each of a table's columns that has one
+/// (`varchar(n)`, `char(n)`), by position, with the type's name.
+fn declared_lengths(db: &Database, table: u64) -> Vec<Option<(usize, &'static str)>> {
+    let Some(Entry::Table { columns, .. }) = db.catalog.get(table) else {
+        return Vec::new();
+    };
+    columns
+        .iter()
+        .map(|c| {
+            let t = c.sql_type.to_lowercase();
+            let name = if t.starts_with("varchar") || t.starts_with("character varying") {
+                "character varying"
+            } else if t.starts_with("char") || t.starts_with("bpchar") {
+                "character"
+            } else {
+                return None;
+            };
+            let (_, n) = t.split_once('(')?;
+            Some((n.trim_end_matches(')').trim().parse().ok()?, name))
+        })
+        .collect()
+}
+
+/// Refuses text longer than its column's declared length (22001), as
+/// Postgres does when storing into `varchar(n)` or `char(n)`; blanks past
+/// the length are dropped instead, as there.
+fn check_lengths(db: &Database, desc: &TableDesc, columns: &mut [ArrayRef]) -> Result<()> {
+    use datafusion::arrow::array::{Array, AsArray};
+    for (i, declared) in declared_lengths(db, desc.id).into_iter().enumerate() {
+        let (Some((limit, type_name)), Some(column)) = (declared, columns.get_mut(i)) else {
+            continue;
+        };
+        let Some(text) = column.as_string_opt::<i32>() else {
+            continue;
+        };
+        if text
+            .iter()
+            .flatten()
+            .all(|v| v.len() <= limit || v.chars().count() <= limit)
+        {
+            continue;
+        }
+        let mut fixed = datafusion::arrow::array::StringBuilder::with_capacity(text.len(), 0);
+        for v in text.iter() {
+            match v {
+                Some(v) if v.chars().count() > limit => {
+                    let (cut, _) = v.char_indices().nth(limit).unwrap_or((v.len(), ' '));
+                    if !v[cut..].chars().all(|c| c == ' ') {
+                        return Err(ServerError::StringDataRightTruncation(format!(
+                            "value too long for type {type_name}({limit})"
+                        )));
+                    }
+                    fixed.append_value(&v[..cut]);
+                }
+                other => fixed.append_option(other),
+            }
+        }
+        *column = Arc::new(fixed.finish());
+    }
+    Ok(())
+}
+
+/// Casts `columns` to the stored schema, checking NOT NULL and declared
+/// lengths.
+fn stored_batch(db: &Database, desc: &TableDesc, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
     let columns = columns
         .iter()
         .zip(desc.schema.fields())
@@ -74,11 +139,21 @@ fn stored_batch(desc: &TableDesc, columns: Vec<ArrayRef>) -> Result<RecordBatch>
             if c.data_type() == f.data_type() {
                 Ok(c.clone())
             } else {
-                cast(c, f.data_type())
+                // Never a silent NULL for a value that does not convert.
+                datafusion::arrow::compute::cast_with_options(
+                    c,
+                    f.data_type(),
+                    &datafusion::arrow::compute::CastOptions {
+                        safe: false,
+                        ..Default::default()
+                    },
+                )
             }
         })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| ServerError::InvalidText(e.to_string()))?;
+    let mut columns = columns;
+    check_lengths(db, desc, &mut columns)?;
     for (c, f) in columns.iter().zip(desc.schema.fields()) {
         if !f.is_nullable() && c.null_count() > 0 {
             return Err(ServerError::NotNullViolation(format!(
@@ -208,13 +283,45 @@ async fn insert_with(
         }
         ctx.register_batch(COPY_ROWS, rows)?;
     }
-    let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(insert)).await? else {
-        return Err(ServerError::Internal("INSERT did not plan as DML".into()));
-    };
-    let batches = collect(&ctx, dml.input.as_ref().clone()).await?;
+    // A long VALUES list is planned a slice at a time: planning is linear
+    // in each slice, and the statement can be stopped between slices.
+    let mut schema = None;
+    let mut batches = Vec::new();
+    let user_names: Vec<String> = crate::catalog::user_schema(&desc)
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    for part in values_in_slices(insert) {
+        let part_columns = part.columns.clone();
+        let LogicalPlan::Dml(dml) = plan_statement(&ctx, Statement::Insert(part)).await? else {
+            return Err(ServerError::Internal("INSERT did not plan as DML".into()));
+        };
+        let input_schema = dml.input.schema().inner().clone();
+        let targets: Vec<String> = if part_columns.is_empty() {
+            user_names.clone()
+        } else {
+            part_columns
+                .iter()
+                .map(|c| object_name(c).unwrap_or_else(|_| c.to_string()))
+                .collect()
+        };
+        let produced = collect(&ctx, dml.input.as_ref().clone())
+            .await
+            .map_err(|e| name_not_null_column(e, &input_schema, &targets, &desc))?;
+        for b in produced {
+            let first = schema.get_or_insert_with(|| input_schema.clone());
+            batches.push(
+                RecordBatch::try_new(first.clone(), b.columns().to_vec())
+                    .map_err(|e| ServerError::Internal(e.to_string()))?,
+            );
+        }
+        schema.get_or_insert(input_schema);
+    }
     let user = crate::catalog::user_schema(&desc);
-    let rows = concat_batches(&dml.input.schema().inner().clone(), &batches)
-        .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let schema = schema.ok_or_else(|| ServerError::Internal("INSERT planned nothing".into()))?;
+    let rows =
+        concat_batches(&schema, &batches).map_err(|e| ServerError::Internal(e.to_string()))?;
     let n = rows.num_rows();
     let mut columns: Vec<ArrayRef> = rows.columns()[..user.fields().len()].to_vec();
     if desc.row_id {
@@ -223,7 +330,7 @@ async fn insert_with(
             first..first + n as i64,
         )));
     }
-    let batch = stored_batch(&desc, columns)?;
+    let batch = stored_batch(db, &desc, columns)?;
     let n = match db.catalog.get(desc.id) {
         Some(Entry::Table {
             late_rows: Some(late),
@@ -236,6 +343,77 @@ async fn insert_with(
         tag: "INSERT".into(),
         rows: Some(n),
     })
+}
+
+/// DataFusion's NOT NULL check names the column of the rows inserted
+/// (`column3` of a `VALUES` list); Postgres names the table's column:
+/// the one the `VALUES` column goes to (`targets`, in order), or the one
+/// at the same place in the inserted rows.
+fn name_not_null_column(
+    e: ServerError,
+    input: &datafusion::arrow::datatypes::SchemaRef,
+    targets: &[String],
+    desc: &TableDesc,
+) -> ServerError {
+    let ServerError::NotNullViolation(m) = &e else {
+        return e;
+    };
+    let Some((name, _)) = m
+        .strip_prefix("Column '")
+        .and_then(|rest| rest.split_once("' is declared as non-nullable"))
+    else {
+        return e;
+    };
+    let column = match name
+        .strip_prefix("column")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        Some(n) if n >= 1 => targets.get(n - 1).cloned(),
+        _ => input
+            .index_of(name)
+            .ok()
+            .and_then(|i| desc.schema.fields().get(i))
+            .map(|f| f.name().clone()),
+    };
+    match column {
+        Some(column) => ServerError::NotNullViolation(format!(
+            "null value in column \"{column}\" of relation \"{}\" violates not-null constraint",
+            desc.name
+        )),
+        None => e,
+    }
+}
+
+/// Rows of a `VALUES` list planned at once.
+const VALUES_SLICE: usize = 4096;
+
+/// `insert`, or — when it inserts a plain `VALUES` list longer than
+/// [`VALUES_SLICE`] rows — one `INSERT` per slice of the list.
+fn values_in_slices(mut insert: Insert) -> Vec<Insert> {
+    use datafusion::sql::sqlparser::ast::SetExpr;
+    let Some(source) = insert.source.as_mut() else {
+        return vec![insert];
+    };
+    let plain = source.with.is_none()
+        && source.order_by.is_none()
+        && source.limit_clause.is_none()
+        && source.fetch.is_none();
+    let rows = match source.body.as_mut() {
+        SetExpr::Values(values) if plain && values.rows.len() > VALUES_SLICE => {
+            std::mem::take(&mut values.rows)
+        }
+        _ => return vec![insert],
+    };
+    let mut parts = Vec::with_capacity(rows.len().div_ceil(VALUES_SLICE));
+    let mut rows = rows.into_iter().peekable();
+    while rows.peek().is_some() {
+        let mut part = insert.clone();
+        if let Some(SetExpr::Values(values)) = part.source.as_mut().map(|s| s.body.as_mut()) {
+            values.rows = rows.by_ref().take(VALUES_SLICE).collect();
+        }
+        parts.push(part);
+    }
+    parts
 }
 
 /// An insert into a stream `WITH (late_rows = …)`: rows whose watermark
@@ -320,9 +498,10 @@ async fn insert_behind_watermark(
         columns.push(Arc::new(Int64Array::from_iter_values(
             first..first + n as i64,
         )));
-        writes.push((late, Chunk::inserts(stored_batch(&late_desc, columns)?)));
+        writes.push((late, Chunk::inserts(stored_batch(db, &late_desc, columns)?)));
     }
     let n = batch.num_rows();
+    crate::control::commit_point()?;
     let tables = db.cluster.tables.clone();
     tokio::task::spawn_blocking(move || {
         let refs: Vec<(u64, &Chunk)> = writes.iter().map(|(id, c)| (*id, c)).collect();
@@ -470,6 +649,31 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
     let desc = target(db, &name, "update")?;
     // Which stored column each assignment sets.
     let mut assigned: Vec<Option<usize>> = vec![None; desc.schema.fields().len()];
+    let column_types: Vec<Option<String>> = match db.catalog.get(desc.id) {
+        Some(Entry::Table { columns, .. }) => columns
+            .iter()
+            .map(|c| {
+                let t = c.sql_type.to_lowercase();
+                // Lengths are checked when the row is stored.
+                let base = t.split('(').next().unwrap_or_default().trim().to_string();
+                let t = if [
+                    "varchar",
+                    "character varying",
+                    "char",
+                    "character",
+                    "bpchar",
+                ]
+                .contains(&base.as_str())
+                {
+                    "text".to_string()
+                } else {
+                    t
+                };
+                Some(t)
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let mut extra = Vec::new();
     for (k, Assignment { target, value }) in update.assignments.iter().enumerate() {
         let AssignmentTarget::ColumnName(col) = target else {
@@ -495,7 +699,15 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
             )));
         }
         assigned[i] = Some(k);
-        extra.push(format!("{value} AS {}", quote(&format!("__new_{k}"))));
+        // Cast as the column's type, as Postgres assigns: text is read
+        // by the type's input rules.
+        let cast_to = column_types
+            .get(i)
+            .cloned()
+            .flatten()
+            .map(|t| format!("CAST(({value}) AS {t})"))
+            .unwrap_or_else(|| value.to_string());
+        extra.push(format!("{cast_to} AS {}", quote(&format!("__new_{k}"))));
     }
     let rows = select_rows(db, &desc, &update.table, &extra, update.selection.as_ref()).await?;
     let n_stored = desc.schema.fields().len();
@@ -508,7 +720,7 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
             None => rows.column(i).clone(),
         })
         .collect();
-    let new = stored_batch(&desc, new_columns)?;
+    let new = stored_batch(db, &desc, new_columns)?;
     let n = old.num_rows();
     let both = concat_batches(&desc.schema, [&old, &new])
         .map_err(|e| ServerError::Internal(e.to_string()))?;

@@ -113,6 +113,77 @@ pub struct Database {
     pub default_parallelism: usize,
     /// When this server started (`pg_postmaster_start_time()`).
     pub started_at: std::time::SystemTime,
+    /// Objects that could not be restored when the server started, set
+    /// aside so that the rest could be (`weir_catalog.restore_errors`);
+    /// they can still be dropped.
+    pub restore_errors: RestoreErrors,
+}
+
+/// Why objects could not be restored, by catalog id.
+#[derive(Debug, Default)]
+pub struct RestoreErrors(std::sync::Mutex<std::collections::BTreeMap<u64, RestoreError>>);
+
+/// An object set aside at start-up.
+#[derive(Debug, Clone)]
+pub struct RestoreError {
+    pub name: Option<String>,
+    pub kind: &'static str,
+    pub error: String,
+    pub at: std::time::SystemTime,
+}
+
+impl RestoreErrors {
+    fn record(&self, id: u64, name: Option<&str>, kind: &'static str, error: String) {
+        tracing::error!(id, name, kind, error = %error, "could not restore this object; it is set aside and can be dropped");
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            id,
+            RestoreError {
+                name: name.map(str::to_string),
+                kind,
+                error,
+                at: std::time::SystemTime::now(),
+            },
+        );
+    }
+
+    /// Why the object `id` was set aside, if it was.
+    pub fn get(&self, id: u64) -> Option<RestoreError> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Every object set aside, by id.
+    pub fn all(&self) -> Vec<(u64, RestoreError)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, e)| (*id, e.clone()))
+            .collect()
+    }
+
+    /// Forgets dropped objects.
+    pub fn remove(&self, ids: &[u64]) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            all.remove(id);
+        }
+    }
+}
+
+/// Runs one object's restore, turning a panic into its error.
+async fn restore_one<F: std::future::Future<Output = Result<()>>>(f: F) -> Result<()> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(f).catch_unwind().await {
+        Ok(r) => r,
+        Err(panic) => Err(ServerError::Internal(format!(
+            "restoring panicked: {}",
+            crate::error::panic_message(&panic)
+        ))),
+    }
 }
 
 impl Database {
@@ -140,7 +211,7 @@ impl Database {
     }
 
     async fn start(cluster: Cluster, default_parallelism: usize) -> Result<Arc<Self>> {
-        let catalog = Catalog::load(cluster.meta.clone())?;
+        let (catalog, unreadable) = Catalog::load(cluster.meta.clone())?;
         let roles = crate::roles::Roles::load(cluster.meta.clone())?;
         let db = Arc::new(Self {
             catalog,
@@ -151,23 +222,40 @@ impl Database {
             stream_watermarks: Default::default(),
             default_parallelism,
             started_at: std::time::SystemTime::now(),
+            restore_errors: Default::default(),
         });
+        for (id, error) in unreadable {
+            db.restore_errors.record(id, None, "object", error);
+        }
+        // An object that cannot be restored is set aside — logged, listed in
+        // weir_catalog.restore_errors — and the server starts without it,
+        // so that it can be dropped.
         for entry in db.catalog.all() {
-            match &entry {
+            let restored = match &entry {
                 Entry::Table { ingest, .. } => {
-                    db.cluster.tables.open_table(table_desc(&entry)?)?;
-                    if ingest.is_some()
-                        && let Err(e) = crate::ingest::recover(&db, &entry).await
-                    {
-                        tracing::error!(name = entry.name(), error = %e, "the job of a connector table could not be restarted");
-                    }
+                    restore_one(async {
+                        db.cluster.tables.open_table(table_desc(&entry)?)?;
+                        if ingest.is_some() {
+                            crate::ingest::recover(&db, &entry).await?;
+                        }
+                        Ok(())
+                    })
+                    .await
                 }
                 Entry::MaterializedView { .. } | Entry::Sink { .. } => {
-                    if let Err(e) = ddl::recover_view_job(&db, &entry).await {
-                        tracing::error!(name = entry.name(), kind = entry.kind(), error = %e, "job could not be restarted");
-                    }
+                    restore_one(ddl::recover_view_job(&db, &entry)).await
                 }
-                Entry::View { .. } | Entry::Source { .. } => {}
+                // A view is planned whenever it is read; a view that no
+                // longer plans says so then.
+                Entry::View { .. } | Entry::Source { .. } => Ok(()),
+            };
+            if let Err(e) = restored {
+                db.restore_errors.record(
+                    entry.id(),
+                    Some(entry.name()),
+                    entry.kind(),
+                    e.to_string(),
+                );
             }
         }
         tracing::info!(objects = db.catalog.all().len(), "catalog restored");
@@ -196,6 +284,11 @@ impl Database {
         stmt: Stmt,
     ) -> Result<QueryResult> {
         crate::dcl::check(self, session, &stmt)?;
+        if !stoppable(&stmt) {
+            // Not written to be dropped half way: it runs to its end once
+            // it has begun (crate::control).
+            crate::control::commit_point()?;
+        }
         if session
             .get("transaction_read_only")
             .is_ok_and(|v| v == "on")
@@ -478,6 +571,8 @@ impl Database {
                 end_transaction(session)?;
                 Ok(QueryResult::command("ROLLBACK"))
             }
+            // Nothing is ever listened to (LISTEN is refused below).
+            Statement::UNLISTEN { .. } => Ok(QueryResult::command("UNLISTEN")),
             other => Err(ServerError::unsupported(format!(
                 "the statement {}",
                 leading_words(&other.to_string())
@@ -634,6 +729,43 @@ fn set_variable(session: &mut Session, set: Set) -> Result<QueryResult> {
             Ok(QueryResult::command("SET"))
         }
         other => Err(ServerError::unsupported(format!("{other}"))),
+    }
+}
+
+/// Whether `stmt` may be stopped (cancelled, timed out) until it reaches
+/// its commit point: statements that change nothing, and those that mark
+/// the point where they start to (`crate::control::commit_point`): DML,
+/// and the creation of views and sinks, which plan and check everything
+/// first.
+fn stoppable(stmt: &Stmt) -> bool {
+    match stmt {
+        Stmt::Sql(s) => matches!(
+            s.as_ref(),
+            Statement::Query(_)
+                | Statement::Insert(_)
+                | Statement::Update(_)
+                | Statement::Delete(_)
+                | Statement::Explain { .. }
+                | Statement::ShowVariable { .. }
+                | Statement::ShowTables { .. }
+                | Statement::Declare { .. }
+                | Statement::Copy { .. }
+                | Statement::CreateView(_)
+        ),
+        Stmt::EmitOnWindowClose(_)
+        | Stmt::CreateSink { .. }
+        | Stmt::Flush
+        | Stmt::Checkpoint
+        | Stmt::ShowMaterializedViews
+        | Stmt::ShowViews
+        | Stmt::ShowJobs
+        | Stmt::ShowSources
+        | Stmt::ShowSinks
+        | Stmt::ShowSavepoints
+        | Stmt::Subscribe { .. }
+        | Stmt::DeclareSubscribe { .. }
+        | Stmt::Fetch { .. } => true,
+        _ => false,
     }
 }
 

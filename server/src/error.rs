@@ -77,6 +77,12 @@ pub enum ServerError {
     NotInPrerequisiteState(String),
     #[error("{0}")]
     InvalidCursorName(String),
+    /// Text longer than its column's declared length.
+    #[error("{0}")]
+    StringDataRightTruncation(String),
+    /// A prepared statement that does not exist.
+    #[error("{0}")]
+    InvalidStatementName(String),
     #[error("{0}")]
     DuplicateCursor(String),
     #[error("{0}")]
@@ -92,6 +98,9 @@ pub enum ServerError {
     /// More than Weir takes in one go.
     #[error("{0}")]
     ProgramLimitExceeded(String),
+    /// Expressions or queries nested deeper than Weir plans.
+    #[error("{0}")]
+    StatementTooComplex(String),
     /// COPY data that is not in the format the COPY said.
     #[error("{0}")]
     BadCopyFormat(String),
@@ -151,6 +160,8 @@ impl ServerError {
             ServerError::WrongObjectType(_) => "42809",
             ServerError::NotInPrerequisiteState(_) => "55000",
             ServerError::InvalidCursorName(_) => "34000",
+            ServerError::InvalidStatementName(_) => "26000",
+            ServerError::StringDataRightTruncation(_) => "22001",
             ServerError::DuplicateCursor(_) => "42P03",
             ServerError::CantChangeParameter(_) => "55P02",
             ServerError::ReadOnlyTransaction(_) => "25006",
@@ -162,6 +173,7 @@ impl ServerError {
             ServerError::Protocol(_) => "08P01",
             ServerError::InvalidSchemaName(_) => "3F000",
             ServerError::ProgramLimitExceeded(_) => "54000",
+            ServerError::StatementTooComplex(_) => "54001",
             ServerError::CharacterNotInRepertoire(_) => "22021",
             ServerError::Internal(_) => "XX000",
         }
@@ -191,10 +203,31 @@ impl From<ServerError> for PgWireError {
     }
 }
 
+/// Postgres's name of an Arrow integer type, in "integer out of range".
+fn integer_type_name(arrow_name: &str) -> Option<&'static str> {
+    Some(match arrow_name {
+        "Int16" | "UInt8" | "Int8" => "smallint",
+        "Int32" | "UInt16" => "integer",
+        "Int64" | "UInt32" | "UInt64" => "bigint",
+        _ => return None,
+    })
+}
+
 fn from_arrow(e: &ArrowError) -> ServerError {
     match e {
         ArrowError::DivideByZero => ServerError::DivisionByZero,
+        // A number that does not fit the integer type it is cast to.
+        ArrowError::CastError(m)
+            if m.starts_with("Can't cast value")
+                && let Some(t) = m.rsplit(' ').next().and_then(integer_type_name) =>
+        {
+            ServerError::NumericOutOfRange(format!("{t} out of range"))
+        }
         ArrowError::CastError(m) | ArrowError::ParseError(m) => ServerError::InvalidText(m.clone()),
+        // A value with more integer digits than a numeric(p, s) holds.
+        ArrowError::InvalidArgumentError(m) if m.contains("too large to store in a Decimal") => {
+            ServerError::NumericOutOfRange(format!("numeric field overflow: {m}"))
+        }
         ArrowError::ArithmeticOverflow(m) => ServerError::NumericOutOfRange(m.clone()),
         ArrowError::ComputeError(m) if m.contains("Overflow") || m.contains("overflow") => {
             ServerError::NumericOutOfRange(m.clone())
@@ -210,7 +243,7 @@ impl From<DataFusionError> for ServerError {
     fn from(e: DataFusionError) -> Self {
         let root = e.find_root();
         match root {
-            DataFusionError::SQL(p, _) => ServerError::Syntax(p.to_string()),
+            DataFusionError::SQL(p, _) => ServerError::from(p.as_ref().clone()),
             DataFusionError::ArrowError(a, _) => from_arrow(a),
             DataFusionError::SchemaError(s, _) => match s.as_ref() {
                 SchemaError::FieldNotFound { .. } => {
@@ -401,6 +434,21 @@ impl From<cluster::ClusterError> for ServerError {
 
 impl From<datafusion::sql::sqlparser::parser::ParserError> for ServerError {
     fn from(e: datafusion::sql::sqlparser::parser::ParserError) -> Self {
-        ServerError::Syntax(e.to_string())
+        use datafusion::sql::sqlparser::parser::ParserError as P;
+        match e {
+            P::RecursionLimitExceeded => ServerError::StatementTooComplex(
+                "statement is too complex: its expressions are nested too deeply".into(),
+            ),
+            e => ServerError::Syntax(e.to_string()),
+        }
     }
+}
+
+/// What a caught panic said.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }

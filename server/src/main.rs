@@ -215,8 +215,11 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // Large stacks (reserved, not committed): statements and dataflow
+    // tasks walk expression trees recursively (server::depth).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(server::control::STACK_BYTES)
         .build()
     {
         Ok(rt) => rt,

@@ -13,7 +13,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
-use futures::{FutureExt, Sink, SinkExt, stream};
+use futures::{Sink, SinkExt, stream};
 use pgwire::api::auth::sasl::SASLState;
 use pgwire::api::auth::{
     StartupHandler, protocol_negotiation, save_startup_parameters_to_metadata,
@@ -26,7 +26,7 @@ use pgwire::api::results::DataRowEncoder;
 use pgwire::api::results::{
     CopyResponse, DescribePortalResponse, FieldFormat, FieldInfo, QueryResponse, Response, Tag,
 };
-use pgwire::api::stmt::QueryParser;
+use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
@@ -37,7 +37,7 @@ use pgwire::error::ErrorInfo;
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
 use pgwire::messages::data::{DataRow, RowDescription};
-use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
+use pgwire::messages::extendedquery::{Describe, Parse, ParseComplete, TARGET_TYPE_BYTE_PORTAL};
 use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
 use pgwire::messages::startup::{Authentication, BackendKeyData};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
@@ -79,7 +79,7 @@ pub struct Parser {
 
 impl Parser {
     async fn prepare(&self, sql: &str, client_types: &[Option<Type>]) -> Result<Option<Prepared>> {
-        let mut stmts = stmt::parse(sql)?;
+        let mut stmts = parse_off_the_runtime(sql)?;
         if stmts.len() > 1 {
             return Err(ServerError::Syntax(
                 "cannot insert multiple commands into a prepared statement".into(),
@@ -267,6 +267,12 @@ pub struct Connection {
     /// Notified by `pg_terminate_backend`: the connection loop closes the
     /// connection.
     pub terminate: Arc<tokio::sync::Notify>,
+    /// A second handle on the client's socket, to notice that the client
+    /// has gone while one of its statements runs.
+    probe: std::sync::OnceLock<std::net::TcpStream>,
+    /// The names of the statements the client prepared (pgwire keeps the
+    /// statements; `DEALLOCATE ALL` needs their names).
+    prepared_names: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// A `COPY … FROM STDIN` waiting for the client's `CopyDone`.
@@ -309,6 +315,8 @@ impl Connection {
             login: Default::default(),
             activity: Default::default(),
             terminate: Default::default(),
+            probe: Default::default(),
+            prepared_names: Default::default(),
         }
     }
 
@@ -383,44 +391,164 @@ impl Connection {
     }
 
     async fn run_statement(&self, stmt: Stmt) -> Result<QueryResult> {
-        let mut session = self.session.lock().await;
-        let reads_only = matches!(&stmt, Stmt::Sql(s) if matches!(s.as_ref(), Statement::Query(_)))
-            || matches!(stmt, Stmt::Fetch { .. });
-        let timeout = session.statement_timeout().filter(|_| reads_only);
+        let session = self.session.clone().lock_owned().await;
+        let timeout = session.statement_timeout();
+        let db = self.db.clone();
+        self.supervise(timeout, async move {
+            let mut session = session;
+            db.execute(&mut session, stmt).await
+        })
+        .await
+    }
+
+    /// Runs a statement's work on a thread of its own (`crate::control`)
+    /// and stops it — until its commit point — when a cancel request or
+    /// `pg_cancel_backend`/`pg_terminate_backend` arrives, `timeout`
+    /// passes, or the client goes away.
+    async fn supervise<T: Send + 'static>(
+        &self,
+        timeout: Option<std::time::Duration>,
+        work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let control = crate::control::Control::new();
+        let run = crate::control::run(control.clone(), work);
+        tokio::pin!(run);
         let cancelled = self.cancelled().await;
-        let fut = std::panic::AssertUnwindSafe(self.db.execute(&mut session, stmt)).catch_unwind();
-        let timed = async {
+        let deadline = async {
             match timeout {
-                None => Ok(fut.await),
-                Some(limit) => tokio::time::timeout(limit, fut).await.map_err(|_| {
-                    ServerError::QueryCanceled(
-                        "canceling statement due to statement timeout".into(),
-                    )
-                }),
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
             }
         };
-        let outcome = if reads_only {
-            tokio::select! {
-                outcome = timed => outcome?,
-                () = cancelled => return Err(user_cancel()),
+        let gone = self.client_gone();
+        tokio::select! {
+            result = &mut run => return result,
+            () = cancelled => control.stop(user_cancel()),
+            () = deadline => control.stop(ServerError::QueryCanceled(
+                "canceling statement due to statement timeout".into(),
+            )),
+            () = gone => {
+                tracing::info!("client went away; stopping its statement");
+                control.stop(ServerError::QueryCanceled(
+                    "canceling statement: the client closed the connection".into(),
+                ))
             }
-        } else {
-            timed.await?
         };
-        match outcome {
-            Ok(r) => r,
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                tracing::error!(panic = %msg, "statement panicked");
-                Err(ServerError::Internal(format!("internal error: {msg}")))
+        // Stopped, or past its commit point and so left to finish.
+        run.await
+    }
+
+    /// Resolves when the client's socket has closed (checked once a
+    /// second, as Postgres's `client_connection_check_interval`); never
+    /// when the connection has no socket to check.
+    async fn client_gone(&self) {
+        let Some(probe) = self.probe.get() else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(CLIENT_CHECK_INTERVAL).await;
+            match probe.peek(&mut [0u8; 1]) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => return,
             }
         }
     }
 }
+
+impl Connection {
+    /// `DEALLOCATE` and `DISCARD`: statements about what the connection
+    /// holds in pgwire's store (prepared statements, portals), answered
+    /// here rather than by the engine.
+    async fn connection_statement<C>(&self, client: &C, stmt: &Stmt) -> Option<Result<QueryResult>>
+    where
+        C: ClientPortalStore,
+        C::PortalStore: PortalStore,
+    {
+        let Stmt::Sql(s) = stmt else {
+            return None;
+        };
+        let store = client.portal_store();
+        let forget_all = || {
+            let names = std::mem::take(
+                &mut *self
+                    .prepared_names
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            for name in names {
+                store.rm_statement(&name);
+            }
+        };
+        Some(match s.as_ref() {
+            Statement::Deallocate { name, .. }
+                if name.quote_style.is_none() && name.value.eq_ignore_ascii_case("all") =>
+            {
+                forget_all();
+                Ok(QueryResult::command("DEALLOCATE ALL"))
+            }
+            Statement::Deallocate { name, .. } => {
+                let name = stmt::ident(name);
+                let known = self
+                    .prepared_names
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&name);
+                if known || store.get_statement(&name).is_some() {
+                    store.rm_statement(&name);
+                    Ok(QueryResult::command("DEALLOCATE"))
+                } else {
+                    Err(ServerError::InvalidStatementName(format!(
+                        "prepared statement \"{name}\" does not exist"
+                    )))
+                }
+            }
+            Statement::Discard { object_type } => {
+                use datafusion::sql::sqlparser::ast::DiscardObject;
+                match object_type {
+                    // Postgres: CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT;
+                    // RESET ALL; DEALLOCATE ALL; UNLISTEN *; … (no temporary
+                    // tables, sequences, locks or listeners here).
+                    DiscardObject::ALL => {
+                        forget_all();
+                        store.clear_portals();
+                        let mut session = self.session.lock().await;
+                        session.cursors.clear();
+                        session.reset_all();
+                        Ok(QueryResult::command("DISCARD ALL"))
+                    }
+                    // No plans are cached, no sequences or temporary tables exist.
+                    DiscardObject::PLANS => Ok(QueryResult::command("DISCARD PLANS")),
+                    DiscardObject::SEQUENCES => Ok(QueryResult::command("DISCARD SEQUENCES")),
+                    DiscardObject::TEMP => Ok(QueryResult::command("DISCARD TEMP")),
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Parses `sql`; a long text is parsed with the worker thread handed over
+/// to the runtime's other tasks meanwhile, so that other clients, the
+/// dataflow and the heartbeats do not wait for it.
+fn parse_off_the_runtime(sql: &str) -> Result<Vec<Stmt>> {
+    const LONG: usize = 64 << 10;
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if sql.len() > LONG && multi_thread {
+        tokio::task::block_in_place(|| stmt::parse(sql))
+    } else {
+        stmt::parse(sql)
+    }
+}
+
+/// How often a running statement checks that its client is still there.
+const CLIENT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Connection {
     /// Tells the client of each reported parameter (`DateStyle`,
@@ -916,7 +1044,7 @@ impl SimpleQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let stmts = match stmt::parse(query) {
+        let stmts = match parse_off_the_runtime(query) {
             Ok(s) => s,
             Err(e) => return Ok(vec![Response::Error(Box::new(e.into_error_info()))]),
         };
@@ -938,7 +1066,11 @@ impl SimpleQueryHandler for Connection {
         let mut out = Vec::with_capacity(stmts.len());
         for s in stmts {
             let tag = command_tag(&s);
-            match self.run(s, query).await {
+            let result = match self.connection_statement(client, &s).await {
+                Some(r) => r,
+                None => self.run(s, query).await,
+            };
+            match result {
                 Ok(QueryResult::Subscribe { sub, copy }) => {
                     let cancelled = self.cancelled().await;
                     let format = &Format::UnifiedText;
@@ -964,6 +1096,32 @@ impl ExtendedQueryHandler for Connection {
 
     fn query_parser(&self) -> Arc<Parser> {
         self.parser.clone()
+    }
+
+    /// As pgwire's, noting the statement's name for `DEALLOCATE ALL`.
+    async fn on_parse<C>(&self, client: &mut C, message: Parse) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message.name.clone().unwrap_or_default();
+        let parser = self.query_parser();
+        match StoredStatement::parse(client, &message, parser).await? {
+            Some(stmt) => client.portal_store().put_statement(Arc::new(stmt)),
+            None => client.portal_store().put_empty_statement(&name),
+        }
+        if !name.is_empty() {
+            self.prepared_names
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name);
+        }
+        client
+            .send(PgWireBackendMessage::ParseComplete(ParseComplete::new()))
+            .await?;
+        Ok(())
     }
 
     /// A cursor is a portal in Postgres, and drivers (psycopg's named
@@ -1020,7 +1178,10 @@ impl ExtendedQueryHandler for Connection {
             crate::literals::normalize(s)?;
         }
         let tag = command_tag(&stmt);
-        let result = self.run(stmt, &prepared.text).await;
+        let result = match self.connection_statement(client, &stmt).await {
+            Some(r) => r,
+            None => self.run(stmt, &prepared.text).await,
+        };
         self.report_parameters(client).await?;
         match result? {
             QueryResult::Subscribe { sub, copy } => {
@@ -1074,8 +1235,14 @@ impl CopyHandler for Connection {
         let Some(copy) = pending else {
             return Err(ServerError::Protocol("CopyDone outside a COPY FROM STDIN".into()).into());
         };
-        let rows = crate::copy::decode(&copy.data, &copy.options, copy.width)?;
-        let n = crate::dml::copy_in(&self.db, &copy.table, &copy.columns, &rows).await?;
+        let timeout = self.session.lock().await.statement_timeout();
+        let db = self.db.clone();
+        let n = self
+            .supervise(timeout, async move {
+                let rows = crate::copy::decode(&copy.data, &copy.options, copy.width)?;
+                crate::dml::copy_in(&db, &copy.table, &copy.columns, &rows).await
+            })
+            .await?;
         client
             .send(PgWireBackendMessage::CommandComplete(
                 Tag::new("COPY").with_rows(n).into(),
@@ -1120,6 +1287,16 @@ impl PgWireServerHandlers for Handlers {
     }
 }
 
+/// The socket, and a second handle on it to check whether the client is
+/// still there without reading what it sends.
+fn with_probe(
+    socket: tokio::net::TcpStream,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::TcpStream)> {
+    let std = socket.into_std()?;
+    let probe = std.try_clone()?;
+    Ok((tokio::net::TcpStream::from_std(std)?, probe))
+}
+
 /// Accepts clients until `shutdown` resolves.
 pub async fn serve(
     db: Arc<Database>,
@@ -1141,6 +1318,16 @@ pub async fn serve(
                         manager.clone(),
                         auth.clone(),
                     )));
+                    let socket = match with_probe(socket) {
+                        Ok((socket, probe)) => {
+                            let _ = handlers.0.probe.set(probe);
+                            socket
+                        }
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "cannot use the accepted socket");
+                            continue;
+                        }
+                    };
                     let (wire, count) = (wire.clone(), count.clone());
                     let terminate = handlers.0.terminate.clone();
                     tokio::spawn(async move {

@@ -327,6 +327,14 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             Stmt::Sql(Box::new(parser.parse_statement()?))
         };
         let mut stmt = stmt;
+        if let Err(e) = too_deep(&stmt) {
+            if let Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } =
+                stmt
+            {
+                crate::depth::discard(*s);
+            }
+            return Err(e);
+        }
         match &mut stmt {
             Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
                 crate::literals::normalize(s)?
@@ -343,6 +351,17 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
     }
     Ok(out)
+}
+
+/// Refuses a statement nested deeper than Weir plans (`54001`).
+fn too_deep(stmt: &Stmt) -> Result<()> {
+    match stmt {
+        Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
+            crate::depth::check(s.as_ref())
+        }
+        Stmt::CreateSink { query, .. } => crate::depth::check(query.as_ref()),
+        _ => Ok(()),
+    }
 }
 
 /// One statement from `tokens` (a statement's, rewritten), all of them.

@@ -88,7 +88,7 @@ impl Subscription {
                 s.view
             )));
         }
-        let view_schema = crate::context::view_schema(db, &sql).await?;
+        let view_schema = crate::context::view_schema(db, id, &sql).await?;
         let mut fields = vec![
             Field::new("weir_epoch", DataType::Int64, false),
             Field::new("weir_op", DataType::Utf8, false),

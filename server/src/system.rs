@@ -37,8 +37,9 @@ use crate::types::UTC;
 /// The schema holding the system tables.
 pub const SCHEMA: &str = "weir_catalog";
 
-const TABLES: [&str; 8] = [
+const TABLES: [&str; 9] = [
     "late_rows",
+    "restore_errors",
     "source_errors",
     "task_managers",
     "slots",
@@ -469,6 +470,34 @@ impl SystemSchema {
         ])
     }
 
+    /// The objects the server could not restore when it started, and why;
+    /// each stays until it is dropped.
+    fn restore_errors(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let all = self.db.restore_errors.all();
+        table(vec![
+            (
+                "id",
+                Col::Int(all.iter().map(|(id, _)| Some(*id as i64)).collect()),
+            ),
+            (
+                "name",
+                Col::Text(all.iter().map(|(_, e)| e.name.clone()).collect()),
+            ),
+            (
+                "kind",
+                Col::Text(all.iter().map(|(_, e)| Some(e.kind.to_string())).collect()),
+            ),
+            (
+                "error",
+                Col::Text(all.iter().map(|(_, e)| Some(e.error.clone())).collect()),
+            ),
+            (
+                "at",
+                Col::Time(all.iter().map(|(_, e)| micros(e.at)).collect()),
+            ),
+        ])
+    }
+
     fn subtasks(&self) -> DfResult<Arc<dyn TableProvider>> {
         let jobs = self.db.cluster.job_manager.jobs();
         let (mut job, mut view, mut vertex, mut subtask, mut state, mut slot, mut tm) =
@@ -512,6 +541,7 @@ impl SchemaProvider for SystemSchema {
             "savepoints" => self.savepoints()?,
             "late_rows" => self.late_rows().await?,
             "source_errors" => self.source_errors()?,
+            "restore_errors" => self.restore_errors()?,
             _ => return Ok(None),
         }))
     }

@@ -30,7 +30,7 @@ use datafusion::functions::datetime::expr_fn::date_bin;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, col, lit};
 
 use crate::catalog::Entry;
-use crate::context::{Mode, source_provider, table_provider};
+use crate::context::{Mode, Scope, source_provider, table_provider};
 use crate::engine::Database;
 use crate::error::ServerError;
 
@@ -68,19 +68,21 @@ struct WindowFunction {
     kind: Kind,
     db: Arc<Database>,
     mode: Mode,
+    scope: Scope,
 }
 
 /// The window table functions, by their lower-case names.
 pub const FUNCTIONS: &[&str] = &["tumble", "hop", "cumulate", "session"];
 
 /// Registers the window functions in a statement's context.
-pub fn register(ctx: &SessionContext, db: &Arc<Database>, mode: Mode) {
+pub fn register(ctx: &SessionContext, db: &Arc<Database>, mode: Mode, scope: Scope) {
     // DataFusion looks table functions up by their name as written.
     for kind in [Kind::Tumble, Kind::Hop, Kind::Cumulate] {
         let f = Arc::new(WindowFunction {
             kind,
             db: db.clone(),
             mode,
+            scope,
         });
         ctx.register_udtf(&kind.name().to_lowercase(), f.clone());
         ctx.register_udtf(kind.name(), f);
@@ -88,6 +90,7 @@ pub fn register(ctx: &SessionContext, db: &Arc<Database>, mode: Mode) {
     let session = Arc::new(SessionWindow {
         db: db.clone(),
         mode,
+        scope,
     });
     ctx.register_udtf("session", session.clone());
     ctx.register_udtf("SESSION", session);
@@ -155,6 +158,7 @@ fn name(kind: Kind, e: &Expr) -> DfResult<String> {
 fn window_source(
     db: &Arc<Database>,
     mode: Mode,
+    scope: Scope,
     function: &str,
     table: &str,
     time: &str,
@@ -162,7 +166,7 @@ fn window_source(
     Arc<dyn TableProvider>,
     datafusion::arrow::datatypes::DataType,
 )> {
-    let entry = match db.catalog.by_name(table) {
+    let entry = match scope.lookup(db, table) {
         Some(e @ (Entry::Table { .. } | Entry::Source { .. })) => e,
         Some(other) => {
             return Err(error(ServerError::Unsupported(format!(
@@ -250,7 +254,8 @@ impl WindowFunction {
                 kind.name()
             ))));
         }
-        let (provider, ts_type) = window_source(&self.db, self.mode, kind.name(), &table, &time)?;
+        let (provider, ts_type) =
+            window_source(&self.db, self.mode, self.scope, kind.name(), &table, &time)?;
         let schema = provider.schema();
         let origin = lit(ScalarValue::TimestampMicrosecond(Some(offset), None));
         let ts = col(&time);
@@ -322,6 +327,7 @@ impl TableFunctionImpl for WindowFunction {
 struct SessionWindow {
     db: Arc<Database>,
     mode: Mode,
+    scope: Scope,
 }
 
 const SESSION_USAGE: &str = "SESSION(table, time_column, gap [, key_column ...])";
@@ -366,7 +372,8 @@ impl SessionWindow {
             .iter()
             .map(|e| session_name(e).map(|n| col(&n)))
             .collect::<DfResult<_>>()?;
-        let (provider, ts_type) = window_source(&self.db, self.mode, "SESSION", &table, &time)?;
+        let (provider, ts_type) =
+            window_source(&self.db, self.mode, self.scope, "SESSION", &table, &time)?;
         let schema = provider.schema();
         let columns: Vec<Expr> = schema.fields().iter().map(|f| col(f.name())).collect();
         for k in &keys {

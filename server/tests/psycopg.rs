@@ -55,6 +55,7 @@ error: 42P01
 after error: (1,)
 types, text results: ok
 types, binary results: ok
+prepared, DDL, DEALLOCATE ALL, DISCARD ALL: (0,)
 ";
     assert_eq!(stdout, expected, "{stderr}");
 }

@@ -203,6 +203,18 @@ impl RemoteTaskExecutor {
     fn client(&self) -> TaskExecutorClient<Channel> {
         self.client.clone()
     }
+
+    /// A failed call: a TaskManager that cannot be connected to at all is
+    /// unreachable (and is declared lost by the caller).
+    fn rpc(&self, e: tonic::Status) -> ClusterError {
+        if e.code() == tonic::Code::Unavailable {
+            return ClusterError::TaskManagerUnreachable {
+                resource_id: self.resource_id.clone(),
+                error: e.message().to_string(),
+            };
+        }
+        super::from_status(e, "")
+    }
 }
 
 #[async_trait]
@@ -228,7 +240,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
                 job,
             })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -236,7 +248,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         self.client()
             .free_slots(pb::JobRequest { job })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -259,7 +271,10 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
             restore: super::to_json(&deployment.restore),
             checkpoint_storage: deployment.checkpoint_storage.clone(),
         };
-        self.client().submit_task(request).await.map_err(rpc)?;
+        self.client()
+            .submit_task(request)
+            .await
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -267,7 +282,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         self.client()
             .cancel_job(pb::JobRequest { job })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -278,7 +293,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
                 barrier: Some(barrier.into()),
             })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -286,7 +301,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         self.client()
             .notify_checkpoint_complete(pb::CheckpointRequest { job, checkpoint_id })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -294,7 +309,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         self.client()
             .abort_checkpoint(pb::CheckpointRequest { job, checkpoint_id })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -302,7 +317,7 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         self.client()
             .drop_job_state(pb::DropStateRequest { job, tables })
             .await
-            .map_err(rpc)?;
+            .map_err(|e| self.rpc(e))?;
         Ok(())
     }
 
@@ -323,10 +338,10 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
             .client()
             .scan_view(request)
             .await
-            .map_err(rpc)?
+            .map_err(|e| self.rpc(e))?
             .into_inner();
         let mut out = Vec::new();
-        while let Some(part) = parts.message().await.map_err(rpc)? {
+        while let Some(part) = parts.message().await.map_err(|e| self.rpc(e))? {
             out.push(super::batch_from_ipc(&part.batch)?);
         }
         Ok(out)
@@ -350,13 +365,13 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
             .client()
             .scan_changes(request)
             .await
-            .map_err(rpc)?
+            .map_err(|e| self.rpc(e))?
             .into_inner();
         let mut out = Changes {
             horizon: 0,
             batches: Vec::new(),
         };
-        while let Some(part) = parts.message().await.map_err(rpc)? {
+        while let Some(part) = parts.message().await.map_err(|e| self.rpc(e))? {
             out.horizon = out.horizon.max(part.horizon);
             if !part.batch.is_empty() {
                 out.batches.push(super::batch_from_ipc(&part.batch)?);

@@ -138,6 +138,7 @@ impl SourceConnector for Files {
                 schema: schema.clone(),
                 path,
                 rows: offset,
+                total: 0,
                 reader: None,
             }),
         })
@@ -241,7 +242,8 @@ impl SplitReader for FileReader {
             data: decoded.rows,
             ops: decoded.ops,
             position: encode_position(self.offset, &self.path),
-            caught_up: true,
+            // FLUSH waits for the file's last line.
+            caught_up: end == data.len(),
             as_of: std::time::Instant::now(),
             rejected,
         }))
@@ -254,6 +256,8 @@ struct ParquetReader {
     path: PathBuf,
     /// Rows read so far.
     rows: u64,
+    /// Rows in the file, once it is open.
+    total: u64,
     reader: Option<ParquetRecordBatchReader>,
 }
 
@@ -267,11 +271,12 @@ async fn open_parquet(
     path: &Path,
     schema: &SchemaRef,
     rows: u64,
-) -> Result<ParquetRecordBatchReader> {
+) -> Result<(ParquetRecordBatchReader, u64)> {
     let failed = |e: &dyn std::fmt::Display| parquet_failed(path, e);
     let data = tokio::fs::read(path).await.map_err(|e| failed(&e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(data))
         .map_err(|e| failed(&e))?;
+    let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
     let file_schema = builder.schema().clone();
     let mut roots = Vec::new();
     for field in schema.fields() {
@@ -290,19 +295,22 @@ async fn open_parquet(
         roots.push(i);
     }
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    builder
+    let reader = builder
         .with_projection(mask)
         .with_offset(rows as usize)
         .with_batch_size(1024)
         .build()
-        .map_err(|e| failed(&e))
+        .map_err(|e| failed(&e))?;
+    Ok((reader, total))
 }
 
 #[async_trait]
 impl SplitReader for ParquetReader {
     async fn next(&mut self) -> Result<Option<ReadBatch>> {
         if self.reader.is_none() {
-            self.reader = Some(open_parquet(&self.path, &self.schema, self.rows).await?);
+            let (reader, total) = open_parquet(&self.path, &self.schema, self.rows).await?;
+            self.reader = Some(reader);
+            self.total = total;
         }
         let Some(batch) = self.reader.as_mut().and_then(Iterator::next) else {
             return Ok(None);
@@ -330,7 +338,7 @@ impl SplitReader for ParquetReader {
             data,
             ops: None,
             position: encode_position(self.rows, &self.path),
-            caught_up: true,
+            caught_up: self.rows >= self.total,
             as_of: std::time::Instant::now(),
             rejected: Vec::new(),
         }))
@@ -399,6 +407,19 @@ mod tests {
         assert_eq!(f.splits().await.unwrap(), 2);
         let (ids, end) = read_all(&f, 0, None).await;
         assert_eq!(ids, vec![1, 2, 3]);
+        // A batch short of the file's end is not caught up.
+        let big = dir.path().join("big");
+        std::fs::create_dir(&big).unwrap();
+        let lines: String = (0..300_000).map(|i| format!("{i},n{i}\n")).collect();
+        std::fs::write(big.join("big.csv"), format!("id,name\n{lines}")).unwrap();
+        let f_big = files(&big, "CSV", &[]).unwrap();
+        let mut r = f_big.reader(0, None, Pace::Rated).unwrap();
+        let mut seen = Vec::new();
+        while let Some(b) = r.next().await.unwrap() {
+            seen.push(b.caught_up);
+        }
+        assert!(seen.len() > 1 && seen[..seen.len() - 1].iter().all(|c| !c));
+        assert_eq!(seen.last(), Some(&true));
         assert_eq!(read_all(&f, 0, Some(&end)).await.0, Vec::<i64>::new());
         assert_eq!(read_all(&f, 1, None).await.0, vec![4]);
 
@@ -448,6 +469,13 @@ mod tests {
         let mut r = f.reader(0, None, Pace::Rated).unwrap();
         let first = r.next().await.unwrap().unwrap();
         assert_eq!(first.data.num_rows(), 1024);
+        // Not caught up until the last row: FLUSH waits for it.
+        assert!(!first.caught_up);
+        let mut last = first.clone();
+        while let Some(b) = r.next().await.unwrap() {
+            last = b;
+        }
+        assert!(last.caught_up);
         assert_eq!(first.data.column(1).as_string::<i32>().value(5), "n5");
         let (ids, _) = read_all(&f, 0, Some(&first.position)).await;
         assert_eq!(ids, (1024..3000).collect::<Vec<i64>>());

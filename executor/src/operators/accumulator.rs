@@ -1,10 +1,14 @@
 //! Retractable aggregate state: each aggregate of a group keeps what it needs
 //! to take a row back out. count, sum and avg keep running totals; variance
 //! and standard deviation keep n, Σx and Σx²; bool_and and bool_or count
-//! trues and falses; min, max, every `DISTINCT` aggregate, string_agg and
-//! array_agg keep every value with its multiplicity (an ordered multiset),
-//! because a deleted minimum must give way to the next one, and a value
-//! counts for `DISTINCT` until its last copy goes.
+//! trues and falses; min, max, bit_and, bit_or, bit_xor, every `DISTINCT`
+//! aggregate, string_agg, array_agg, first_value and last_value keep every
+//! value with its multiplicity (an ordered multiset), because a deleted
+//! minimum must give way to the next one, and a value counts for
+//! `DISTINCT` until its last copy goes. An aggregate with `ORDER BY` keeps
+//! each value under its sort keys (and, for a `string_agg` whose delimiter
+//! is not a constant, with its row's delimiter), so the multiset's order
+//! is the call's.
 
 use std::collections::BTreeMap;
 
@@ -78,6 +82,12 @@ pub(crate) struct Aggregate {
     /// min or max over an append-only input: only the current extreme is
     /// kept, as nothing is ever retracted.
     keep_extreme_only: bool,
+    /// `ORDER BY` inside the call: its keys come first in each encoded
+    /// value, then the value, then (with `delimiter_expr`) the delimiter.
+    order_by: Vec<Arc<dyn PhysicalExpr>>,
+    delimiter_expr: Option<Arc<dyn PhysicalExpr>>,
+    /// Whether values are kept under sort keys (see `order_by`).
+    ordered: bool,
 }
 
 /// An aggregate's argument for one batch, ready to accumulate.
@@ -148,6 +158,43 @@ impl Aggregate {
                 };
                 (element.clone(), None, multiset(&element)?)
             }
+            AggKind::FirstValue | AggKind::LastValue => {
+                (call.output_type.clone(), None, multiset(&call.output_type)?)
+            }
+            AggKind::BitAnd | AggKind::BitOr | AggKind::BitXor => {
+                if !call.output_type.is_integer() {
+                    return Err(unsupported());
+                }
+                (DataType::Int64, None, multiset(&DataType::Int64)?)
+            }
+        };
+        let order_by = expr::compile(&call.order_by, input_schema)?;
+        let delimiter_expr = match &call.delimiter_expr {
+            Some(d) => Some(expr::compile(std::slice::from_ref(d), input_schema)?.remove(0)),
+            None => None,
+        };
+        let ordered = !order_by.is_empty()
+            || delimiter_expr.is_some()
+            || matches!(call.kind, AggKind::FirstValue | AggKind::LastValue);
+        let codec = if ordered {
+            // Sort keys, then the value ascending (NULLs last), then the
+            // delimiter: the multiset's order is the call's.
+            let mut fields = Vec::new();
+            for (e, (descending, nulls_first)) in call.order_by.iter().zip(
+                call.order_options
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat((false, false))),
+            ) {
+                fields.push((e.get_type(input_schema)?, descending, nulls_first));
+            }
+            fields.push((input_type.clone(), false, false));
+            if delimiter_expr.is_some() {
+                fields.push((DataType::Utf8, false, false));
+            }
+            Some(RowCodec::sorted(fields)?)
+        } else {
+            codec
         };
         Ok(Self {
             kind: call.kind,
@@ -162,6 +209,9 @@ impl Aggregate {
             keep_extreme_only: call.append_only_input
                 && !call.distinct
                 && matches!(call.kind, AggKind::Min | AggKind::Max),
+            order_by,
+            delimiter_expr,
+            ordered,
         })
     }
 
@@ -195,9 +245,26 @@ impl Aggregate {
         let values = self.arg.evaluate(batch)?.into_array(batch.num_rows())?;
         let values = if let Some(codec) = &self.codec {
             let values = cast(&values, &self.input_type)?;
-            let encoded = codec.encode(std::slice::from_ref(&values))?;
-            // array_agg keeps NULL elements, as in Postgres.
-            let keep_nulls = self.kind == AggKind::ArrayAgg;
+            let encoded = if self.ordered {
+                let mut columns = Vec::with_capacity(self.order_by.len() + 2);
+                for key in &self.order_by {
+                    columns.push(key.evaluate(batch)?.into_array(batch.num_rows())?);
+                }
+                columns.push(values.clone());
+                if let Some(d) = &self.delimiter_expr {
+                    let d = d.evaluate(batch)?.into_array(batch.num_rows())?;
+                    columns.push(cast(&d, &DataType::Utf8)?);
+                }
+                codec.encode(&columns)?
+            } else {
+                codec.encode(std::slice::from_ref(&values))?
+            };
+            // array_agg keeps NULL elements, as in Postgres, and the first
+            // or last value may be NULL.
+            let keep_nulls = matches!(
+                self.kind,
+                AggKind::ArrayAgg | AggKind::FirstValue | AggKind::LastValue
+            );
             Values::Encoded(
                 encoded
                     .into_iter()
@@ -372,7 +439,27 @@ impl Aggregate {
                 _ => null(),
             };
         }
+        if self.ordered {
+            return self.ordered_output(codec, set);
+        }
         match self.kind {
+            AggKind::BitAnd | AggKind::BitOr | AggKind::BitXor => {
+                let values = decode(set.keys().collect())?;
+                let values = values.as_primitive::<Int64Type>();
+                let mut acc: Option<i64> = None;
+                for (i, copies) in set.values().enumerate() {
+                    let v = values.value(i);
+                    acc = Some(match (self.kind, acc) {
+                        (_, None) if self.kind != AggKind::BitXor => v,
+                        (AggKind::BitAnd, Some(a)) => a & v,
+                        (AggKind::BitOr, Some(a)) => a | v,
+                        // Each copy flips the bits again: an even number
+                        // of copies cancels out.
+                        (_, a) => a.unwrap_or(0) ^ if copies % 2 == 1 { v } else { 0 },
+                    });
+                }
+                cast_out(ScalarValue::Int64(acc))
+            }
             AggKind::Min | AggKind::Max => {
                 let key = if self.kind == AggKind::Min {
                     set.keys().next()
@@ -436,6 +523,77 @@ impl Aggregate {
             _ => Err(ExecError::Protocol(format!(
                 "{} kept as a multiset",
                 self.kind.name()
+            ))),
+        }
+    }
+}
+
+impl Aggregate {
+    /// The value of an aggregate with `ORDER BY` (or a delimiter per row),
+    /// whose multiset is in the call's order.
+    fn ordered_output(
+        &self,
+        codec: &RowCodec,
+        set: &BTreeMap<Vec<u8>, i64>,
+    ) -> Result<ScalarValue> {
+        let columns = codec.decode(set.keys().map(|k| k.as_slice()))?;
+        let n_keys = self.order_by.len();
+        let values = &columns[n_keys];
+        let delimiters = columns.get(n_keys + 1).map(|d| d.as_string::<i32>());
+        let copies = |count: i64| {
+            if self.distinct {
+                1
+            } else {
+                count.max(0) as usize
+            }
+        };
+        let cast_out = |v: ScalarValue| -> Result<ScalarValue> {
+            if v.data_type() == self.output_type {
+                Ok(v)
+            } else {
+                Ok(v.cast_to(&self.output_type)?)
+            }
+        };
+        match self.kind {
+            AggKind::FirstValue => cast_out(ScalarValue::try_from_array(values, 0)?),
+            AggKind::LastValue => cast_out(ScalarValue::try_from_array(values, values.len() - 1)?),
+            AggKind::ArrayAgg => {
+                let indices: UInt32Array = set
+                    .values()
+                    .enumerate()
+                    .flat_map(|(i, c)| std::iter::repeat_n(i as u32, copies(*c)))
+                    .collect();
+                let all = take(values.as_ref(), &indices, None)?;
+                Ok(SingleRowListArrayBuilder::new(all).build_list_scalar())
+            }
+            AggKind::StringAgg => {
+                let strings = values.as_string::<i32>();
+                let mut joined = String::new();
+                let mut first = true;
+                for (i, c) in set.values().enumerate() {
+                    if strings.is_null(i) {
+                        continue;
+                    }
+                    for _ in 0..copies(*c) {
+                        if !first {
+                            match delimiters {
+                                Some(d) if d.is_valid(i) => joined.push_str(d.value(i)),
+                                Some(_) => {}
+                                None => joined.push_str(&self.delimiter),
+                            }
+                        }
+                        first = false;
+                        joined.push_str(strings.value(i));
+                    }
+                }
+                if first {
+                    return Ok(ScalarValue::try_from(&self.output_type)?);
+                }
+                cast_out(ScalarValue::Utf8(Some(joined)))
+            }
+            other => Err(ExecError::Protocol(format!(
+                "{} kept in its call's order",
+                other.name()
             ))),
         }
     }
@@ -584,6 +742,9 @@ mod tests {
             distinct: false,
             filter: None,
             delimiter: None,
+            delimiter_expr: None,
+            order_by: Vec::new(),
+            order_options: Vec::new(),
             append_only_input,
         }
     }

@@ -569,6 +569,9 @@ mod tests {
             distinct: false,
             filter: None,
             delimiter: None,
+            delimiter_expr: None,
+            order_by: Vec::new(),
+            order_options: Vec::new(),
             append_only_input: false,
         }
     }

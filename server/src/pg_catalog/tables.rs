@@ -477,7 +477,7 @@ pub(super) async fn relations(db: &Arc<Database>) -> Vec<Relation> {
                     }
                 })
                 .collect(),
-            (None, Some(sql)) => match crate::context::view_schema(db, sql).await {
+            (None, Some(sql)) => match crate::context::view_schema(db, entry.id(), sql).await {
                 Ok(schema) => schema
                     .fields()
                     .iter()

@@ -106,3 +106,17 @@ with psycopg.connect(conninfo, autocommit=True) as conn:
                     if got != want:
                         wrong.append(f"SELECT {mark} of {t}: {got!r}")
         print("types,", "binary" if binary else "text", "results:", wrong or "ok")
+
+# psycopg prepares a query on the server after its fifth run, and after
+# DDL it forgets what it prepared with DEALLOCATE ALL; DISCARD ALL is what
+# connection pools send.
+with psycopg.connect(conninfo, autocommit=True) as conn:
+    conn.execute("CREATE TABLE prep (id int)")
+    for i in range(7):
+        conn.execute("SELECT count(*) FROM prep WHERE id <> %s", [i])
+    conn.execute("DROP TABLE prep")
+    conn.execute("CREATE TABLE prep (id int)")
+    for i in range(7):
+        conn.execute("SELECT count(*) FROM prep WHERE id <> %s", [i])
+    conn.execute("DISCARD ALL")
+    print("prepared, DDL, DEALLOCATE ALL, DISCARD ALL:", conn.execute("SELECT count(*) FROM prep WHERE id <> %s", [1]).fetchone())

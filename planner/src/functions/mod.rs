@@ -1,0 +1,144 @@
+//! SQL as Postgres means it, where DataFusion's built-ins differ: functions
+//! (registered in every context that plans SQL and in the registry job
+//! graphs are decoded with, so a view computes exactly what a `SELECT` of
+//! the same query does), analyzer rules and SQL-planner hooks.
+//!
+//! - `to_char(timestamp, text)` takes Postgres's template patterns
+//!   (`YYYY-MM-DD HH24:MI:SS`, see [`to_char`]); DataFusion's takes
+//!   chrono's (`%Y-%m-%d`) and copies Postgres patterns through as text, a
+//!   wrong answer.
+//! - intervals compare, subtract and multiply as Postgres's ([`intervals`]);
+//! - integer arithmetic fails on overflow, `sum(bigint)` is numeric, and
+//!   `mod()` exists ([`arithmetic`]);
+//! - text becomes integers, numerics and timestamps as Postgres reads
+//!   them ([`input`]);
+//! - `encode` and `decode` know the `escape` format ([`bytea`]).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, StringBuilder, TimestampMicrosecondArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+
+mod arithmetic;
+mod bytea;
+mod input;
+mod intervals;
+mod to_char;
+
+use to_char::Template;
+
+/// Weir's versions of functions DataFusion also has, and Postgres's that
+/// it lacks.
+pub fn udfs() -> Vec<Arc<ScalarUDF>> {
+    let mut all = vec![Arc::new(ScalarUDF::new_from_impl(ToChar {
+        signature: Signature::any(2, Volatility::Immutable),
+    }))];
+    all.extend(intervals::udfs());
+    all.extend(arithmetic::udfs());
+    all.extend(input::udfs());
+    all.extend(bytea::udfs());
+    all
+}
+
+type Rule = Arc<dyn datafusion::optimizer::AnalyzerRule + Send + Sync>;
+
+/// Analyzer rules that must run before DataFusion's type coercion.
+pub fn early_analyzer_rules() -> Vec<Rule> {
+    vec![Arc::new(arithmetic::SumAsNumeric)]
+}
+
+/// Analyzer rules that give SQL Postgres's meaning where DataFusion's
+/// differs; they run after DataFusion's own (after type coercion).
+pub fn analyzer_rules() -> Vec<Rule> {
+    vec![
+        Arc::new(input::TextInput),
+        Arc::new(intervals::PgIntervals),
+        Arc::new(arithmetic::CheckedArithmetic),
+    ]
+}
+
+/// Hooks of the SQL planner for what DataFusion would refuse to plan.
+pub fn expr_planners() -> Vec<Arc<dyn datafusion::logical_expr::planner::ExprPlanner>> {
+    vec![Arc::new(arithmetic::PgOperators)]
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ToChar {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for ToChar {
+    fn name(&self) -> &str {
+        "to_char"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        match args.first() {
+            Some(
+                DataType::Timestamp(..) | DataType::Date32 | DataType::Date64 | DataType::Null,
+            ) => Ok(DataType::Utf8),
+            Some(other) => Err(DataFusionError::NotImplemented(format!(
+                "to_char of {other} (only timestamps and dates)"
+            ))),
+            None => Err(DataFusionError::Plan("to_char takes two arguments".into())),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let [value, pattern] = args.args.as_slice() else {
+            return Err(DataFusionError::Plan("to_char takes two arguments".into()));
+        };
+        let value = value.to_array(rows)?;
+        let pattern = pattern.to_array(rows)?;
+        let pattern = cast(&pattern, &DataType::Utf8)?;
+        let pattern = pattern
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::StringArray>()
+            .ok_or_else(|| DataFusionError::Internal("to_char pattern".into()))?;
+        // Weir's time zone is UTC: a timestamptz formats as its UTC time.
+        let zone = matches!(value.data_type(), DataType::Timestamp(_, Some(_))).then_some("UTC");
+        let micros = cast(&value, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+        let micros = micros
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .ok_or_else(|| DataFusionError::Internal("to_char value".into()))?;
+        let mut out = StringBuilder::with_capacity(rows, rows * 16);
+        let mut compiled: Option<(&str, Template)> = None;
+        let mut text = String::new();
+        for i in 0..rows {
+            if micros.is_null(i) || pattern.is_null(i) {
+                out.append_null();
+                continue;
+            }
+            let p = pattern.value(i);
+            if compiled.as_ref().is_none_or(|(src, _)| *src != p) {
+                compiled = Some((p, Template::compile(p)));
+            }
+            let Some((_, template)) = compiled.as_ref() else {
+                continue;
+            };
+            let us = micros.value(i);
+            let t = chrono::DateTime::from_timestamp_micros(us)
+                .ok_or_else(|| DataFusionError::Execution("timestamp out of range".into()))?
+                .naive_utc();
+            text.clear();
+            template.format(&t, us.rem_euclid(1_000_000) as u32, zone, &mut text);
+            out.append_value(&text);
+        }
+        let array: ArrayRef = Arc::new(out.finish());
+        Ok(match array.len() {
+            1 if rows == 1 => ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?),
+            _ => ColumnarValue::Array(array),
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! No statement, name or restart takes the server down, and any statement
+//! can be stopped:
+//!
+//! - objects named like window functions, Weir's system schema and SQL
+//!   keywords work, and survive `kill -9` and restart;
+//! - an object that cannot be restored is set aside (listed in
+//!   `weir_catalog.restore_errors`), the server starts anyway and the
+//!   object can be dropped;
+//! - statements thousands of levels deep plan and run; deeper ones get
+//!   `54001` and only that statement fails;
+//! - a long statement does not hold up other clients, and a cancel
+//!   request, `pg_cancel_backend`, `pg_terminate_backend`,
+//!   `statement_timeout` or the client going away stops it before it writes;
+//! - `DEALLOCATE` and `DISCARD` do what drivers expect of them.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Server, error_of, expect_error, one, rows};
+
+/// A statement that runs for many minutes and writes (almost) nothing
+/// until it ends: every row of a huge series is read and filtered out.
+const ENDLESS_INSERT: &str =
+    "INSERT INTO sink SELECT g FROM generate_series(1, 100000000000) AS s(g) WHERE g < 0";
+
+async fn wait_until<F, Fut>(what: &str, mut ok: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ok().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The backend pid of the connection running `prefix…`, once it runs.
+async fn running(c: &tokio_postgres::Client, prefix: &str) -> String {
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE '{prefix}%'"
+    );
+    let mut pid = None;
+    wait_until("the statement runs", || {
+        let sql = sql.clone();
+        let found = &mut pid;
+        async move {
+            *found = rows(c, &sql).await.first().map(|r| r[0].clone());
+            found.is_some()
+        }
+    })
+    .await;
+    pid.unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_survive_a_restart() {
+    let mut server = Server::start();
+    let c = server.client().await;
+    c.batch_execute(
+        "CREATE TABLE clicks (id int, ts timestamp);
+         INSERT INTO clicks VALUES (1, '2020-04-15 12:02:00'), (2, '2020-04-15 12:07:00');
+         CREATE MATERIALIZED VIEW hop AS SELECT window_start, count(*) AS n FROM HOP(clicks, ts, INTERVAL '5' MINUTE, INTERVAL '10' MINUTE) GROUP BY window_start;
+         CREATE VIEW tumble AS SELECT * FROM TUMBLE(clicks, ts, INTERVAL '5' MINUTE);
+         CREATE MATERIALIZED VIEW cumulate AS SELECT window_end, count(*) AS n FROM CUMULATE(clicks, ts, INTERVAL '5' MINUTE, INTERVAL '10' MINUTE) GROUP BY window_end;
+         CREATE MATERIALIZED VIEW session AS SELECT window_start, window_end, count(*) AS n FROM SESSION(clicks, ts, INTERVAL '10' MINUTE) GROUP BY window_start, window_end;
+         CREATE TABLE weir_catalog (x int);
+         INSERT INTO weir_catalog VALUES (42);
+         CREATE TABLE \"select\" (\"from\" int);
+         INSERT INTO \"select\" VALUES (1), (2), (3);
+         CREATE MATERIALIZED VIEW \"from\" AS SELECT count(*) AS n, sum(\"from\") AS s FROM \"select\";
+         CREATE VIEW \"table\" AS SELECT x FROM weir_catalog;
+         CREATE MATERIALIZED VIEW \"order\" AS SELECT * FROM hop;
+         FLUSH;",
+    )
+    .await
+    .expect("hostile names are names like any other");
+    let expected = [
+        (
+            "SELECT * FROM hop ORDER BY 1",
+            "2020-04-15 11:55:00,1|2020-04-15 12:00:00,2|2020-04-15 12:05:00,1",
+        ),
+        ("SELECT count(*) FROM tumble", "2"),
+        (
+            "SELECT * FROM cumulate ORDER BY 1",
+            "2020-04-15 12:05:00,1|2020-04-15 12:10:00,2",
+        ),
+        (
+            "SELECT * FROM session",
+            "2020-04-15 12:02:00,2020-04-15 12:17:00,2",
+        ),
+        ("SELECT * FROM \"from\"", "3,6"),
+        ("SELECT * FROM \"table\"", "42"),
+        ("SELECT count(*) FROM \"order\"", "3"),
+        ("SELECT count(*) FROM weir_catalog.jobs", "5"),
+    ];
+    async fn check(c: &tokio_postgres::Client, expected: &[(&str, &str)]) {
+        for (sql, want) in expected {
+            let got: Vec<String> = rows(c, sql).await.iter().map(|r| r.join(",")).collect();
+            assert_eq!(got.join("|"), *want, "{sql}");
+        }
+        assert_eq!(
+            one(c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
+            "0"
+        );
+    }
+    check(&c, &expected).await;
+    drop(c);
+    server.crash_and_restart();
+    let c = server.client().await;
+    c.batch_execute("FLUSH").await.expect("flush after restart");
+    check(&c, &expected).await;
+    c.batch_execute(
+        "DROP MATERIALIZED VIEW \"order\", hop, cumulate, session, \"from\";
+         DROP VIEW tumble, \"table\";
+         DROP TABLE weir_catalog, \"select\", clicks;",
+    )
+    .await
+    .expect("drop them all");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_cannot_be_restored_is_set_aside() {
+    let mut server = Server::start();
+    let c = server.client().await;
+    let file = server.data_dir().join("rows.csv");
+    std::fs::write(&file, "id,name\n1,a\n2,b\n").expect("write csv");
+    c.batch_execute(&format!(
+        "CREATE SOURCE rows (id int, name text) WITH (connector = 'file', path = '{}') FORMAT PLAIN ENCODE CSV;
+         CREATE MATERIALIZED VIEW counted AS SELECT count(*) AS n FROM rows;
+         CREATE TABLE t (x int);
+         INSERT INTO t VALUES (1);
+         CREATE MATERIALIZED VIEW fine AS SELECT count(*) AS n FROM t;
+         FLUSH;",
+        file.display()
+    ))
+    .await
+    .expect("setup");
+    assert_eq!(one(&c, "SELECT n FROM counted").await, "2");
+    drop(c);
+    // The file the view's job reads is gone when the server comes back.
+    server.kill9();
+    std::fs::remove_file(&file).expect("remove csv");
+    server.crash_and_restart();
+    let c = server.client().await;
+    let set_aside = rows(
+        &c,
+        "SELECT name, kind, error FROM weir_catalog.restore_errors",
+    )
+    .await;
+    assert_eq!(set_aside.len(), 1, "{set_aside:?}");
+    assert_eq!(set_aside[0][0], "counted");
+    assert_eq!(set_aside[0][1], "materialized view");
+    assert!(!set_aside[0][2].is_empty());
+    // Everything else works, the broken view says why, and it can go.
+    assert_eq!(one(&c, "SELECT n FROM fine").await, "1");
+    let (code, message) = error_of(&c, "SELECT * FROM counted").await;
+    assert_eq!(code, "55000", "{message}");
+    assert!(message.contains("could not be restored"), "{message}");
+    c.batch_execute("DROP MATERIALIZED VIEW counted; DROP SOURCE rows;")
+        .await
+        .expect("the broken view can be dropped");
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
+        "0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_statements_run_or_fail_alone() {
+    let server = Server::start();
+    let c = server.client().await;
+    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (5), (7);")
+        .await
+        .unwrap();
+    let sum = vec!["1"; 800].join(" + ");
+    assert_eq!(one(&c, &format!("SELECT {sum}")).await, "800");
+    let ors: Vec<String> = (0..800).map(|i| format!("id = {i}")).collect();
+    assert_eq!(
+        one(
+            &c,
+            &format!("SELECT count(*) FROM t WHERE {}", ors.join(" OR "))
+        )
+        .await,
+        "2"
+    );
+    let union = vec!["SELECT 1 AS x"; 380].join(" UNION ALL ");
+    assert_eq!(
+        one(&c, &format!("SELECT count(*) FROM ({union}) u")).await,
+        "380"
+    );
+    // A view as deep, kept up to date.
+    let terms = vec!["id"; 2000].join(" + ");
+    let ors: Vec<String> = (0..2000).map(|i| format!("id = {i}")).collect();
+    c.batch_execute(&format!(
+        "CREATE MATERIALIZED VIEW deep AS SELECT id, {terms} AS s FROM t WHERE {};
+         INSERT INTO t VALUES (9); FLUSH;",
+        ors.join(" OR ")
+    ))
+    .await
+    .expect("a deep view");
+    let got: Vec<String> = rows(&c, "SELECT s FROM deep ORDER BY id")
+        .await
+        .iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert_eq!(got, ["10000", "14000", "18000"]);
+    // Too deep: this statement fails, and only it.
+    let too_deep = vec!["1"; 50_000].join(" + ");
+    expect_error(&c, &format!("SELECT {too_deep}"), "54001", "too complex").await;
+    let union = vec!["SELECT 1"; 20_000].join(" UNION ALL ");
+    expect_error(&c, &union, "54001", "too complex").await;
+    assert_eq!(one(&c, "SELECT 1").await, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_statement_can_be_stopped_before_it_writes() {
+    let server = Server::start();
+    let c = server.client().await;
+    c.batch_execute("CREATE TABLE sink (x bigint)")
+        .await
+        .unwrap();
+
+    // A cancel request (tokio-postgres's cancel token) while another
+    // client is served meanwhile.
+    let writer = server.client().await;
+    let token = writer.cancel_token();
+    let insert = tokio::spawn(async move { writer.simple_query(ENDLESS_INSERT).await.map(|_| ()) });
+    running(&c, "INSERT INTO sink").await;
+    assert_eq!(one(&c, "SELECT 1").await, "1", "another client waits");
+    assert!(!insert.is_finished());
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel");
+    let e = insert.await.unwrap().expect_err("cancelled");
+    assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e}");
+
+    // pg_cancel_backend.
+    let writer = server.client().await;
+    let insert = tokio::spawn(async move { writer.simple_query(ENDLESS_INSERT).await.map(|_| ()) });
+    let pid = running(&c, "INSERT INTO sink").await;
+    assert_eq!(
+        one(&c, &format!("SELECT pg_cancel_backend({pid})")).await,
+        "t"
+    );
+    let e = insert.await.unwrap().expect_err("cancelled");
+    assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e}");
+
+    // statement_timeout stops a write as it stops a query.
+    let writer = server.client().await;
+    writer
+        .batch_execute("SET statement_timeout = '300ms'")
+        .await
+        .unwrap();
+    let e = writer
+        .simple_query(ENDLESS_INSERT)
+        .await
+        .expect_err("timed out");
+    assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e}");
+    assert!(e.to_string().contains("statement timeout"), "{e}");
+
+    // pg_terminate_backend ends the statement and the connection.
+    let writer = server.client().await;
+    let insert = tokio::spawn(async move { writer.simple_query(ENDLESS_INSERT).await.map(|_| ()) });
+    let pid = running(&c, "INSERT INTO sink").await;
+    assert_eq!(
+        one(&c, &format!("SELECT pg_terminate_backend({pid})")).await,
+        "t"
+    );
+    assert!(insert.await.unwrap().is_err());
+
+    // A client that goes away: its statement stops.
+    let writer = server.client().await;
+    let insert = tokio::spawn(async move { writer.simple_query(ENDLESS_INSERT).await.map(|_| ()) });
+    running(&c, "INSERT INTO sink").await;
+    insert.abort();
+    wait_until("the statement of the client that left stops", || async {
+        one(
+            &c,
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'INSERT INTO sink%'",
+        )
+        .await
+            == "0"
+    })
+    .await;
+
+    // Nothing was written, and writes still work.
+    c.batch_execute("INSERT INTO sink VALUES (1)")
+        .await
+        .unwrap();
+    assert_eq!(one(&c, "SELECT count(*) FROM sink").await, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deallocate_and_discard() {
+    let server = Server::start();
+    let c = server.client().await;
+    let stmt = c.prepare("SELECT $1::int + 1").await.unwrap();
+    let r = c.query_one(&stmt, &[&41i32]).await.unwrap();
+    assert_eq!(r.get::<_, i32>(0), 42);
+    c.batch_execute(&format!("DEALLOCATE {}", stmt.name()))
+        .await
+        .expect("DEALLOCATE name");
+    let e = c.query_one(&stmt, &[&1i32]).await.expect_err("deallocated");
+    assert_eq!(e.code().map(|c| c.code()), Some("26000"), "{e}");
+    expect_error(&c, "DEALLOCATE nothing_here", "26000", "does not exist").await;
+    let again = c.prepare("SELECT 2").await.unwrap();
+    c.batch_execute("DEALLOCATE ALL")
+        .await
+        .expect("DEALLOCATE ALL");
+    assert!(c.query(&again, &[]).await.is_err());
+    c.batch_execute(
+        "SET streaming_parallelism = 3; DECLARE cur CURSOR WITH HOLD FOR SELECT 1; DISCARD ALL;",
+    )
+    .await
+    .expect("DISCARD ALL");
+    assert_eq!(one(&c, "SHOW streaming_parallelism").await, "4");
+    expect_error(&c, "FETCH cur", "34000", "does not exist").await;
+    c.batch_execute("DISCARD PLANS; DISCARD SEQUENCES; DISCARD TEMP; UNLISTEN *")
+        .await
+        .expect("the other resets drivers send");
+}
