@@ -264,6 +264,31 @@ impl JobManager {
         self.checkpoint_now(job).await
     }
 
+    /// The errors counted in `job` at its latest completed checkpoint: each
+    /// message of a row whose expression fails, once per such row
+    /// (`executor::errors`).
+    pub async fn read_errors(&self, job: u64) -> Result<Vec<String>> {
+        use datafusion::arrow::array::AsArray;
+        let jm = self.master(job)?;
+        let mut out = Vec::new();
+        for table in jm.job_graph().error_tables() {
+            for batch in jm
+                .read_view(table, executor::errors::error_schema())
+                .await?
+            {
+                out.extend(
+                    batch
+                        .column(0)
+                        .as_string::<i32>()
+                        .iter()
+                        .flatten()
+                        .map(str::to_string),
+                );
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether `job` failed for good (its restart strategy gave up).
     pub fn has_failed(&self, job: u64) -> bool {
         self.job_master(job)

@@ -12,6 +12,7 @@
 //! TaskManager through [`task::TaskReporter`], which `cluster/` implements.
 
 pub mod connectors;
+pub mod errors;
 mod error;
 pub mod exchange;
 pub mod expr;

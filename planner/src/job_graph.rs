@@ -36,6 +36,22 @@ pub struct JobGraph {
     pub edges: Vec<JobEdge>,
 }
 
+impl JobGraph {
+    /// The tables in which the job's operators count rows whose
+    /// expressions fail (`executor::errors`).
+    pub fn error_tables(&self) -> Vec<u64> {
+        self.stream
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.spec {
+                crate::spec::OperatorSpec::Filter { errors, .. }
+                | crate::spec::OperatorSpec::Project { errors, .. } => *errors,
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// Flink's `isChainable`.
 pub fn is_chainable(graph: &StreamGraph, edge: &StreamEdge) -> bool {
     graph.chaining
@@ -170,6 +186,7 @@ mod tests {
         OperatorSpec::Filter {
             predicate: lit(true),
             input_schema: schema(),
+            errors: None,
         }
     }
 

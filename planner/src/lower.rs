@@ -74,6 +74,13 @@ pub fn view_changelog_table(view_id: u64) -> u64 {
     view_state_table(view_id) + 0xFFFE
 }
 
+/// Where operator `node` of view `view_id`'s job counts the rows whose
+/// expressions fail (`executor::errors`): the upper half of the view's
+/// range of table ids.
+pub(crate) fn view_error_table(view_id: u64, node: usize) -> u64 {
+    view_state_table(view_id) + 0x8000 + node as u64
+}
+
 /// Where the `EMIT ON WINDOW CLOSE` aggregate of view `view_id` counts the
 /// rows it dropped as late: the last table id of the view's range.
 pub fn late_rows_state_table(view_id: u64) -> u64 {
@@ -487,6 +494,11 @@ impl Lowering<'_> {
         view_state_table(self.opts.view_id) + node as u64 + 1
     }
 
+    /// The error table of the node about to be added.
+    fn error_table(&self) -> u64 {
+        view_error_table(self.opts.view_id, self.graph.nodes.len())
+    }
+
     fn node(&mut self, plan: &LogicalPlan) -> Result<usize> {
         if self.eowc_pending
             && !matches!(
@@ -572,11 +584,13 @@ impl Lowering<'_> {
                 let mut node = self.node(&filter.input)?;
                 if let Some(predicate) = conjunction(rest) {
                     check_expr(&predicate)?;
+                    let errors = Some(self.error_table());
                     node = self.stateless(
                         node,
                         OperatorSpec::Filter {
                             predicate,
                             input_schema: filter.input.schema().clone(),
+                            errors,
                         },
                         plan,
                     );
@@ -607,11 +621,13 @@ impl Lowering<'_> {
                     check_expr(e)?;
                 }
                 let input = self.node(&p.input)?;
+                let errors = Some(self.error_table());
                 Ok(self.stateless(
                     input,
                     OperatorSpec::Project {
                         exprs: p.expr.clone(),
                         input_schema: p.input.schema().clone(),
+                        errors,
                     },
                     plan,
                 ))

@@ -56,6 +56,10 @@ pub enum OperatorSpec {
         predicate: Expr,
         #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
+        /// Where the rows whose predicate fails are counted
+        /// (`executor::errors`); `None`: a failing row fails the task.
+        #[serde(default)]
+        errors: Option<u64>,
     },
     /// Computes new columns.
     Project {
@@ -63,6 +67,9 @@ pub enum OperatorSpec {
         exprs: Vec<Expr>,
         #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
+        /// As the Filter's.
+        #[serde(default)]
+        errors: Option<u64>,
     },
     /// Grouped aggregation that retracts: input hash-partitioned on the
     /// group keys.
@@ -294,10 +301,10 @@ impl OperatorSpec {
             } => std::iter::once(*state_table)
                 .chain(changelog.as_ref().map(|c| c.table))
                 .collect(),
-            OperatorSpec::Filter { .. }
-            | OperatorSpec::Project { .. }
-            | OperatorSpec::Union { .. }
-            | OperatorSpec::Expand { .. } => vec![],
+            OperatorSpec::Filter { errors, .. } | OperatorSpec::Project { errors, .. } => {
+                errors.iter().copied().collect()
+            }
+            OperatorSpec::Union { .. } | OperatorSpec::Expand { .. } => vec![],
         }
     }
 }

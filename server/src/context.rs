@@ -124,13 +124,30 @@ impl TableProvider for ViewRows {
                 )),
             )));
         }
-        let batches = self
-            .db
-            .cluster
-            .job_manager
+        let jobs = &self.db.cluster.job_manager;
+        let batches = jobs
             .read_view(self.job, self.state_table, self.schema.clone())
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        // A row whose expression fails is an error the view holds until
+        // the row goes (executor::errors).
+        let errors = jobs
+            .read_errors(self.job)
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        if let Some(first) = errors.first() {
+            let name = self
+                .db
+                .catalog
+                .get(self.job)
+                .map(|e| e.name().to_string())
+                .unwrap_or_default();
+            return Err(DataFusionError::External(Box::new(ServerError::view_error(
+                &name,
+                first,
+                errors.len(),
+            ))));
+        }
         MemTable::try_new(self.schema.clone(), vec![batches])?
             .scan(state, projection, filters, limit)
             .await

@@ -38,6 +38,12 @@ pub enum ServerError {
     InvalidText(String),
     #[error("division by zero")]
     DivisionByZero,
+    /// Division by zero, told with where it happened.
+    #[error("{0}")]
+    DivisionByZeroIn(String),
+    /// Another error of a value (SQLSTATE class 22).
+    #[error("{0}")]
+    DataException(String),
     #[error("{0}")]
     NumericOutOfRange(String),
     #[error("{0}")]
@@ -144,7 +150,8 @@ impl ServerError {
             ServerError::SerializationFailure(_) => "40001",
             ServerError::NotNullViolation(_) => "23502",
             ServerError::InvalidText(_) => "22P02",
-            ServerError::DivisionByZero => "22012",
+            ServerError::DivisionByZero | ServerError::DivisionByZeroIn(_) => "22012",
+            ServerError::DataException(_) => "22000",
             ServerError::NumericOutOfRange(_) => "22003",
             ServerError::InvalidParameter(_) => "22023",
             ServerError::InsufficientResources(_) => "53000",
@@ -329,9 +336,12 @@ fn classify_execution(m: &str) -> ServerError {
     let lower = m.to_lowercase();
     if lower.contains("divide by zero") || lower.contains("division by zero") {
         ServerError::DivisionByZero
-    } else if lower.contains("overflow") {
+    } else if lower.contains("overflow") || lower.contains("out of range") {
         ServerError::NumericOutOfRange(m.to_string())
-    } else if lower.contains("cast") || lower.contains("parse") {
+    } else if lower.contains("cast")
+        || lower.contains("parse")
+        || lower.contains("invalid input syntax")
+    {
         ServerError::InvalidText(m.to_string())
     } else {
         ServerError::Internal(m.to_string())
@@ -407,6 +417,24 @@ impl ServerError {
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
             ServerError::InvalidText(_) => ServerError::InvalidText(message),
             _ => ServerError::Internal(message),
+        }
+    }
+}
+
+impl ServerError {
+    /// Materialized view `name` holds `rows` rows whose expressions fail,
+    /// the first with `error`: the error, with its SQLSTATE, and where.
+    pub fn view_error(name: &str, error: &str, rows: usize) -> Self {
+        let message = format!(
+            "{error} (materialized view \"{name}\" holds {rows} row{} whose expression fails; delete or correct {} to clear it)",
+            if rows == 1 { "" } else { "s" },
+            if rows == 1 { "it" } else { "them" },
+        );
+        match classify_execution(error) {
+            ServerError::DivisionByZero => ServerError::DivisionByZeroIn(message),
+            ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
+            ServerError::InvalidText(_) => ServerError::InvalidText(message),
+            _ => ServerError::DataException(message),
         }
     }
 }

@@ -139,6 +139,14 @@ impl Chunk {
         })
     }
 
+    /// `len` rows from `offset` (zero-copy).
+    pub fn slice(&self, offset: usize, len: usize) -> Self {
+        Self {
+            ops: self.ops.slice(offset, len),
+            data: self.data.slice(offset, len),
+        }
+    }
+
     /// The same ops over other columns (a projection).
     pub fn with_data(&self, data: RecordBatch) -> Self {
         Self::new(self.ops.clone(), data)

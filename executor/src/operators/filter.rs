@@ -1,5 +1,7 @@
 //! Filter: keeps the rows (of any op) whose predicate is true. A dropped
 //! `-U` or `+U` is fine: every downstream operator acts on the sign alone.
+//! A row whose predicate fails is left out and its error counted
+//! (`crate::errors`).
 
 use std::sync::Arc;
 
@@ -8,11 +10,17 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
 use storage::chunk::Chunk;
 
-use crate::operator::{Collector, Operator};
+use storage::state::StateWrite;
+
+use crate::errors::{ErrorCollection, run_or_collect};
+use crate::message::Barrier;
+use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{Result, expr};
 
 pub struct Filter {
     predicate: Arc<dyn PhysicalExpr>,
+    /// Where rows whose predicate fails are counted (`crate::errors`).
+    errors: Option<ErrorCollection>,
 }
 
 impl Filter {
@@ -20,7 +28,14 @@ impl Filter {
         let mut compiled = expr::compile(std::slice::from_ref(predicate), input_schema)?;
         Ok(Self {
             predicate: compiled.remove(0),
+            errors: None,
         })
+    }
+
+    /// Counts the rows whose predicate fails in `table` instead of failing.
+    pub fn collecting_errors(mut self, table: Option<u64>) -> Result<Self> {
+        self.errors = table.map(ErrorCollection::new).transpose()?;
+        Ok(self)
     }
 }
 
@@ -29,11 +44,35 @@ impl Operator for Filter {
         "Filter"
     }
 
+    fn tables(&self) -> Vec<u64> {
+        self.errors.iter().map(ErrorCollection::table).collect()
+    }
+
+    fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        if let Some(errors) = &mut self.errors {
+            errors.on_start(ctx)?;
+        }
+        Ok(())
+    }
+
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
-        let mask = expr::predicate_mask(&self.predicate, chunk.data())?;
+        let predicate = &self.predicate;
+        let Some((chunk, mask)) = run_or_collect(&chunk, self.errors.as_mut(), |c| {
+            expr::predicate_mask(predicate, c.data())
+        })?
+        else {
+            return Ok(());
+        };
         let kept = chunk.filter(&mask)?;
         if !kept.is_empty() {
             out.push(kept);
+        }
+        Ok(())
+    }
+
+    fn handle_checkpoint(&mut self, _barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
+        if let Some(errors) = &mut self.errors {
+            errors.checkpoint(writes);
         }
         Ok(())
     }

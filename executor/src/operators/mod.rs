@@ -42,11 +42,15 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
         OperatorSpec::Filter {
             predicate,
             input_schema,
-        } => Box::new(Filter::new(predicate, input_schema)?),
+            errors,
+        } => Box::new(Filter::new(predicate, input_schema)?.collecting_errors(*errors)?),
         OperatorSpec::Project {
             exprs,
             input_schema,
-        } => Box::new(Project::new(exprs, input_schema, &node.schema)?),
+            errors,
+        } => Box::new(
+            Project::new(exprs, input_schema, &node.schema)?.collecting_errors(*errors)?,
+        ),
         OperatorSpec::HashAgg {
             group_exprs,
             aggs,

@@ -1,4 +1,6 @@
 //! Project: evaluates the output columns on the whole batch; ops unchanged.
+//! A row whose expressions fail is left out and its error counted
+//! (`crate::errors`).
 
 use std::sync::Arc;
 
@@ -8,12 +10,18 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
 use storage::chunk::Chunk;
 
-use crate::operator::{Collector, Operator};
+use storage::state::StateWrite;
+
+use crate::errors::{ErrorCollection, run_or_collect};
+use crate::message::Barrier;
+use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{Result, expr};
 
 pub struct Project {
     exprs: Vec<Arc<dyn PhysicalExpr>>,
     schema: SchemaRef,
+    /// Where rows whose expressions fail are counted (`crate::errors`).
+    errors: Option<ErrorCollection>,
 }
 
 impl Project {
@@ -21,7 +29,14 @@ impl Project {
         Ok(Self {
             exprs: expr::compile(exprs, input_schema)?,
             schema: expr::output_schema(output),
+            errors: None,
         })
+    }
+
+    /// Counts the rows whose expressions fail in `table` instead of failing.
+    pub fn collecting_errors(mut self, table: Option<u64>) -> Result<Self> {
+        self.errors = table.map(ErrorCollection::new).transpose()?;
+        Ok(self)
     }
 }
 
@@ -30,10 +45,34 @@ impl Operator for Project {
         "Project"
     }
 
+    fn tables(&self) -> Vec<u64> {
+        self.errors.iter().map(ErrorCollection::table).collect()
+    }
+
+    fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        if let Some(errors) = &mut self.errors {
+            errors.on_start(ctx)?;
+        }
+        Ok(())
+    }
+
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
-        let columns = expr::evaluate(&self.exprs, chunk.data())?;
-        let data = expr::batch(&self.schema, columns, chunk.num_rows())?;
+        let (exprs, schema) = (&self.exprs, &self.schema);
+        let Some((chunk, data)) = run_or_collect(&chunk, self.errors.as_mut(), |c| {
+            let columns = expr::evaluate(exprs, c.data())?;
+            expr::batch(schema, columns, c.num_rows())
+        })?
+        else {
+            return Ok(());
+        };
         out.push(chunk.with_data(data));
+        Ok(())
+    }
+
+    fn handle_checkpoint(&mut self, _barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
+        if let Some(errors) = &mut self.errors {
+            errors.checkpoint(writes);
+        }
         Ok(())
     }
 }

@@ -1,0 +1,182 @@
+//! Rows whose expressions fail are errors kept as data, as Materialize
+//! keeps them: the job goes on without the row, and the error is counted.
+//!
+//! A row that makes a view's expression fail (division by zero, a bad
+//! cast, an overflow) would otherwise fail its task, and the job would
+//! restart into the same row until its restart strategy gives up — a view
+//! stopped for good by a row that was already acknowledged. Instead, an
+//! operator that evaluates expressions (Filter, Project) finds the rows
+//! that fail, leaves them out of its output and counts each error message
+//! in an [`ErrorCollection`]: up for an inserted row, down for a deleted
+//! one. The counts are state like any other, checkpointed in the
+//! operator's error table (`planner::view_error_table`); `SELECT` on the
+//! view reads them at the same checkpoint as the rows and fails with the
+//! error while any is counted. Deleting or fixing the row retracts it
+//! (its old version fails the same way), and the view heals.
+
+use std::collections::HashMap;
+
+use datafusion::arrow::array::{BooleanArray, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use storage::chunk::Chunk;
+use storage::codec::RowCodec;
+use storage::state::StateWrite;
+
+use crate::operator::OperatorContext;
+use crate::{ExecError, Result};
+
+/// The columns of an error table as `SELECT` reads it: one row per error
+/// counted, the message of each.
+pub fn error_schema() -> SchemaRef {
+    std::sync::Arc::new(Schema::new(vec![Field::new("error", DataType::Utf8, false)]))
+}
+
+/// What a failing expression says, as Postgres would word it.
+pub fn message(e: &ExecError) -> String {
+    use datafusion::arrow::error::ArrowError;
+    use datafusion::error::DataFusionError;
+    let arrow = match e {
+        ExecError::DataFusion(d) => match d.find_root() {
+            DataFusionError::ArrowError(a, _) => Some(a.as_ref()),
+            DataFusionError::Execution(m) => return m.clone(),
+            other => return other.to_string(),
+        },
+        ExecError::Arrow(a) => Some(a),
+        _ => None,
+    };
+    match arrow {
+        Some(ArrowError::DivideByZero) => "division by zero".into(),
+        Some(
+            ArrowError::ArithmeticOverflow(m)
+            | ArrowError::ParseError(m)
+            | ArrowError::CastError(m)
+            | ArrowError::ComputeError(m)
+            | ArrowError::InvalidArgumentError(m),
+        ) => m.clone(),
+        Some(other) => other.to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// One operator's count of each error message, by key group.
+pub struct ErrorCollection {
+    table: u64,
+    codec: RowCodec,
+    /// Where this subtask counts new errors: its first key group.
+    key_group: u16,
+    /// (key group, encoded message) → count.
+    counts: HashMap<(u16, Vec<u8>), i64>,
+    /// Entries changed since the last barrier.
+    dirty: std::collections::HashSet<(u16, Vec<u8>)>,
+}
+
+impl ErrorCollection {
+    pub fn new(table: u64) -> Result<Self> {
+        Ok(Self {
+            table,
+            codec: RowCodec::new(vec![DataType::Utf8])?,
+            key_group: 0,
+            counts: HashMap::new(),
+            dirty: Default::default(),
+        })
+    }
+
+    pub fn table(&self) -> u64 {
+        self.table
+    }
+
+    /// Restores the counts of this subtask's key groups.
+    pub fn on_start(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.key_group = ctx.key_groups.start;
+        for e in ctx.state.scan(self.table, ctx.key_groups.clone())? {
+            let count = i64::from_be_bytes(
+                e.value
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| storage::StorageError::Corrupt("error count".into()))?,
+            );
+            self.counts.insert((e.key_group, e.key), count);
+        }
+        Ok(())
+    }
+
+    /// Counts one row's error: `sign` 1 for a row that arrives, -1 for
+    /// one that goes.
+    pub fn add(&mut self, message: &str, sign: i64) -> Result<()> {
+        let key = self
+            .codec
+            .encode(&[std::sync::Arc::new(StringArray::from(vec![message]))])?
+            .remove(0);
+        let mine = (self.key_group, key.clone());
+        let at = if sign < 0 && self.counts.get(&mine).copied().unwrap_or(0) <= 0 {
+            // Counted in another key group before a rescale.
+            self.counts
+                .iter()
+                .find(|((_, k), c)| *k == key && **c > 0)
+                .map(|(at, _)| at.clone())
+                .unwrap_or(mine)
+        } else {
+            mine
+        };
+        if sign > 0 && !self.counts.keys().any(|(_, k)| *k == key) {
+            tracing::warn!(error = message, "a row's expression failed; the row is left out and the error kept until the row goes");
+        }
+        let c = self.counts.entry(at.clone()).or_insert(0);
+        *c += sign;
+        if *c == 0 {
+            self.counts.remove(&at);
+        }
+        self.dirty.insert(at);
+        Ok(())
+    }
+
+    /// Writes the counts changed since the last barrier.
+    pub fn checkpoint(&mut self, writes: &mut Vec<StateWrite>) {
+        for (key_group, key) in self.dirty.drain() {
+            let value = self
+                .counts
+                .get(&(key_group, key.clone()))
+                .map(|c| c.to_be_bytes().to_vec());
+            writes.push(StateWrite {
+                table: self.table,
+                key_group,
+                key,
+                value,
+            });
+        }
+    }
+}
+
+/// Runs `f` over `chunk`; if it fails and there is a collection, runs it
+/// row by row to find the rows that fail, counts their errors, and runs it
+/// once more over the others.
+pub fn run_or_collect<T>(
+    chunk: &Chunk,
+    errors: Option<&mut ErrorCollection>,
+    f: impl Fn(&Chunk) -> Result<T>,
+) -> Result<Option<(Chunk, T)>> {
+    let e = match f(chunk) {
+        Ok(t) => return Ok(Some((chunk.clone(), t))),
+        Err(e) => e,
+    };
+    let Some(errors) = errors else {
+        return Err(e);
+    };
+    let n = chunk.num_rows();
+    let mut keep = Vec::with_capacity(n);
+    for row in 0..n {
+        match f(&chunk.slice(row, 1)) {
+            Ok(_) => keep.push(true),
+            Err(e) => {
+                errors.add(&message(&e), chunk.op(row).sign())?;
+                keep.push(false);
+            }
+        }
+    }
+    if !keep.contains(&true) {
+        return Ok(None);
+    }
+    let kept = chunk.filter(&BooleanArray::from(keep))?;
+    let t = f(&kept)?;
+    Ok(Some((kept, t)))
+}
