@@ -28,7 +28,11 @@ use crate::{ExecError, Result};
 /// The columns of an error table as `SELECT` reads it: one row per error
 /// counted, the message of each.
 pub fn error_schema() -> SchemaRef {
-    std::sync::Arc::new(Schema::new(vec![Field::new("error", DataType::Utf8, false)]))
+    std::sync::Arc::new(Schema::new(vec![Field::new(
+        "error",
+        DataType::Utf8,
+        false,
+    )]))
 }
 
 /// What a failing expression says, as Postgres would word it.
@@ -119,7 +123,10 @@ impl ErrorCollection {
             mine
         };
         if sign > 0 && !self.counts.keys().any(|(_, k)| *k == key) {
-            tracing::warn!(error = message, "a row's expression failed; the row is left out and the error kept until the row goes");
+            tracing::warn!(
+                error = message,
+                "a row's expression failed; the row is left out and the error kept until the row goes"
+            );
         }
         let c = self.counts.entry(at.clone()).or_insert(0);
         *c += sign;

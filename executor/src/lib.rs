@@ -12,8 +12,8 @@
 //! TaskManager through [`task::TaskReporter`], which `cluster/` implements.
 
 pub mod connectors;
-pub mod errors;
 mod error;
+pub mod errors;
 pub mod exchange;
 pub mod expr;
 pub mod formats;

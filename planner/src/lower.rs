@@ -1294,11 +1294,12 @@ mod tests {
             g.state_tables(),
             vec![
                 (5 << 16) + 1,
+                view_error_table(5, 1),
                 (5 << 16) + 3,
                 5 << 16,
                 view_changelog_table(5)
             ],
-            "the view's rows, then its changelog"
+            "the source's position, the filter's errors, the aggregate's groups, the view's rows, then its changelog"
         );
     }
 

@@ -142,11 +142,9 @@ impl TableProvider for ViewRows {
                 .get(self.job)
                 .map(|e| e.name().to_string())
                 .unwrap_or_default();
-            return Err(DataFusionError::External(Box::new(ServerError::view_error(
-                &name,
-                first,
-                errors.len(),
-            ))));
+            return Err(DataFusionError::External(Box::new(
+                ServerError::view_error(&name, first, errors.len()),
+            )));
         }
         MemTable::try_new(self.schema.clone(), vec![batches])?
             .scan(state, projection, filters, limit)

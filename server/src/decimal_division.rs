@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, ExprSchema, Result as DfResult};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::{BinaryExpr, Cast, Expr, ExprSchemable, LogicalPlan, Operator};
@@ -34,17 +34,7 @@ impl AnalyzerRule for DecimalDivision {
     }
 
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> DfResult<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let mut schema = DFSchema::empty();
-            for input in node.inputs() {
-                schema.merge(input.schema());
-            }
-            if node.inputs().is_empty() {
-                schema.merge(node.schema());
-            }
-            node.map_expressions(|e| e.transform_up(|e| widen(e, &schema)))
-        })
-        .map(|t| t.data)
+        planner::functions::rewrite_plan(plan, widen)
     }
 }
 
@@ -59,7 +49,7 @@ fn widen(e: Expr, schema: &DFSchema) -> DfResult<Transformed<Expr>> {
     else {
         return Ok(Transformed::no(e));
     };
-    let (Ok(DataType::Decimal128(p1, s1)), Ok(DataType::Decimal128(_, s2))) = (
+    let (Ok(DataType::Decimal128(p1, s1)), Ok(DataType::Decimal128(p2, s2))) = (
         left.get_type(schema as &dyn ExprSchema),
         right.get_type(schema as &dyn ExprSchema),
     ) else {
@@ -67,6 +57,16 @@ fn widen(e: Expr, schema: &DFSchema) -> DfResult<Transformed<Expr>> {
     };
     let integer_digits = p1 as i8 - s1;
     let room = MAX_PRECISION - ARROW_DIV_SCALE_INCREMENT - s2.max(0) - integer_digits;
+    if room < s1 {
+        return Ok(Transformed::yes(wide_division(
+            left,
+            right,
+            integer_digits,
+            s1,
+            p2,
+            s2,
+        )));
+    }
     let scale = MIN_SIGNIFICANT_DIGITS.min(room);
     if scale <= s1 {
         return Ok(Transformed::no(e));
@@ -80,6 +80,42 @@ fn widen(e: Expr, schema: &DFSchema) -> DfResult<Transformed<Expr>> {
         op: Operator::Divide,
         right: right.clone(),
     })))
+}
+
+/// `l / r` where Arrow's 128-bit kernel has no room: the dividend's
+/// integer digits, its scale and the divisor's scale need more than 38
+/// digits once the dividend is scaled up for the quotient. That is the
+/// everyday case of Postgres's unconstrained `numeric` (38 digits, 10 of
+/// them decimals, in Weir): `sum(price * (1 - discount)) / sum(price)`
+/// would fail with `22003` where Postgres answers. The division runs in
+/// 256 bits (76 digits), where it has room, and the quotient comes back
+/// as a 128-bit decimal with Postgres's 16 significant decimals (more if
+/// an operand has more, up to 20); only a quotient too large for that
+/// overflows.
+fn wide_division(left: &Expr, right: &Expr, integer_digits: i8, s1: i8, p2: u8, s2: i8) -> Expr {
+    const WIDE_PRECISION: i8 = 76;
+    let dividend_scale = s1.max(MIN_SIGNIFICANT_DIGITS);
+    let dividend = Expr::Cast(Cast::new(
+        Box::new(left.clone()),
+        DataType::Decimal256(
+            (integer_digits + dividend_scale).min(WIDE_PRECISION) as u8,
+            dividend_scale,
+        ),
+    ));
+    let divisor = Expr::Cast(Cast::new(
+        Box::new(right.clone()),
+        DataType::Decimal256(p2, s2),
+    ));
+    let quotient = Expr::BinaryExpr(BinaryExpr {
+        left: Box::new(dividend),
+        op: Operator::Divide,
+        right: Box::new(divisor),
+    });
+    let scale = MIN_SIGNIFICANT_DIGITS.max(s1).max(s2).min(20);
+    Expr::Cast(Cast::new(
+        Box::new(quotient),
+        DataType::Decimal128(MAX_PRECISION as u8, scale),
+    ))
 }
 
 /// Registers the rule in `ctx`.

@@ -70,7 +70,11 @@ impl Operator for Filter {
         Ok(())
     }
 
-    fn handle_checkpoint(&mut self, _barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
+    fn handle_checkpoint(
+        &mut self,
+        _barrier: &Barrier,
+        writes: &mut Vec<StateWrite>,
+    ) -> Result<()> {
         if let Some(errors) = &mut self.errors {
             errors.checkpoint(writes);
         }

@@ -48,9 +48,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             exprs,
             input_schema,
             errors,
-        } => Box::new(
-            Project::new(exprs, input_schema, &node.schema)?.collecting_errors(*errors)?,
-        ),
+        } => Box::new(Project::new(exprs, input_schema, &node.schema)?.collecting_errors(*errors)?),
         OperatorSpec::HashAgg {
             group_exprs,
             aggs,

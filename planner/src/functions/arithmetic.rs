@@ -22,7 +22,7 @@ use datafusion::arrow::array::{Array, ArrayRef};
 use datafusion::arrow::compute::kernels::numeric;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::error::ArrowError;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, DataFusionError, ExprSchema, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::{AggregateFunction, ScalarFunction};
@@ -194,26 +194,6 @@ fn call(udf: Arc<ScalarUDF>, args: Vec<Expr>) -> Expr {
     Expr::ScalarFunction(ScalarFunction::new_udf(udf, args))
 }
 
-/// Rewrites every expression of `plan` with `f`, given the schema of the
-/// node's inputs, and derives the schemas again (types may change).
-fn rewrite_plan(
-    plan: LogicalPlan,
-    f: fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
-) -> Result<LogicalPlan> {
-    plan.transform_up_with_subqueries(|node| {
-        let mut schema = DFSchema::empty();
-        for input in node.inputs() {
-            schema.merge(input.schema());
-        }
-        if node.inputs().is_empty() {
-            schema.merge(node.schema());
-        }
-        let node = node.map_expressions(|e| e.transform_up(|e| f(e, &schema)))?;
-        node.map_data(|n| n.recompute_schema())
-    })
-    .map(|t| t.data)
-}
-
 /// Integer `+`, `-`, `*` checked for overflow; runs after type coercion.
 #[derive(Debug, Default)]
 pub(crate) struct CheckedArithmetic;
@@ -224,7 +204,7 @@ impl AnalyzerRule for CheckedArithmetic {
     }
 
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        rewrite_plan(plan, checked_operators)
+        super::rewrite_plan(plan, checked_operators)
     }
 }
 
@@ -263,7 +243,7 @@ impl AnalyzerRule for SumAsNumeric {
     }
 
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        rewrite_plan(plan, sum_as_numeric)
+        super::rewrite_plan(plan, sum_as_numeric)
     }
 }
 

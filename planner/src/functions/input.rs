@@ -25,7 +25,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, TimeUnit};
 use datafusion::arrow::error::ArrowError;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, DataFusionError, ExprSchema, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::ScalarFunction;
@@ -72,17 +72,7 @@ impl AnalyzerRule for TextInput {
     }
 
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let mut schema = DFSchema::empty();
-            for input in node.inputs() {
-                schema.merge(input.schema());
-            }
-            if node.inputs().is_empty() {
-                schema.merge(node.schema());
-            }
-            node.map_expressions(|e| e.transform_up(|e| rewrite(e, &schema)))
-        })
-        .map(|t| t.data)
+        super::rewrite_plan(plan, rewrite)
     }
 }
 

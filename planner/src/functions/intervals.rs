@@ -29,7 +29,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, IntervalMonthDayNano, IntervalUnit};
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, DataFusionError, ExprSchema, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::ScalarFunction;
@@ -352,9 +352,7 @@ impl AnalyzerRule for PgIntervals {
                 }
                 other => Transformed::no(other),
             };
-            node.transform_data(|node| {
-                node.map_expressions(|e| e.transform_up(|e| rewrite(e, &schema)))
-            })
+            node.transform_data(|node| super::rewrite_node(node, &rewrite))
         })
         .map(|t| t.data)
     }

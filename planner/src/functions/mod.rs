@@ -19,9 +19,12 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, StringBuilder, TimestampMicrosecondArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, TimeUnit};
-use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
 };
 
 mod arithmetic;
@@ -65,6 +68,43 @@ pub fn analyzer_rules() -> Vec<Rule> {
 /// Hooks of the SQL planner for what DataFusion would refuse to plan.
 pub fn expr_planners() -> Vec<Arc<dyn datafusion::logical_expr::planner::ExprPlanner>> {
     vec![Arc::new(arithmetic::PgOperators)]
+}
+
+/// Rewrites every expression of `plan` bottom-up with `f`, given the
+/// schema of the node's inputs, for an analyzer rule.
+pub fn rewrite_plan(
+    plan: LogicalPlan,
+    f: impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| rewrite_node(node, &f))
+        .map(|t| t.data)
+}
+
+/// [`rewrite_plan`]'s step at one node. The node keeps the names of its
+/// outputs (an aggregate's or a projection's columns are named after their
+/// expressions, and the nodes above refer to them by those names) and its
+/// schema is derived again, as types may change.
+pub fn rewrite_node(
+    node: LogicalPlan,
+    f: &impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<Transformed<LogicalPlan>> {
+    let mut schema = DFSchema::empty();
+    for input in node.inputs() {
+        schema.merge(input.schema());
+    }
+    if node.inputs().is_empty() {
+        schema.merge(node.schema());
+    }
+    let names = NamePreserver::new(&node);
+    let node = node.map_expressions(|e| {
+        let saved = names.save(&e);
+        Ok(e.transform_up(|e| f(e, &schema))?
+            .update_data(|e| saved.restore(e)))
+    })?;
+    if !node.transformed {
+        return Ok(node);
+    }
+    node.map_data(|n| n.recompute_schema())
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
