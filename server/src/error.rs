@@ -261,7 +261,7 @@ impl From<DataFusionError> for ServerError {
                 }
                 _ => ServerError::DuplicateColumn(strip(&root.to_string())),
             },
-            DataFusionError::NotImplemented(m) => ServerError::Unsupported(m.clone()),
+            DataFusionError::NotImplemented(m) => ServerError::Unsupported(feature(m)),
             DataFusionError::Plan(m) => classify_plan(m),
             DataFusionError::Execution(m) => classify_execution(m),
             DataFusionError::ResourcesExhausted(m) => ServerError::InsufficientResources(m.clone()),
@@ -326,10 +326,29 @@ fn classify_plan(m: &str) -> ServerError {
         // Postgres: function or operator does not exist for these types.
         ServerError::UndefinedFunction(m.to_string())
     } else if any(&["unsupported", "not supported"]) {
-        ServerError::Unsupported(m.to_string())
+        ServerError::Unsupported(feature(m))
     } else {
         ServerError::Syntax(m.to_string())
     }
+}
+
+/// The feature a DataFusion "not supported" message names, worded for
+/// [`ServerError::Unsupported`]'s "… is not supported": "FETCH clause is
+/// not supported yet" is "FETCH clause", "Unsupported SQL type JSONB" is
+/// "type JSONB".
+fn feature(m: &str) -> String {
+    let mut f = m.trim().trim_end_matches('.').trim_end();
+    f = f.strip_suffix(" yet").unwrap_or(f);
+    for suffix in [" is not supported", " are not supported", " not supported"] {
+        if let Some(head) = f.strip_suffix(suffix) {
+            f = head;
+            break;
+        }
+    }
+    if let Some(t) = f.strip_prefix("Unsupported SQL type ") {
+        return format!("type {t}");
+    }
+    f.strip_prefix("Unsupported ").unwrap_or(f).to_string()
 }
 
 fn classify_execution(m: &str) -> ServerError {
@@ -479,4 +498,25 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_features_are_named_once() {
+        for (datafusion, ours) in [
+            (
+                "FETCH clause is not supported yet",
+                "FETCH clause is not supported",
+            ),
+            ("Unsupported SQL type JSONB", "type JSONB is not supported"),
+            ("LATERAL joins", "LATERAL joins is not supported"),
+        ] {
+            let e: ServerError = DataFusionError::NotImplemented(datafusion.to_string()).into();
+            assert_eq!(e.to_string(), ours);
+            assert_eq!(e.sqlstate(), "0A000");
+        }
+    }
 }
