@@ -128,6 +128,7 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
         },
         opts,
         eowc_pending: opts.emit_on_window_close,
+        under_limit: false,
     };
     let root = l.node(plan)?;
     if l.eowc_pending {
@@ -455,6 +456,9 @@ struct Lowering<'a> {
     /// EMIT ON WINDOW CLOSE was asked for and the aggregate it applies to
     /// (the one nearest the view's output) is not reached yet.
     eowc_pending: bool,
+    /// Below a `LIMIT`, whose count DataFusion also hands the scans as a
+    /// hint (`TableScan::fetch`); the `LIMIT` itself is what a view keeps.
+    under_limit: bool,
 }
 
 fn unsupported<T>(what: impl Into<String>) -> Result<T> {
@@ -523,7 +527,7 @@ impl Lowering<'_> {
                         scan.table_name
                     ));
                 };
-                if !scan.filters.is_empty() || scan.fetch.is_some() {
+                if !scan.filters.is_empty() || (scan.fetch.is_some() && !self.under_limit) {
                     return Err(PlanError::Internal(
                         "scan with pushed-down filters or limit".into(),
                     ));
@@ -824,12 +828,27 @@ impl Lowering<'_> {
                 else {
                     return unsupported("LIMIT and OFFSET that are not constants");
                 };
-                let LogicalPlan::Sort(sort) = l.input.as_ref() else {
-                    return unsupported(
-                        "LIMIT without ORDER BY in materialized views (which rows it keeps is not defined)",
-                    );
-                };
                 let limit = fetch.unwrap_or(usize::MAX);
+                let LogicalPlan::Sort(sort) = l.input.as_ref() else {
+                    // Without ORDER BY any rows will do (RisingWave keeps
+                    // any n). A view keeps the first by their values, so
+                    // that which rows it holds does not depend on the order
+                    // they came in, and a replay keeps the same ones.
+                    if limit == usize::MAX && offset == 0 {
+                        return self.node(&l.input);
+                    }
+                    let order: Vec<datafusion::logical_expr::SortExpr> = l
+                        .input
+                        .schema()
+                        .columns()
+                        .into_iter()
+                        .map(|c| Expr::Column(c).sort(true, false))
+                        .collect();
+                    self.under_limit = true;
+                    let node = self.add_top_n(&l.input, vec![], &order, offset, limit, None, plan);
+                    self.under_limit = false;
+                    return node;
+                };
                 self.sorted_top_n(sort, offset, limit, plan)
             }
             LogicalPlan::Union(u) => {

@@ -18,6 +18,7 @@ pub mod depth;
 pub mod dml;
 pub mod engine;
 pub mod error;
+pub mod fetch_first;
 pub mod ingest;
 pub mod literals;
 pub mod params;

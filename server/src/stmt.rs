@@ -337,8 +337,10 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
         match &mut stmt {
             Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
-                crate::literals::normalize(s)?
+                crate::literals::normalize(s)?;
+                crate::fetch_first::rewrite(s)?;
             }
+            Stmt::CreateSink { query, .. } => crate::fetch_first::rewrite_query(query)?,
             _ => {}
         }
         out.push(stmt);
