@@ -797,10 +797,29 @@ fn encode_rows(
             _ => None,
         })
         .collect();
+    // Times in text as Postgres prints them: fractions only when there
+    // are some, without trailing zeros.
+    let times: Vec<Option<Int64Array>> = batch
+        .columns()
+        .iter()
+        .zip(fields.iter())
+        .map(|(a, f)| match a.data_type() {
+            DataType::Time32(_) | DataType::Time64(_) if f.format() == FieldFormat::Text => {
+                cast(a, &DataType::Time64(TimeUnit::Microsecond))
+                    .ok()
+                    .and_then(|c| cast(&c, &DataType::Int64).ok())
+                    .map(|c| c.as_primitive::<Int64Type>().clone())
+            }
+            _ => None,
+        })
+        .collect();
     for row in 0..batch.num_rows() {
         for (col, array) in batch.columns().iter().enumerate() {
             let result = if array.is_null(row) {
                 Encoder::encode_field(&mut encoder, &None::<i8>, &fields[col])
+            } else if let Some(micros) = &times[col] {
+                let text = time_text(micros.value(row));
+                Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some(values) = decimals[col] {
                 Encoder::encode_field(&mut encoder, &values.value_as_string(row), &fields[col])
             } else if let Some(values) = &floats[col] {
@@ -833,6 +852,19 @@ fn encode_rows(
         }
         out.push(Ok(encoder.take_row()));
     }
+}
+
+/// A time of day, `micros` after midnight, as Postgres writes it:
+/// `12:30:00`, `12:30:00.5`.
+fn time_text(micros: i64) -> String {
+    let (secs, fraction) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let mut text = format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
+    if fraction > 0 {
+        let digits = format!("{fraction:06}");
+        text.push('.');
+        text.push_str(digits.trim_end_matches('0'));
+    }
+    text
 }
 
 fn to_response(result: QueryResult, format: &Format) -> PgWireResult<Response> {
@@ -1348,6 +1380,14 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Int32Array, StringArray};
     use datafusion::arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn times_are_written_as_postgres_writes_them() {
+        assert_eq!(time_text(0), "00:00:00");
+        assert_eq!(time_text((12 * 3600 + 30 * 60) * 1_000_000), "12:30:00");
+        assert_eq!(time_text(45_296_500_000), "12:34:56.5");
+        assert_eq!(time_text(86_399_999_999), "23:59:59.999999");
+    }
 
     #[test]
     fn copy_text_escapes_and_writes_nulls() {

@@ -44,6 +44,9 @@ pub fn arrow_type(t: &SqlType) -> Result<DataType> {
         SqlType::Timestamp(_, TimezoneInfo::WithTimeZone | TimezoneInfo::Tz) => {
             DataType::Timestamp(TimeUnit::Microsecond, Some(Arc::from(UTC)))
         }
+        SqlType::Time(_, TimezoneInfo::None | TimezoneInfo::WithoutTimeZone) => {
+            DataType::Time64(TimeUnit::Microsecond)
+        }
         SqlType::Interval { .. } => DataType::Interval(IntervalUnit::MonthDayNano),
         SqlType::Bytea => DataType::Binary,
         SqlType::Custom(name, _) if name.to_string().eq_ignore_ascii_case("timestamptz") => {
@@ -89,6 +92,7 @@ pub fn sql_name(t: &DataType) -> String {
         DataType::Date32 => "date".into(),
         DataType::Timestamp(_, None) => "timestamp".into(),
         DataType::Timestamp(_, Some(_)) => "timestamptz".into(),
+        DataType::Time32(_) | DataType::Time64(_) => "time".into(),
         DataType::Interval(_) => "interval".into(),
         DataType::Binary | DataType::LargeBinary | DataType::BinaryView => "bytea".into(),
         other => other.to_string(),
@@ -127,9 +131,15 @@ mod tests {
             ),
             ("interval", DataType::Interval(IntervalUnit::MonthDayNano)),
             ("bytea", DataType::Binary),
+            ("time", DataType::Time64(TimeUnit::Microsecond)),
+            (
+                "time without time zone",
+                DataType::Time64(TimeUnit::Microsecond),
+            ),
         ] {
             assert_eq!(parse_type(sql).unwrap(), expected, "{sql}");
         }
         assert!(parse_type("point").is_err());
+        assert!(parse_type("time with time zone").is_err());
     }
 }
