@@ -8,6 +8,15 @@ use clap::{Parser, Subcommand};
 use cluster::{ClusterConfig, RestartStrategy, TaskManagerOptions, run_task_manager};
 use server::Database;
 
+/// jemalloc rather than glibc's malloc: a dropped view's state, freed by
+/// many task threads, goes back to the OS (jemalloc's background threads
+/// purge freed pages after its decay time, 10 s) instead of staying in
+/// the threads' arenas (an idle playground grew from 113 MiB to about
+/// 1 GiB over ten rounds of creating and dropping views). RocksDB's C++
+/// still allocates with malloc.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "weir", version, about = "Weir: a SQL-first streaming database")]
 struct Cli {
@@ -214,6 +223,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(error = %e, "jemalloc's background threads did not start; freed memory goes back to the OS more slowly");
+    }
     let cli = Cli::parse();
     // Large stacks (reserved, not committed): statements and dataflow
     // tasks walk expression trees recursively (server::depth).
