@@ -113,40 +113,57 @@ impl ScalarUDFImpl for Checked {
     }
 
     fn coerce_types(&self, args: &[DataType]) -> Result<Vec<DataType>> {
-        match args {
-            [l, r] => {
-                let t = binary_numeric_coercion(l, r).unwrap_or(DataType::Int64);
-                Ok(vec![t.clone(), t])
-            }
-            _ => Err(DataFusionError::Plan(format!(
-                "{} takes two arguments",
+        let Some((first, rest)) = args.split_first().filter(|(_, rest)| !rest.is_empty()) else {
+            return Err(DataFusionError::Plan(format!(
+                "{} takes two or more arguments",
                 self.name()
-            ))),
-        }
+            )));
+        };
+        let t = rest.iter().fold(first.clone(), |t, a| {
+            binary_numeric_coercion(&t, a).unwrap_or(DataType::Int64)
+        });
+        Ok(vec![t; args.len()])
     }
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
         Ok(args.first().cloned().unwrap_or(DataType::Int64))
     }
 
+    /// `a op b op c …`, evaluated from the left as the chain it stands for.
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let op = self.op;
-        binary(&args, |l, r| {
+        let scalar = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let rows = if scalar { 1 } else { args.number_rows };
+        let mut terms = args.args.iter();
+        let Some(first) = terms.next() else {
+            return Err(DataFusionError::Internal("no arguments".into()));
+        };
+        let mut acc = first.to_array(rows)?;
+        for term in terms {
+            let r = term.to_array(rows)?;
             let result = match op {
-                Op::Add => numeric::add(l, r),
-                Op::Sub => numeric::sub(l, r),
-                Op::Mul => numeric::mul(l, r),
+                Op::Add => numeric::add(&acc, &r),
+                Op::Sub => numeric::sub(&acc, &r),
+                Op::Mul => numeric::mul(&acc, &r),
             };
-            result.map_err(|e| match e {
+            acc = result.map_err(|e| match e {
                 ArrowError::ArithmeticOverflow(_) => DataFusionError::ArrowError(
                     Box::new(ArrowError::ArithmeticOverflow(format!(
                         "{} out of range",
-                        integer_name(l.data_type())
+                        integer_name(acc.data_type())
                     ))),
                     None,
                 ),
                 other => DataFusionError::ArrowError(Box::new(other), None),
-            })
+            })?;
+        }
+        Ok(if scalar {
+            ColumnarValue::Scalar(ScalarValue::try_from_array(&acc, 0)?)
+        } else {
+            ColumnarValue::Array(acc)
         })
     }
 }
@@ -218,18 +235,40 @@ fn checked_operators(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         Operator::Multiply => Some(Op::Mul),
         _ => None,
     };
-    let types = (
-        left.get_type(schema as &dyn ExprSchema),
-        right.get_type(schema as &dyn ExprSchema),
-    );
+    let types = (type_of(&left, schema), type_of(&right, schema));
     match (udf, types) {
         (Some(op), (Ok(l), Ok(r))) if is_integer(&l) && l == r => {
-            Ok(Transformed::yes(call(checked(op), vec![*left, *right])))
+            let udf = checked(op);
+            // A chain `a + b + c …` (ORMs and generated SQL write them
+            // thousands of terms long) becomes one call over its terms.
+            // Nested calls would each be named over their whole subtree,
+            // and DataFusion names an expression whenever it types it:
+            // cubic in the chain's length.
+            match *left {
+                Expr::ScalarFunction(mut f) if f.func.name() == udf.name() => {
+                    f.args.push(*right);
+                    Ok(Transformed::yes(Expr::ScalarFunction(f)))
+                }
+                left => Ok(Transformed::yes(call(udf, vec![left, *right]))),
+            }
         }
         _ => Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr::new(
             left, op, right,
         )))),
     }
+}
+
+/// The type of `e`; a checked call has its first term's, found without
+/// typing (and so naming) the call itself.
+fn type_of(e: &Expr, schema: &DFSchema) -> Result<DataType> {
+    let mut e = e;
+    while let Expr::ScalarFunction(f) = e {
+        match f.args.first() {
+            Some(first) if f.func.name().starts_with("weir_checked_") => e = first,
+            _ => break,
+        }
+    }
+    e.get_type(schema as &dyn ExprSchema)
 }
 
 /// `sum(bigint)` as `sum(numeric)`; runs before type coercion, so that
