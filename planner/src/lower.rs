@@ -1389,11 +1389,37 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_maintain() {
-        let limit = scan("a", 1).limit(0, Some(3)).unwrap().build().unwrap();
+        let values = LogicalPlanBuilder::values(vec![vec![lit(1i64)]])
+            .unwrap()
+            .build()
+            .unwrap();
         assert!(matches!(
-            lower(&limit, &opts(1)),
+            lower(&values, &opts(1)),
             Err(PlanError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn limit_without_order_by_keeps_the_first_rows_by_value() {
+        let limit = scan("a", 1).limit(1, Some(3)).unwrap().build().unwrap();
+        let g = lower(&limit, &opts(1)).unwrap();
+        let top = g
+            .nodes
+            .iter()
+            .find_map(|n| match &n.spec {
+                OperatorSpec::TopN {
+                    order_by,
+                    directions,
+                    limit,
+                    offset,
+                    ..
+                } => Some((order_by.clone(), directions.clone(), *limit, *offset)),
+                _ => None,
+            })
+            .expect("a TopN");
+        assert_eq!(top.0, vec![col("a.k"), col("a.v")]);
+        assert_eq!(top.1, vec![(false, false), (false, false)]);
+        assert_eq!((top.2, top.3), (3, 1));
     }
 
     #[test]
