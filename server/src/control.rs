@@ -112,6 +112,20 @@ impl Control {
     }
 }
 
+/// Stops a statement when whoever waits for it goes away — the
+/// connection's task ends when its client closes the socket, dropping the
+/// wait, while the statement's thread would run on. Once the statement
+/// has ended, stopping it changes nothing.
+pub struct StopOnDrop(pub Arc<Control>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop(ServerError::QueryCanceled(
+            "canceling statement: the client closed the connection".into(),
+        ));
+    }
+}
+
 tokio::task_local! {
     /// The control of the statement running in this task.
     static CONTROL: Arc<Control>;

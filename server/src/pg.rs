@@ -269,7 +269,7 @@ pub struct Connection {
     pub terminate: Arc<tokio::sync::Notify>,
     /// A second handle on the client's socket, to notice that the client
     /// has gone while one of its statements runs.
-    probe: std::sync::OnceLock<std::net::TcpStream>,
+    probe: std::sync::OnceLock<tokio::net::TcpStream>,
     /// The names of the statements the client prepared (pgwire keeps the
     /// statements; `DEALLOCATE ALL` needs their names).
     prepared_names: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -411,6 +411,7 @@ impl Connection {
         work: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         let control = crate::control::Control::new();
+        let _stop_if_dropped = crate::control::StopOnDrop(control.clone());
         let run = crate::control::run(control.clone(), work);
         tokio::pin!(run);
         let cancelled = self.cancelled().await;
@@ -438,24 +439,22 @@ impl Connection {
         run.await
     }
 
-    /// Resolves when the client's socket has closed (checked once a
-    /// second, as Postgres's `client_connection_check_interval`); never
+    /// Resolves when the client has closed its side of the socket
+    /// (checked once a second, as Postgres's
+    /// `client_connection_check_interval`), even if it sent more first (a
+    /// driver's Terminate message, unread while the statement runs); never
     /// when the connection has no socket to check.
     async fn client_gone(&self) {
+        use futures::FutureExt;
         let Some(probe) = self.probe.get() else {
             return std::future::pending().await;
         };
         loop {
             tokio::time::sleep(CLIENT_CHECK_INTERVAL).await;
-            match probe.peek(&mut [0u8; 1]) {
-                Ok(0) => return,
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => return,
+            match probe.ready(tokio::io::Interest::READABLE).now_or_never() {
+                Some(Ok(ready)) if ready.is_read_closed() => return,
+                Some(Err(_)) => return,
+                _ => {}
             }
         }
     }
@@ -1323,10 +1322,13 @@ impl PgWireServerHandlers for Handlers {
 /// still there without reading what it sends.
 fn with_probe(
     socket: tokio::net::TcpStream,
-) -> std::io::Result<(tokio::net::TcpStream, std::net::TcpStream)> {
+) -> std::io::Result<(tokio::net::TcpStream, tokio::net::TcpStream)> {
     let std = socket.into_std()?;
     let probe = std.try_clone()?;
-    Ok((tokio::net::TcpStream::from_std(std)?, probe))
+    Ok((
+        tokio::net::TcpStream::from_std(std)?,
+        tokio::net::TcpStream::from_std(probe)?,
+    ))
 }
 
 /// Accepts clients until `shutdown` resolves.
