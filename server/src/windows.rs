@@ -20,6 +20,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::compute::kernels::cast_utils::parse_interval_month_day_nano;
 use datafusion::catalog::TableFunctionImpl;
 use datafusion::catalog::{TableFunctionArgs, TableProvider};
 use datafusion::common::ScalarValue;
@@ -110,6 +111,21 @@ fn micros(kind: Kind, what: &str, e: &Expr) -> DfResult<i64> {
     };
     let Expr::Literal(v, _) = e else {
         return Err(bad());
+    };
+    // A string is read as an interval: `'10 seconds'`, as RisingWave and
+    // Postgres take an untyped literal where an interval is expected.
+    let parsed;
+    let v = match v {
+        ScalarValue::Utf8(Some(text))
+        | ScalarValue::Utf8View(Some(text))
+        | ScalarValue::LargeUtf8(Some(text)) => {
+            let normal = crate::literals::interval_text(text).map_err(error)?;
+            let i = parse_interval_month_day_nano(normal.as_deref().unwrap_or(text))
+                .map_err(|_| bad())?;
+            parsed = ScalarValue::IntervalMonthDayNano(Some(i));
+            &parsed
+        }
+        v => v,
     };
     let us = match v {
         ScalarValue::IntervalMonthDayNano(Some(i)) => {
