@@ -411,8 +411,9 @@ fn emit_on_window_close(parser: &mut Parser<'_>) -> Result<Stmt> {
     if eowc {
         tokens.truncate(n - 4);
     }
-    let stmt = Box::new(parse_tokens(tokens)?);
+    let mut stmt = Box::new(parse_tokens(tokens)?);
     Ok(if eowc {
+        crate::windows::group_by_window_end(&mut stmt);
         Stmt::EmitOnWindowClose(stmt)
     } else {
         Stmt::Sql(stmt)

@@ -18,6 +18,7 @@
 //! `SESSION(t, ts, gap [, key …])` expands into window functions instead
 //! (see [`SessionWindow`]).
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::arrow::compute::kernels::cast_utils::parse_interval_month_day_nano;
@@ -29,6 +30,10 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
 use datafusion::functions::datetime::expr_fn::date_bin;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, col, lit};
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, GroupByExpr, Ident, Query, Select, SetExpr, Statement, TableFactor, VisitMut,
+    VisitorMut,
+};
 
 use crate::catalog::Entry;
 use crate::context::{Mode, Scope, source_provider, table_provider};
@@ -461,4 +466,61 @@ impl TableFunctionImpl for SessionWindow {
         let plan = self.plan(args.exprs())?;
         Ok(Arc::new(ViewTable::new(plan, None)))
     }
+}
+
+/// `EMIT ON WINDOW CLOSE` grouped by `window_start` alone. A window closes
+/// at its `window_end`, which the aggregate must have among its keys; for
+/// TUMBLE and HOP every window of a `window_start` has the same end, so
+/// grouping by it as well groups the same rows, and the query's output,
+/// which does not select it, is unchanged. (A CUMULATE period's windows
+/// share their start and differ in their end, so it stays refused.)
+pub fn group_by_window_end(stmt: &mut Statement) {
+    let _ = stmt.visit(&mut AddWindowEnd);
+}
+
+struct AddWindowEnd;
+
+impl VisitorMut for AddWindowEnd {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        if let SetExpr::Select(select) = query.body.as_mut() {
+            add_window_end(select);
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn add_window_end(select: &mut Select) {
+    let fixed_end = select.from.iter().any(|t| {
+        matches!(&t.relation, TableFactor::Table { name, args: Some(_), .. }
+            if crate::stmt::object_name(name)
+                .is_ok_and(|n| n == "tumble" || n == "hop"))
+    });
+    let GroupByExpr::Expressions(keys, _) = &mut select.group_by else {
+        return;
+    };
+    let named = |e: &SqlExpr, column: &str| match e {
+        SqlExpr::Identifier(i) => crate::stmt::ident(i) == column,
+        SqlExpr::CompoundIdentifier(parts) => parts
+            .last()
+            .is_some_and(|i| crate::stmt::ident(i) == column),
+        _ => false,
+    };
+    if !fixed_end || keys.iter().any(|k| named(k, "window_end")) {
+        return;
+    }
+    let Some(start) = keys.iter().find(|k| named(k, "window_start")).cloned() else {
+        return;
+    };
+    let end = match start {
+        SqlExpr::CompoundIdentifier(mut parts) => {
+            if let Some(last) = parts.last_mut() {
+                *last = Ident::new("window_end");
+            }
+            SqlExpr::CompoundIdentifier(parts)
+        }
+        _ => SqlExpr::Identifier(Ident::new("window_end")),
+    };
+    keys.push(end);
 }
