@@ -14,7 +14,7 @@
 //! error while any is counted. Deleting or fixing the row retracts it
 //! (its old version fails the same way), and the view heals.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use datafusion::arrow::array::{BooleanArray, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -71,7 +71,7 @@ pub struct ErrorCollection {
     /// (key group, encoded message) → count.
     counts: HashMap<(u16, Vec<u8>), i64>,
     /// Entries changed since the last barrier.
-    dirty: std::collections::HashSet<(u16, Vec<u8>)>,
+    dirty: HashSet<(u16, Vec<u8>)>,
 }
 
 impl ErrorCollection {
@@ -85,20 +85,28 @@ impl ErrorCollection {
         })
     }
 
-    pub fn table(&self) -> u64 {
-        self.table
+    /// The tables of an operator's collection, if it keeps one.
+    pub fn tables(errors: &Option<Self>) -> Vec<u64> {
+        errors.iter().map(|e| e.table).collect()
+    }
+
+    /// `on_start` of an operator's collection, if it keeps one.
+    pub fn start(errors: &mut Option<Self>, ctx: &OperatorContext) -> Result<()> {
+        errors.as_mut().map_or(Ok(()), |e| e.on_start(ctx))
+    }
+
+    /// `checkpoint` of an operator's collection, if it keeps one.
+    pub fn checkpoint_if_any(errors: &mut Option<Self>, writes: &mut Vec<StateWrite>) {
+        if let Some(e) = errors {
+            e.checkpoint(writes);
+        }
     }
 
     /// Restores the counts of this subtask's key groups.
     pub fn on_start(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.key_group = ctx.key_groups.start;
         for e in ctx.state.scan(self.table, ctx.key_groups.clone())? {
-            let count = i64::from_be_bytes(
-                e.value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| storage::StorageError::Corrupt("error count".into()))?,
-            );
+            let count = crate::operator::stored_count(&e.value, "error count")?;
             self.counts.insert((e.key_group, e.key), count);
         }
         Ok(())

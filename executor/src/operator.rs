@@ -54,6 +54,15 @@ impl std::fmt::Debug for OperatorContext {
     }
 }
 
+/// A count kept in state as 8 big-endian bytes (a view row's, an error's,
+/// a window's late rows); `what` names it if the bytes are not a count.
+pub fn stored_count(value: &[u8], what: &str) -> crate::Result<i64> {
+    let bytes = value
+        .try_into()
+        .map_err(|_| storage::StorageError::Corrupt(what.to_string()))?;
+    Ok(i64::from_be_bytes(bytes))
+}
+
 /// Processing time: microseconds since the Unix epoch on this machine's clock.
 pub fn processing_time_us() -> i64 {
     std::time::SystemTime::now()

@@ -45,14 +45,11 @@ impl Operator for Filter {
     }
 
     fn tables(&self) -> Vec<u64> {
-        self.errors.iter().map(ErrorCollection::table).collect()
+        ErrorCollection::tables(&self.errors)
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
-        if let Some(errors) = &mut self.errors {
-            errors.on_start(ctx)?;
-        }
-        Ok(())
+        ErrorCollection::start(&mut self.errors, ctx)
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
@@ -75,9 +72,7 @@ impl Operator for Filter {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
-        if let Some(errors) = &mut self.errors {
-            errors.checkpoint(writes);
-        }
+        ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
         Ok(())
     }
 }

@@ -302,12 +302,7 @@ impl Operator for HashAgg {
             let ends = late_codec()?.decode(entries.iter().map(|e| e.key.as_slice()))?;
             let ends = expr::timestamp_micros(&ends[0])?;
             for (e, end) in entries.iter().zip(ends.iter()) {
-                let count = i64::from_be_bytes(
-                    e.value
-                        .as_slice()
-                        .try_into()
-                        .map_err(|_| storage::StorageError::Corrupt("late row count".into()))?,
-                );
+                let count = crate::operator::stored_count(&e.value, "late row count")?;
                 w.late.insert((e.key_group, end.unwrap_or(i64::MIN)), count);
             }
         }

@@ -67,12 +67,7 @@ impl Operator for Materialize {
             log.start(ctx);
         }
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let count = i64::from_be_bytes(
-                e.value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| storage::StorageError::Corrupt("view row count".into()))?,
-            );
+            let count = crate::operator::stored_count(&e.value, "view row count")?;
             self.rows.insert(e.key, (e.key_group, count));
         }
         Ok(())
