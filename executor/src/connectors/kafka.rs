@@ -7,13 +7,21 @@
 //! record counts once. Where a partition starts when there is no position
 //! yet is `scan.startup.mode`: the earliest record kept, the end of the
 //! partition, the first record at or after a timestamp, or given offsets.
+//! A position the topic no longer keeps (deleted by retention) reads on
+//! from the earliest record kept.
 //!
-//! A batch `SELECT` reads every partition up to its end when the query
-//! starts. The partitions are counted when a job starts; partitions added
+//! A batch `SELECT` reads every partition at least up to its end when the
+//! query starts. The partitions are counted when a job starts; partitions added
 //! to the topic later are read after the job next restarts.
 //!
-//! The client is `rskafka`, in pure Rust; records compressed with gzip,
-//! LZ4, Snappy or zstd are read.
+//! The client is librdkafka (the `rdkafka` crate), for the source as for
+//! the sink. Each split reads with its own consumer, assigned its
+//! partition (no consumer-group rebalancing: Weir's checkpoints, not the
+//! group's committed offsets, say where to read), at
+//! `isolation.level = read_committed`: records of aborted transactions are
+//! skipped, and records of open ones wait until they commit, as for any
+//! Kafka consumer that reads committed. Records compressed with gzip, LZ4,
+//! Snappy or zstd are read.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,12 +30,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use futures::FutureExt;
 use planner::spec::ConnectorSpec;
-use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
-use rskafka::client::{Client, ClientBuilder};
-use rskafka::record::RecordAndOffset;
-use rskafka::{BackoffConfig, chrono};
-use tokio::sync::OnceCell;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::{Options, Pace, ReadBatch, Rejected, SourceConnector, SplitReader};
 use crate::formats::Decoder;
@@ -43,11 +51,13 @@ const OPTIONS: &[&str] = &[
     "properties.fetch.max.bytes",
 ];
 
-/// How long a request to the brokers is retried before it fails (a job
+/// How long a request to the brokers may take before it fails (a job
 /// that fails then restarts by its restart strategy).
 const REQUEST_DEADLINE: Duration = Duration::from_secs(15);
-/// How long a fetch waits at a partition's end for new records.
-const FETCH_WAIT_MS: i32 = 100;
+/// How long a read waits at a partition's end for new records.
+const FETCH_WAIT: Duration = Duration::from_millis(100);
+/// Records one batch carries at most.
+const BATCH_RECORDS: usize = 8192;
 
 /// Where a partition is read from when there is no position for it yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,13 +86,11 @@ struct Shared {
 }
 
 /// A topic on a Kafka cluster: `topic`, `properties.bootstrap.server` and
-/// `properties.client.id`, and the client, connected on first use. The
-/// sink connects the same way as the source.
+/// `properties.client.id`. The sink connects the same way as the source.
 pub(crate) struct Connection {
     brokers: Vec<String>,
     pub(crate) topic: String,
     client_id: Option<String>,
-    client: OnceCell<Client>,
 }
 
 impl Connection {
@@ -103,40 +111,17 @@ impl Connection {
             brokers,
             topic,
             client_id: o.take("properties.client.id"),
-            client: OnceCell::new(),
         })
     }
 
-    /// The client, connected on first use.
-    async fn client(&self) -> Result<&Client> {
-        self.client
-            .get_or_try_init(|| async {
-                let mut builder =
-                    ClientBuilder::new(self.brokers.clone()).backoff_config(BackoffConfig {
-                        deadline: Some(REQUEST_DEADLINE),
-                        ..Default::default()
-                    });
-                if let Some(id) = &self.client_id {
-                    builder = builder.client_id(id.as_str());
-                }
-                builder.build().await.map_err(|e| {
-                    ExecError::Connector(format!(
-                        "cannot reach Kafka brokers {}: {e}",
-                        self.brokers.join(",")
-                    ))
-                })
-            })
-            .await
-    }
-
-    /// `properties.bootstrap.server`, as librdkafka takes it.
-    pub(crate) fn bootstrap_servers(&self) -> String {
-        self.brokers.join(",")
-    }
-
-    /// `properties.client.id`, if given.
-    pub(crate) fn client_id(&self) -> Option<&str> {
-        self.client_id.as_deref()
+    /// A librdkafka configuration with the brokers and client id.
+    pub(crate) fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", self.brokers.join(","));
+        if let Some(id) = &self.client_id {
+            config.set("client.id", id);
+        }
+        config
     }
 
     pub(crate) fn failed(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
@@ -145,32 +130,52 @@ impl Connection {
 
     /// The topic's number of partitions; an error if it does not exist.
     pub(crate) async fn partitions(&self) -> Result<usize> {
-        let topics = self
-            .client()
-            .await?
-            .list_topics()
+        let consumer: BaseConsumer = self
+            .config()
+            .create()
+            .map_err(|e| self.failed("creating a client", e))?;
+        let topic = self.topic.clone();
+        let metadata = blocking(move || consumer.fetch_metadata(Some(&topic), REQUEST_DEADLINE))
             .await
-            .map_err(|e| self.failed("listing topics", e))?;
-        let Some(topic) = topics.into_iter().find(|t| t.name == self.topic) else {
-            return Err(ExecError::InvalidOption(format!(
+            .map_err(|e| {
+                ExecError::Connector(format!(
+                    "cannot reach Kafka brokers {}: {e}",
+                    self.brokers.join(",")
+                ))
+            })?;
+        let found = metadata.topics().iter().find(|t| t.name() == self.topic);
+        match found {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                Ok(t.partitions().len())
+            }
+            Some(t)
+                if t.error().is_some_and(|e| {
+                    RDKafkaErrorCode::from(e) != RDKafkaErrorCode::UnknownTopicOrPartition
+                }) =>
+            {
+                Err(self.failed(
+                    "reading the topic's metadata",
+                    RDKafkaErrorCode::from(t.error().expect("checked")),
+                ))
+            }
+            _ => Err(ExecError::InvalidOption(format!(
                 "topic \"{}\" does not exist on Kafka brokers {}",
                 self.topic,
                 self.brokers.join(",")
-            )));
-        };
-        Ok(topic.partitions.len())
-    }
-
-    /// A client of partition `partition`.
-    pub(crate) async fn partition(&self, partition: i32) -> Result<PartitionClient> {
-        self.client()
-            .await?
-            .partition_client(self.topic.clone(), partition, UnknownTopicHandling::Error)
-            .await
-            .map_err(|e| self.failed(&format!("partition {partition}"), e))
+            ))),
+        }
     }
 }
 
+/// Runs a blocking librdkafka call off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::result::Result<T, KafkaError> + Send + 'static,
+) -> std::result::Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("the blocking call failed: {e}")),
+    }
+}
 impl Kafka {
     pub(super) fn new(spec: &ConnectorSpec, schema: &SchemaRef) -> Result<Self> {
         let mut o = Options::new("kafka", &spec.options);
@@ -178,11 +183,11 @@ impl Kafka {
         let fetch_max_bytes = o
             .parse::<i32>("properties.fetch.max.bytes", "a positive number of bytes")?
             .unwrap_or(1 << 20);
-        if fetch_max_bytes <= 0 {
+        if fetch_max_bytes < 1000 {
             return Err(o.invalid(
                 "properties.fetch.max.bytes",
                 &fetch_max_bytes.to_string(),
-                "a positive number of bytes",
+                "a number of bytes, at least 1000",
             ));
         }
         let timestamp = o.parse::<i64>(
@@ -259,7 +264,7 @@ impl Kafka {
 fn with_included(
     shared: &Shared,
     partition: i32,
-    records: &[RecordAndOffset],
+    records: &[BorrowedMessage<'_>],
     decoded: &crate::formats::Decoded,
 ) -> Result<RecordBatch> {
     use datafusion::arrow::array::{
@@ -271,18 +276,15 @@ fn with_included(
     for (n, what) in shared.include.iter().enumerate() {
         let array: ArrayRef = match what.as_str() {
             "key" => Arc::new(BinaryArray::from_iter(
-                decoded.origin.iter().map(|i| of(i).record.key.clone()),
+                decoded.origin.iter().map(|i| of(i).key()),
             )),
             "partition" => Arc::new(Int32Array::from(vec![partition; decoded.origin.len()])),
             "offset" => Arc::new(Int64Array::from_iter_values(
-                decoded.origin.iter().map(|i| of(i).offset),
+                decoded.origin.iter().map(|i| of(i).offset()),
             )),
             _ => Arc::new(
-                TimestampMillisecondArray::from_iter_values(
-                    decoded
-                        .origin
-                        .iter()
-                        .map(|i| of(i).record.timestamp.timestamp_millis()),
+                TimestampMillisecondArray::from_iter(
+                    decoded.origin.iter().map(|i| of(i).timestamp().to_millis()),
                 )
                 .with_timezone("UTC"),
             ),
@@ -335,11 +337,11 @@ impl SourceConnector for Kafka {
         Ok(Box::new(KafkaReader {
             shared: self.shared.clone(),
             partition: split as i32,
-            client: None,
+            consumer: None,
             offset,
             end: None,
             pace,
-            warned: false,
+            at_end: false,
             skip_before: None,
         }))
     }
@@ -360,140 +362,190 @@ impl SourceConnector for Kafka {
 struct KafkaReader {
     shared: Arc<Shared>,
     partition: i32,
-    client: Option<PartitionClient>,
+    /// The partition's consumer, assigned on the first read.
+    consumer: Option<Arc<StreamConsumer>>,
     /// The next record's offset; `None` until the start is resolved.
     offset: Option<i64>,
-    /// A batch read's end: the partition's end when it started.
+    /// A batch read's end: the partition's end when it started. The read
+    /// stops there or where the consumer reports the partition's end,
+    /// whichever comes first, with the whole of the last batch it read (so
+    /// with what a record batch holds past its first offset, for brokers
+    /// that answer the end with that: tansu).
     end: Option<i64>,
     pace: Pace,
-    /// Whether the broker's empty answer below its end was logged.
-    warned: bool,
+    /// Whether the consumer's last word was that the partition's end
+    /// (its last stable offset) is reached.
+    at_end: bool,
     /// Until a record stamped at or after this time (ms) comes, records
     /// are skipped (`scan.startup.timestamp.millis`).
     skip_before: Option<i64>,
 }
 
 impl KafkaReader {
-    async fn partition(&mut self) -> Result<&PartitionClient> {
-        if self.client.is_none() {
-            self.client = Some(self.shared.conn.partition(self.partition).await?);
-        }
-        Ok(self.client.as_ref().expect("just set"))
+    fn failed(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
+        self.shared
+            .conn
+            .failed(&format!("{what} of partition {}", self.partition), e)
     }
 
-    async fn offset_at(&mut self, at: OffsetAt) -> Result<i64> {
-        let p = self.partition;
-        let shared = self.shared.clone();
-        self.partition()
-            .await?
-            .get_offset(at)
-            .await
-            .map_err(|e| shared.conn.failed(&format!("offset of partition {p}"), e))
+    /// A consumer of the partition alone, reading committed records.
+    fn consumer(&self) -> Result<StreamConsumer> {
+        let max = self.shared.fetch_max_bytes;
+        let mut config = self.shared.conn.config();
+        config
+            // Only for librdkafka's consumer queue: partitions are
+            // assigned, never subscribed, and no offset is committed.
+            .set("group.id", "weir-source")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", FETCH_WAIT.as_millis().to_string())
+            .set("fetch.max.bytes", max.to_string())
+            .set("message.max.bytes", max.min(1_000_000).to_string());
+        config
+            .create()
+            .map_err(|e| self.failed("creating a consumer", e))
     }
 
-    /// The offset after the partition's last record: the high watermark a
-    /// fetch reports. (Not `ListOffsets` of the latest offset, which some
-    /// brokers (tansu 0.6) answer with the start of the last record batch.)
-    /// The fetch may wait a millisecond: tansu after 0.6 answers a fetch
-    /// that may not wait at all with no partitions.
-    async fn end_offset(&mut self) -> Result<i64> {
-        let start = self.offset_at(OffsetAt::Earliest).await?;
-        let p = self.partition;
-        let shared = self.shared.clone();
-        let (_, high_watermark) = self
-            .partition()
-            .await?
-            .fetch_records(start, 1..2, 1)
+    /// The partition's first offset kept and the offset after its last
+    /// committed record.
+    async fn watermarks(&self, consumer: &Arc<StreamConsumer>) -> Result<(i64, i64)> {
+        let (c, topic, p) = (
+            consumer.clone(),
+            self.shared.conn.topic.clone(),
+            self.partition,
+        );
+        blocking(move || c.fetch_watermarks(&topic, p, REQUEST_DEADLINE))
             .await
-            .map_err(|e| shared.conn.failed(&format!("end of partition {p}"), e))?;
-        Ok(high_watermark)
+            .map_err(|e| self.failed("reading the offsets", e))
     }
 
     /// Where the first read starts, by `scan.startup.mode`.
-    async fn start(&mut self) -> Result<i64> {
-        match self.shared.startup.clone() {
-            Startup::Earliest => self.offset_at(OffsetAt::Earliest).await,
-            Startup::Latest => self.end_offset().await,
+    async fn start(&mut self, consumer: &Arc<StreamConsumer>) -> Result<i64> {
+        let (low, high) = self.watermarks(consumer).await?;
+        Ok(match self.shared.startup.clone() {
+            Startup::Earliest => low,
+            Startup::Latest => high,
             Startup::Timestamp(ms) => {
-                let at = chrono::DateTime::from_timestamp_millis(ms).ok_or_else(|| {
-                    ExecError::InvalidOption(format!("scan.startup.timestamp.millis {ms}"))
-                })?;
                 // The broker's answer is where to look; the records before
                 // the first one stamped at or after `ms` are skipped as they
-                // come (for brokers, such as tansu 0.6, that answer the
-                // earliest offset whatever the time).
+                // come (for brokers that answer the earliest offset whatever
+                // the time).
                 self.skip_before = Some(ms);
-                match self.offset_at(OffsetAt::Timestamp(at)).await? {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(
+                    &self.shared.conn.topic,
+                    self.partition,
+                    Offset::Offset(ms),
+                )
+                .map_err(|e| self.failed("looking up a timestamp", e))?;
+                let c = consumer.clone();
+                let found = blocking(move || c.offsets_for_times(tpl, REQUEST_DEADLINE))
+                    .await
+                    .map_err(|e| self.failed("looking up a timestamp", e))?;
+                match found
+                    .find_partition(&self.shared.conn.topic, self.partition)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(o)) if o >= 0 => o,
                     // No record that late: start at the end.
-                    -1 => self.end_offset().await,
-                    o => Ok(o),
+                    _ => high,
                 }
             }
-            Startup::Offsets(offsets) => match offsets.get(&self.partition) {
-                Some(o) => Ok(*o),
-                None => self.offset_at(OffsetAt::Earliest).await,
-            },
-        }
+            Startup::Offsets(offsets) => offsets.get(&self.partition).copied().unwrap_or(low),
+        })
     }
+
+    /// The consumer, assigned the partition at the reader's offset.
+    async fn open(&mut self) -> Result<Arc<StreamConsumer>> {
+        if let Some(c) = &self.consumer {
+            return Ok(c.clone());
+        }
+        let consumer = Arc::new(self.consumer()?);
+        let offset = match self.offset {
+            Some(o) => o,
+            None => self.start(&consumer).await?,
+        };
+        self.offset = Some(offset);
+        if self.pace == Pace::Unlimited {
+            self.end = Some(self.watermarks(&consumer).await?.1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(
+            &self.shared.conn.topic,
+            self.partition,
+            Offset::Offset(offset),
+        )
+        .and_then(|()| consumer.assign(&tpl))
+        .map_err(|e| self.failed("assigning", e))?;
+        self.consumer = Some(consumer.clone());
+        Ok(consumer)
+    }
+}
+
+/// Whether a consumer error is librdkafka reporting a broker connection
+/// it retries on its own.
+fn transient(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::Resolve
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+        )
+    )
 }
 
 #[async_trait]
 impl SplitReader for KafkaReader {
     async fn next(&mut self) -> Result<Option<ReadBatch>> {
-        let offset = match self.offset {
-            Some(o) => o,
-            None => {
-                let o = self.start().await?;
-                self.offset = Some(o);
-                o
-            }
-        };
-        if self.pace == Pace::Unlimited {
-            let end = match self.end {
-                Some(e) => e,
-                None => {
-                    let e = self.end_offset().await?;
-                    self.end = Some(e);
-                    e
-                }
-            };
-            if offset >= end {
-                return Ok(None);
-            }
+        let consumer = self.open().await?;
+        let mut offset = self.offset.expect("set by open");
+        if let Some(end) = self.end
+            && (offset >= end || self.at_end)
+        {
+            return Ok(None);
         }
         let shared = self.shared.clone();
         let partition = self.partition;
         let as_of = std::time::Instant::now();
-        let (mut records, high_watermark) = self
-            .partition()
-            .await?
-            .fetch_records(offset, 1..shared.fetch_max_bytes, FETCH_WAIT_MS)
-            .await
-            .map_err(|e| {
-                shared
-                    .conn
-                    .failed(&format!("reading partition {partition} at {offset}"), e)
-            })?;
-        if records.is_empty() && offset < high_watermark && !self.warned {
-            // Kafka answers a fetch from inside a record batch with that
-            // batch; a broker that answers nothing leaves the split stuck.
-            tracing::warn!(
-                topic = %shared.conn.topic,
-                partition,
-                offset,
-                high_watermark,
-                "kafka broker returned no records below its high watermark"
-            );
-            self.warned = true;
+        // The first record (or the partition's end) within the wait, then
+        // whatever else has come, up to a batch.
+        let mut records: Vec<BorrowedMessage<'_>> = Vec::new();
+        let mut bytes = 0;
+        let mut event = tokio::time::timeout(FETCH_WAIT, consumer.recv()).await.ok();
+        while let Some(e) = event.take() {
+            match e {
+                Ok(m) => {
+                    self.at_end = false;
+                    bytes += m.payload_len();
+                    records.push(m);
+                }
+                Err(KafkaError::PartitionEOF(_)) => self.at_end = true,
+                Err(e) if transient(&e) => {
+                    tracing::warn!(topic = %shared.conn.topic, partition, error = %e, "kafka broker unreachable; retrying");
+                }
+                Err(e) => return Err(self.failed(&format!("reading at {offset}"), e)),
+            }
+            if self.at_end
+                || records.len() >= BATCH_RECORDS
+                || bytes >= shared.fetch_max_bytes as usize
+            {
+                break;
+            }
+            event = consumer.recv().now_or_never();
         }
-        if let Some(end) = self.end {
-            records.retain(|r| r.offset < end);
+        if let Some(last) = records.last() {
+            offset = last.offset() + 1;
         }
-        let next = records.last().map_or(offset, |r| r.offset + 1);
         if let Some(ms) = self.skip_before {
             let first = records
                 .iter()
-                .position(|r| r.record.timestamp.timestamp_millis() >= ms);
+                .position(|r| r.timestamp().to_millis().is_some_and(|t| t >= ms));
             records.drain(..first.unwrap_or(records.len()));
             if first.is_some() {
                 self.skip_before = None;
@@ -501,20 +553,21 @@ impl SplitReader for KafkaReader {
         }
         let values: Vec<&[u8]> = records
             .iter()
-            .map(|r| r.record.value.as_deref().unwrap_or_default())
+            .map(|r| r.payload().unwrap_or_default())
             .collect();
         let decoded = shared.decoder.decode(&values)?;
         shared.decoder.check(&decoded, |i| {
             format!(
                 "kafka topic {} partition {partition} offset {}",
-                shared.conn.topic, records[i].offset
+                shared.conn.topic,
+                records[i].offset()
             )
         })?;
         let rejected = decoded
             .errors
             .iter()
             .map(|e| {
-                let offset = records[e.index].offset;
+                let offset = records[e.index].offset();
                 tracing::warn!(
                     topic = %shared.conn.topic,
                     partition,
@@ -529,7 +582,7 @@ impl SplitReader for KafkaReader {
                 }
             })
             .collect();
-        self.offset = Some(next);
+        self.offset = Some(offset);
         let data = if shared.include.is_empty() {
             decoded.rows
         } else {
@@ -538,8 +591,8 @@ impl SplitReader for KafkaReader {
         Ok(Some(ReadBatch {
             data,
             ops: decoded.ops,
-            position: next.to_be_bytes().to_vec(),
-            caught_up: next >= high_watermark,
+            position: offset.to_be_bytes().to_vec(),
+            caught_up: self.at_end,
             as_of,
             rejected,
         }))

@@ -31,8 +31,8 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
 use planner::spec::ConnectorSpec;
-use rskafka::client::partition::{Compression, PartitionClient};
-use rskafka::record::Record;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use storage::chunk::Chunk;
 
 use super::kafka_transactions::{Placed, Transactions};
@@ -53,8 +53,9 @@ const OPTIONS: &[&str] = &[
     "sink.delivery-guarantee (at-least-once | exactly-once)",
     "sink.transactional-id-prefix",
 ];
-/// Records a produce request carries at most.
-const BATCH: usize = 500;
+/// How long librdkafka keeps trying to deliver a record before the write
+/// fails (and the job restarts from its last checkpoint).
+const DELIVERY_TIMEOUT_MS: &str = "30000";
 
 #[derive(Clone, Copy)]
 enum Format {
@@ -152,7 +153,7 @@ impl SinkConnector for KafkaSink {
             format: self.format,
             encoder: self.encoder,
             key: ctx.key.clone(),
-            partitions: Vec::new(),
+            producer: None,
             count: None,
             next: ctx.subtask,
             exactly_once,
@@ -168,9 +169,8 @@ struct KafkaWriter {
     format: Format,
     encoder: Encoder,
     key: Vec<usize>,
-    /// A client per partition, opened on the first write (at least
-    /// once).
-    partitions: Vec<PartitionClient>,
+    /// The producer, opened on the first write (at least once).
+    producer: Option<FutureProducer>,
     /// The topic's number of partitions, read on the first write.
     count: Option<usize>,
     /// Round-robin position for records without a key.
@@ -274,30 +274,59 @@ impl SinkWriter for KafkaWriter {
         if records.is_empty() {
             return Ok(());
         }
-        if self.partitions.is_empty() {
-            for p in 0..self.count.unwrap_or(0) {
-                self.partitions.push(self.conn.partition(p as i32).await?);
+        let producer = match &self.producer {
+            Some(p) => p,
+            None => {
+                let mut config = self.conn.config();
+                config
+                    .set("message.timeout.ms", DELIVERY_TIMEOUT_MS)
+                    .set("linger.ms", "5")
+                    // Retries neither duplicate nor reorder records, so
+                    // each key's changes stay in order.
+                    .set("enable.idempotence", "true");
+                let producer = config
+                    .create()
+                    .map_err(|e| self.conn.failed("creating a producer", e))?;
+                self.producer.insert(producer)
+            }
+        };
+        let topic = self.conn.topic.as_str();
+        let mut pending = Vec::with_capacity(records.len());
+        for (p, key, value) in &records {
+            let mut record = FutureRecord::<[u8], [u8]>::to(topic).partition(*p);
+            if let Some(k) = key {
+                record = record.key(k.as_slice());
+            }
+            if let Some(v) = value {
+                record = record.payload(v.as_slice());
+            }
+            loop {
+                match producer.send_result(record) {
+                    Ok(delivery) => {
+                        pending.push(delivery);
+                        break;
+                    }
+                    // A full queue empties as the brokers acknowledge.
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    Err((e, _)) => return Err(self.conn.failed("writing", e)),
+                }
             }
         }
-        let mut by_partition: Vec<Vec<Record>> =
-            (0..self.partitions.len()).map(|_| Vec::new()).collect();
-        let timestamp = chrono::Utc::now();
-        for (p, key, value) in records {
-            by_partition[p as usize].push(Record {
-                key,
-                value,
-                headers: Default::default(),
-                timestamp,
-            });
-        }
-        for (p, records) in by_partition.into_iter().enumerate() {
-            let mut records = records.into_iter().peekable();
-            while records.peek().is_some() {
-                let batch: Vec<Record> = records.by_ref().take(BATCH).collect();
-                self.partitions[p]
-                    .produce(batch, Compression::NoCompression)
-                    .await
-                    .map_err(|e| self.conn.failed(&format!("writing partition {p}"), e))?;
+        // Every record is acknowledged before the write returns, so a
+        // barrier passes only once what came before it is in the topic.
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, m))) => {
+                    return Err(self.conn.failed(
+                        &format!("writing partition {}", rdkafka::Message::partition(&m)),
+                        e,
+                    ));
+                }
+                Err(_) => return Err(self.conn.failed("writing", "the producer was closed")),
             }
         }
         Ok(())

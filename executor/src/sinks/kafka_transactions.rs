@@ -27,13 +27,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::connectors::kafka::Connection;
+use crate::connectors::kafka::{Connection, blocking};
 use crate::{ExecError, Result};
 
 /// How long a transactional call may take before the commit fails (and
@@ -77,23 +76,17 @@ impl Transactions {
             return Ok(w.clone());
         }
         let id = format!("{}-{writer}", self.prefix);
-        let brokers = self.conn.bootstrap_servers();
-        let mut config = ClientConfig::new();
+        let mut config = self.conn.config();
         config
-            .set("bootstrap.servers", &brokers)
             .set("transactional.id", &id)
             .set("transaction.timeout.ms", "60000")
             .set("message.timeout.ms", "30000")
             .set("linger.ms", "5");
-        if let Some(c) = self.conn.client_id() {
-            config.set("client.id", c);
-        }
         let producer: ThreadedProducer<DefaultProducerContext> = config
             .create()
             .map_err(|e| self.failed("creating a transactional producer", e))?;
-        let mut config = ClientConfig::new();
+        let mut config = self.conn.config();
         config
-            .set("bootstrap.servers", &brokers)
             .set("group.id", &id)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed");
@@ -205,13 +198,3 @@ impl TxnWriter {
 }
 
 type KafkaResult<T> = std::result::Result<T, KafkaError>;
-
-/// Runs a blocking librdkafka call off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> KafkaResult<T> + Send + 'static,
-) -> std::result::Result<T, String> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("the blocking call failed: {e}")),
-    }
-}

@@ -200,3 +200,59 @@ impl Drop for Broker {
         let _ = self.child.wait();
     }
 }
+
+/// A transactional producer (librdkafka's), for records that a
+/// `read_committed` reader sees only once their transaction commits.
+pub struct TxnProducer {
+    producer: rdkafka::producer::BaseProducer,
+}
+
+impl TxnProducer {
+    pub fn new(broker: &Broker, transactional_id: &str) -> Self {
+        use rdkafka::ClientConfig;
+        use rdkafka::producer::Producer;
+        let producer: rdkafka::producer::BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.address())
+            .set("transactional.id", transactional_id)
+            .create()
+            .expect("transactional producer");
+        producer
+            .init_transactions(Duration::from_secs(30))
+            .expect("init transactions");
+        Self { producer }
+    }
+
+    /// Begins a transaction and writes `values` to `partition` in it,
+    /// waiting until the broker has them.
+    pub fn begin_and_write(&self, topic: &str, partition: i32, values: &[Vec<u8>]) {
+        use rdkafka::producer::{BaseRecord, Producer};
+        self.producer.begin_transaction().expect("begin");
+        for v in values {
+            self.producer
+                .send(
+                    BaseRecord::<(), [u8]>::to(topic)
+                        .partition(partition)
+                        .payload(v),
+                )
+                .map_err(|(e, _)| e)
+                .expect("send");
+        }
+        self.producer
+            .flush(Duration::from_secs(30))
+            .expect("records written");
+    }
+
+    pub fn commit(&self) {
+        use rdkafka::producer::Producer;
+        self.producer
+            .commit_transaction(Duration::from_secs(30))
+            .expect("commit");
+    }
+
+    pub fn abort(&self) {
+        use rdkafka::producer::Producer;
+        self.producer
+            .abort_transaction(Duration::from_secs(30))
+            .expect("abort");
+    }
+}
