@@ -24,7 +24,9 @@ use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, lit};
 
 use crate::source::as_stream_source;
-use crate::spec::{AggCall, AggKind, OperatorSpec, Partitioner, RankKind, StreamJoinType};
+use crate::spec::{
+    AggCall, AggKind, OperatorSpec, Partitioner, RankKind, StreamJoinType, UnnestNulls,
+};
 use crate::stream_graph::StreamGraph;
 use crate::temporal::{NOW_MARKER, is_now_marker, temporal_bound};
 use crate::{PlanError, Result};
@@ -882,7 +884,34 @@ impl Lowering<'_> {
             LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
                 unsupported("materialized views without a table in FROM")
             }
-            LogicalPlan::Unnest(_) => unsupported("UNNEST in materialized views"),
+            LogicalPlan::Unnest(u) => {
+                use datafusion::common::NullHandling;
+                if !u.struct_type_columns.is_empty() {
+                    return unsupported("unnest of a struct in materialized views");
+                }
+                if u.options.recursions.iter().any(|r| r.depth != 1)
+                    || u.list_type_columns.iter().any(|(_, l)| l.depth != 1)
+                {
+                    return unsupported("unnest of nested arrays in materialized views");
+                }
+                let lists: Vec<usize> = u.list_type_columns.iter().map(|(i, _)| *i).collect();
+                let input = self.node(&u.input)?;
+                Ok(self.stateless(
+                    input,
+                    OperatorSpec::Unnest {
+                        lists,
+                        outputs: u.dependency_indices.clone(),
+                        nulls: match u.options.null_handling {
+                            NullHandling::Drop => UnnestNulls::Drop,
+                            NullHandling::Preserve => UnnestNulls::Preserve,
+                            NullHandling::PreserveAndExpandEmpty => {
+                                UnnestNulls::PreserveAndExpandEmpty
+                            }
+                        },
+                    },
+                    plan,
+                ))
+            }
             LogicalPlan::RecursiveQuery(_) => unsupported("recursive queries"),
             other => unsupported(format!("{} in materialized views", other.display())),
         }
@@ -1183,6 +1212,7 @@ impl Lowering<'_> {
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
             | OperatorSpec::Expand { .. }
+            | OperatorSpec::Unnest { .. }
             | OperatorSpec::Union { .. }
             | OperatorSpec::HashJoin {
                 join_type: StreamJoinType::Inner,

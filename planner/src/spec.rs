@@ -149,6 +149,19 @@ pub enum OperatorSpec {
         #[serde(with = "crate::wire::schema")]
         input_schema: DFSchemaRef,
     },
+    /// `unnest(…)` in a select list (also `generate_series(…)` there): each
+    /// input row goes out once per element of its arrays, the arrays in
+    /// lockstep with NULL past the end of the shorter ones, as Postgres
+    /// runs set-returning functions side by side.
+    Unnest {
+        /// Input columns holding the arrays.
+        lists: Vec<usize>,
+        /// For each output column, the input column it comes from (an
+        /// array's column gives its elements).
+        outputs: Vec<usize>,
+        /// What a NULL or empty array gives.
+        nulls: UnnestNulls,
+    },
     /// Top-N per partition (`ORDER BY … LIMIT n [OFFSET k]`, or
     /// `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …) <= n`): keeps the rows
     /// ranked `offset + 1 ..= offset + limit` in each partition, retracting
@@ -244,6 +257,7 @@ impl OperatorSpec {
             OperatorSpec::HashJoin { .. } => "HashJoin",
             OperatorSpec::Union { .. } => "Union",
             OperatorSpec::Expand { .. } => "Expand",
+            OperatorSpec::Unnest { .. } => "Unnest",
             OperatorSpec::TopN { .. } => "TopN",
             OperatorSpec::OverWindow { .. } => "OverWindow",
             OperatorSpec::TemporalFilter { .. } => "TemporalFilter",
@@ -304,9 +318,22 @@ impl OperatorSpec {
             OperatorSpec::Filter { errors, .. } | OperatorSpec::Project { errors, .. } => {
                 errors.iter().copied().collect()
             }
-            OperatorSpec::Union { .. } | OperatorSpec::Expand { .. } => vec![],
+            OperatorSpec::Union { .. }
+            | OperatorSpec::Expand { .. }
+            | OperatorSpec::Unnest { .. } => vec![],
         }
     }
+}
+
+/// What an `Unnest` makes of a row whose array is NULL or empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum UnnestNulls {
+    /// No row (Postgres's `unnest`).
+    Drop,
+    /// A NULL array gives one row with NULL; an empty one none.
+    Preserve,
+    /// Both give one row with NULL.
+    PreserveAndExpandEmpty,
 }
 
 fn list(exprs: &[Expr]) -> String {
@@ -528,6 +555,10 @@ impl fmt::Display for OperatorSpec {
                     })
                     .collect();
                 write!(f, "Expand: sets=[{}]", sets.join(", "))
+            }
+            OperatorSpec::Unnest { lists, .. } => {
+                let lists: Vec<String> = lists.iter().map(|c| format!("#{c}")).collect();
+                write!(f, "Unnest: columns=[{}]", lists.join(", "))
             }
             OperatorSpec::Materialize { view_id, .. } => write!(f, "Materialize: view {view_id}"),
             OperatorSpec::Sink {

@@ -198,7 +198,9 @@ pub fn new_context() -> SessionContext {
     ctx
 }
 
-/// Plans a query's SQL text in `ctx`, with Postgres column names.
+/// Plans a query's SQL text in `ctx`, with Postgres column names and
+/// Postgres's spellings that DataFusion plans otherwise rewritten (as for a
+/// `SELECT`: `generate_series(…)` in a select list is its rows, and so on).
 pub async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> {
     let mut stmts = stmt::parse(sql)?;
     let (Some(Stmt::Sql(s)), true) = (stmts.pop(), stmts.is_empty()) else {
@@ -208,6 +210,7 @@ pub async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> 
         return Err(ServerError::Syntax(format!("not a query: {sql}")));
     };
     stmt::apply_pg_names(&mut q);
+    crate::pg_catalog::rewrite::rewrite(&mut q)?;
     plan_statement(ctx, Statement::Query(q)).await
 }
 

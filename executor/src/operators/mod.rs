@@ -18,6 +18,7 @@ mod temporal_filter;
 mod top_n;
 mod ttl;
 mod union;
+mod unnest;
 
 use planner::spec::OperatorSpec;
 use planner::stream_graph::StreamNode;
@@ -32,6 +33,7 @@ pub use project::Project;
 pub use temporal_filter::TemporalFilter;
 pub use top_n::TopN;
 pub use union::Union;
+pub use unnest::Unnest;
 
 use crate::operator::Operator;
 use crate::{ExecError, Result};
@@ -82,6 +84,11 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             sets,
             input_schema,
         } => Box::new(Expand::new(group_exprs, sets, input_schema, &node.schema)?),
+        OperatorSpec::Unnest {
+            lists,
+            outputs,
+            nulls,
+        } => Box::new(Unnest::new(lists, outputs, *nulls, &node.schema)?),
         OperatorSpec::Materialize {
             state_table,
             changelog,

@@ -132,6 +132,13 @@ impl VisitorMut for Rewriter {
     /// `FROM unnest(a) x`: in Postgres, a function of one column so named
     /// names its column `x` too.
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        if series_of_columns(factor) {
+            self.error = Some(ServerError::unsupported(
+                "generate_series in FROM over another FROM item's columns (LATERAL); \
+                 call it in the select list instead",
+            ));
+            return ControlFlow::Break(());
+        }
         series_in_from(factor);
         scalar_in_from(factor);
         if let TableFactor::Table {
@@ -412,6 +419,30 @@ const SCALARS_IN_FROM: &[&str] = &[
     "parse_ident",
     "version",
 ];
+
+/// `FROM t, generate_series(1, t.n)`: a series over another item's
+/// columns, which DataFusion's table function cannot take.
+fn series_of_columns(factor: &TableFactor) -> bool {
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        ..
+    } = factor
+    else {
+        return false;
+    };
+    if last_name(name).as_deref() != Some("generate_series") {
+        return false;
+    }
+    let columns = datafusion::sql::sqlparser::ast::visit_expressions(&args.args, |e| {
+        if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    columns.is_break()
+}
 
 /// `FROM generate_series(a, b)` in Postgres: a column named
 /// `generate_series` (or the alias), of the arguments' integer type.
