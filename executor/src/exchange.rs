@@ -145,8 +145,20 @@ impl OutputWriter {
                 if p == 1 {
                     return self.send(0, Message::Chunk(chunk)).await;
                 }
-                let keys = expr::evaluate(exprs, chunk.data())?;
-                let groups = expr::key_groups(&keys, chunk.num_rows())?;
+                let key_groups = |c: &Chunk| {
+                    expr::evaluate(exprs, c.data())
+                        .and_then(|keys| expr::key_groups(&keys, c.num_rows()))
+                };
+                let groups = match key_groups(&chunk) {
+                    Ok(groups) => groups,
+                    // A row whose key fails (a division by zero) goes to
+                    // the first subtask, always the same one, whose operator
+                    // fails the same way and keeps the error as data
+                    // (`crate::errors`) or fails the job.
+                    Err(_) => (0..chunk.num_rows())
+                        .map(|row| key_groups(&chunk.slice(row, 1)).map_or(0, |g| g[0]))
+                        .collect(),
+                };
                 let mut per_target: Vec<Vec<u32>> = vec![Vec::new(); p];
                 for (row, kg) in groups.into_iter().enumerate() {
                     per_target[subtask_for_key_group(kg, p)].push(row as u32);

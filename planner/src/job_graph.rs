@@ -45,7 +45,8 @@ impl JobGraph {
             .iter()
             .filter_map(|n| match &n.spec {
                 crate::spec::OperatorSpec::Filter { errors, .. }
-                | crate::spec::OperatorSpec::Project { errors, .. } => *errors,
+                | crate::spec::OperatorSpec::Project { errors, .. }
+                | crate::spec::OperatorSpec::HashAgg { errors, .. } => *errors,
                 _ => None,
             })
             .collect()
@@ -200,6 +201,7 @@ mod tests {
             emit_on_window_close: None,
             late_rows_table: None,
             state_ttl_us: None,
+            errors: None,
         }
     }
 

@@ -686,6 +686,7 @@ impl Lowering<'_> {
                 }
                 let (p, partitioner) = self.keyed(input, group_exprs.clone(), &input_schema);
                 let id = self.graph.nodes.len();
+                let errors = Some(self.error_table());
                 let node = self.graph.add_node(
                     OperatorSpec::HashAgg {
                         group_exprs,
@@ -697,6 +698,7 @@ impl Lowering<'_> {
                             .map(|_| late_rows_state_table(self.opts.view_id)),
                         state_ttl_us: self.opts.state_ttl_us,
                         emit_on_window_close,
+                        errors,
                     },
                     p,
                     plan.schema().clone(),
@@ -1345,10 +1347,11 @@ mod tests {
                 (5 << 16) + 1,
                 view_error_table(5, 1),
                 (5 << 16) + 3,
+                view_error_table(5, 2),
                 5 << 16,
                 view_changelog_table(5)
             ],
-            "the source's position, the filter's errors, the aggregate's groups, the view's rows, then its changelog"
+            "the source's position, the filter's errors, the aggregate's groups and errors, the view's rows, then its changelog"
         );
     }
 

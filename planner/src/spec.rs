@@ -99,6 +99,10 @@ pub enum OperatorSpec {
         /// written for that long are forgotten and leave the output.
         #[serde(default)]
         state_ttl_us: Option<i64>,
+        /// Where rows whose group keys or arguments fail are counted (see
+        /// `Filter`).
+        #[serde(default)]
+        errors: Option<u64>,
     },
     /// Equi-join of any kind in [`StreamJoinType`]; both inputs
     /// hash-partitioned on their keys.
@@ -297,9 +301,11 @@ impl OperatorSpec {
             OperatorSpec::HashAgg {
                 state_table,
                 late_rows_table,
+                errors,
                 ..
             } => std::iter::once(*state_table)
                 .chain(*late_rows_table)
+                .chain(*errors)
                 .collect(),
             OperatorSpec::TableSource { state_table, .. }
             | OperatorSpec::ConnectorSource { state_table, .. }

@@ -210,7 +210,7 @@ pub async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> 
         return Err(ServerError::Syntax(format!("not a query: {sql}")));
     };
     stmt::apply_pg_names(&mut q);
-    crate::pg_catalog::rewrite::rewrite(&mut q)?;
+    crate::pg_catalog::rewrite::rewrite_view(&mut q)?;
     plan_statement(ctx, Statement::Query(q)).await
 }
 

@@ -11,7 +11,10 @@
 //! - a long statement does not hold up other clients, and a cancel
 //!   request, `pg_cancel_backend`, `pg_terminate_backend`,
 //!   `statement_timeout` or the client going away stops it before it writes;
-//! - `DEALLOCATE` and `DISCARD` do what drivers expect of them.
+//! - `DEALLOCATE` and `DISCARD` do what drivers expect of them;
+//! - a row whose expression fails in a view (in a projection, a filter, a
+//!   group key or an aggregate's argument) stays counted across `kill -9`
+//!   and restart, and the view heals when the row is deleted.
 
 mod common;
 
@@ -319,4 +322,43 @@ async fn deallocate_and_discard() {
     c.batch_execute("DISCARD PLANS; DISCARD SEQUENCES; DISCARD TEMP; UNLISTEN *")
         .await
         .expect("the other resets drivers send");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_rows_stay_counted_across_a_restart() {
+    let mut server = Server::start();
+    let c = server.client().await;
+    rows(&c, "CREATE TABLE z (id int PRIMARY KEY, a int)").await;
+    rows(&c, "INSERT INTO z VALUES (1, 5), (2, 2), (3, 0)").await;
+    for view in [
+        "CREATE MATERIALIZED VIEW q AS SELECT id, 10 / a AS q FROM z",
+        "CREATE MATERIALIZED VIEW s AS SELECT sum(100 / a) AS s, count(*) AS n FROM z",
+        "CREATE MATERIALIZED VIEW g AS SELECT 12 / a AS k, count(*) AS n FROM z GROUP BY 12 / a",
+    ] {
+        rows(&c, view).await;
+    }
+    rows(&c, "FLUSH").await;
+    rows(&c, "CHECKPOINT").await;
+    server.crash_and_restart();
+    let c = server.client().await;
+    for view in ["q", "s", "g"] {
+        expect_error(
+            &c,
+            &format!("SELECT * FROM {view}"),
+            "22012",
+            "division by zero",
+        )
+        .await;
+    }
+    rows(&c, "DELETE FROM z WHERE id = 3").await;
+    rows(&c, "FLUSH").await;
+    assert_eq!(
+        rows(&c, "SELECT * FROM q ORDER BY id").await,
+        vec![vec!["1", "2"], vec!["2", "5"]]
+    );
+    assert_eq!(rows(&c, "SELECT * FROM s").await, vec![vec!["70", "2"]]);
+    assert_eq!(
+        rows(&c, "SELECT * FROM g ORDER BY k").await,
+        vec![vec!["2", "1"], vec!["6", "1"]]
+    );
 }

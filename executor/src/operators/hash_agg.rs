@@ -23,6 +23,7 @@ use storage::state::StateWrite;
 
 use super::accumulator::{AccState, Aggregate, encoding};
 use super::ttl::Ttl;
+use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{Result, expr};
@@ -81,6 +82,9 @@ pub struct HashAgg {
     dirty: HashMap<Vec<u8>, u16>,
     /// State TTL: see [`HashAgg::with_state_ttl`].
     ttl: Option<Ttl<Vec<u8>>>,
+    /// Where rows whose group keys or arguments fail are counted
+    /// (`crate::errors`).
+    errors: Option<ErrorCollection>,
 }
 
 impl HashAgg {
@@ -113,7 +117,15 @@ impl HashAgg {
             groups: HashMap::new(),
             dirty: HashMap::new(),
             ttl: None,
+            errors: None,
         })
+    }
+
+    /// Counts the rows whose group keys or arguments fail in `table`
+    /// instead of failing.
+    pub fn collecting_errors(mut self, table: Option<u64>) -> Result<Self> {
+        self.errors = table.map(ErrorCollection::new).transpose()?;
+        Ok(self)
     }
 
     fn new_group(&self) -> Group {
@@ -291,10 +303,14 @@ impl Operator for HashAgg {
 
     fn tables(&self) -> Vec<u64> {
         let late = self.eowc.as_ref().and_then(|w| w.late_table);
-        std::iter::once(self.state_table).chain(late).collect()
+        std::iter::once(self.state_table)
+            .chain(late)
+            .chain(ErrorCollection::tables(&self.errors))
+            .collect()
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, out: &mut Collector) -> Result<()> {
+        ErrorCollection::start(&mut self.errors, ctx)?;
         if let Some(w) = &mut self.eowc
             && let Some(table) = w.late_table
         {
@@ -355,20 +371,26 @@ impl Operator for HashAgg {
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
+        // Rows whose keys or arguments fail are counted, not aggregated.
+        let (group_exprs, aggs) = (&self.group_exprs, &self.aggs);
+        let Some((chunk, (keys, args))) = run_or_collect(&chunk, self.errors.as_mut(), |c| {
+            let keys = expr::evaluate(group_exprs, c.data())?;
+            let args = aggs
+                .iter()
+                .map(|a| a.prepare(c.data()))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((keys, args))
+        })?
+        else {
+            return Ok(());
+        };
         let n = chunk.num_rows();
-        let data = chunk.data();
-        let keys = expr::evaluate(&self.group_exprs, data)?;
         let key_groups = expr::key_groups(&keys, n)?;
         let key_bytes = if self.global {
             vec![Vec::new(); n]
         } else {
             self.key_codec.encode(&keys)?
         };
-        let args = self
-            .aggs
-            .iter()
-            .map(|a| a.prepare(data))
-            .collect::<Result<Vec<_>>>()?;
         if let Some(ends) = self.window_ends(&keys)? {
             return self.accumulate_windows(&chunk, &key_bytes, &key_groups, &args, &ends);
         }
@@ -516,6 +538,7 @@ impl Operator for HashAgg {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
+        ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
         for (key, key_group) in self.dirty.drain() {
             let value = self.groups.get(&key).map(Self::encode);
             writes.push(StateWrite {

@@ -60,10 +60,12 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             emit_on_window_close,
             late_rows_table,
             state_ttl_us,
+            errors,
         } => {
             let mut agg =
                 HashAgg::new(group_exprs, aggs, input_schema, &node.schema, *state_table)?
-                    .with_state_ttl(*state_ttl_us);
+                    .with_state_ttl(*state_ttl_us)
+                    .collecting_errors(*errors)?;
             if let Some(id) = empty_set {
                 agg = agg.with_empty_set(*id)?;
             }

@@ -40,7 +40,10 @@ use crate::error::{Result, ServerError};
 /// Rewrites `query` in place.
 pub fn rewrite(query: &mut Query) -> Result<()> {
     let printed = printed_reg_literals(query);
-    let mut v = Rewriter { error: None };
+    let mut v = Rewriter {
+        error: None,
+        view: false,
+    };
     let _ = query.visit(&mut v);
     if let Some(e) = v.error {
         return Err(e);
@@ -104,8 +107,22 @@ fn printed_reg_literals(query: &Query) -> Vec<(usize, &'static str)> {
         .collect()
 }
 
+/// Rewrites a view's query in place: as [`rewrite`], but its result's
+/// column names stay the view's (no names are made unique for a client to
+/// take back, and no `reg*` value is printed).
+pub fn rewrite_view(query: &mut Query) -> Result<()> {
+    let mut v = Rewriter {
+        error: None,
+        view: true,
+    };
+    let _ = query.visit(&mut v);
+    v.error.map_or(Ok(()), Err)
+}
+
 struct Rewriter {
     error: Option<ServerError>,
+    /// A view's query: see [`rewrite_view`].
+    view: bool,
 }
 
 impl VisitorMut for Rewriter {
@@ -203,7 +220,9 @@ impl VisitorMut for Rewriter {
 
     fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         prune_set_expr(&mut query.body);
-        if let SetExpr::Select(select) = query.body.as_mut() {
+        if let SetExpr::Select(select) = query.body.as_mut()
+            && !self.view
+        {
             beside_wildcards(select);
         }
         sort_by_subqueries(query);
