@@ -7,11 +7,11 @@
 //!
 //! Translations: `CREATE STREAM` and the clauses PostgreSQL lacks
 //! (`WATERMARK FOR`, `APPEND ONLY`) become a plain `CREATE TABLE` (Weir's own
-//! parser takes them out); `TUMBLE(t, ts, size)` becomes a subquery that
-//! computes `window_start` and `window_end` with `date_bin`. Views over HOP
-//! or CUMULATE, and EMIT ON WINDOW CLOSE views (whose contents depend on the
-//! watermark, not only on the rows), have no batch equivalent written here
-//! and are checked by `smoke.rs` instead. Numbers are compared to six
+//! parser takes them out); `TUMBLE`, `HOP` and `CUMULATE` become subqueries
+//! written from the windows' definitions (`date_bin`, and `generate_series`
+//! for the several windows of a row: see `window_subquery`). EMIT ON WINDOW
+//! CLOSE views (whose contents depend on the watermark, not only on the
+//! rows) have no batch equivalent and are checked by `smoke.rs` instead. Numbers are compared to six
 //! decimals: PostgreSQL's `avg` and `stddev` are numeric, Weir's double.
 
 mod common;
@@ -63,9 +63,7 @@ fn translate_query(query: &str) -> Option<String> {
     let lower = query.to_lowercase();
     // Temporal joins depend on when rows arrived, which a batch query
     // does not know.
-    if lower.contains("hop(")
-        || lower.contains("cumulate(")
-        || lower.contains("emit on window close")
+    if lower.contains("emit on window close")
         || lower.contains("for system_time")
         || lower.contains("session(")
     {
@@ -82,20 +80,54 @@ fn translate_query(query: &str) -> Option<String> {
         return None;
     }
     let mut query = query.to_string();
-    while let Some(at) = query.to_lowercase().find("tumble(") {
-        let open = at + "tumble(".len();
-        let close = open + query[open..].find(')')?;
-        let args: Vec<&str> = query[open..close].split(',').map(str::trim).collect();
-        let [table, ts, size] = args.as_slice() else {
-            return None;
-        };
-        let bin = format!("date_bin({size}, {ts}, TIMESTAMP '1970-01-01')");
-        let sub = format!(
-            "(SELECT *, {bin} AS window_start, {bin} + {size} AS window_end FROM {table}) AS {table}"
-        );
-        query = format!("{}{sub}{}", &query[..at], &query[close + 1..]);
+    for kind in ["tumble(", "hop(", "cumulate("] {
+        while let Some(at) = query.to_lowercase().find(kind) {
+            let open = at + kind.len();
+            let close = open + query[open..].find(')')?;
+            let args: Vec<&str> = query[open..close].split(',').map(str::trim).collect();
+            let sub = window_subquery(kind, &args)?;
+            query = format!("{}{sub}{}", &query[..at], &query[close + 1..]);
+        }
     }
     Some(query)
+}
+
+/// A window function's rows in plain PostgreSQL, written from the windows'
+/// definitions rather than from Weir's expansion: windows aligned to the
+/// epoch plus the offset; HOP's `size / slide` windows per row from
+/// `generate_series` over their starts, CUMULATE's windows from
+/// `generate_series` over their ends within the row's period.
+fn window_subquery(kind: &str, args: &[&str]) -> Option<String> {
+    let origin = |offset: Option<&&str>| match offset {
+        Some(o) => format!("(TIMESTAMP '1970-01-01' + {o})"),
+        None => "TIMESTAMP '1970-01-01'".into(),
+    };
+    Some(match (kind, args) {
+        ("tumble(", [table, ts, size, offset @ ..]) => {
+            let bin = format!("date_bin({size}, w.{ts}, {})", origin(offset.first()));
+            format!(
+                "(SELECT w.*, {bin} AS window_start, {bin} + {size} AS window_end \
+                 FROM {table} AS w) AS {table}"
+            )
+        }
+        ("hop(", [table, ts, slide, size, offset @ ..]) => {
+            let bin = format!("date_bin({slide}, w.{ts}, {})", origin(offset.first()));
+            format!(
+                "(SELECT w.*, ws AS window_start, ws + {size} AS window_end \
+                 FROM {table} AS w, generate_series({bin} - {size} + {slide}, {bin}, {slide}) AS ws \
+                 WHERE w.{ts} >= ws AND w.{ts} < ws + {size}) AS {table}"
+            )
+        }
+        ("cumulate(", [table, ts, step, size, offset @ ..]) => {
+            let bin = format!("date_bin({size}, w.{ts}, {})", origin(offset.first()));
+            format!(
+                "(SELECT w.*, {bin} AS window_start, we AS window_end \
+                 FROM {table} AS w, generate_series({bin} + {step}, {bin} + {size}, {step}) AS we \
+                 WHERE w.{ts} < we) AS {table}"
+            )
+        }
+        _ => return None,
+    })
 }
 
 fn pg_error(e: &tokio_postgres::Error) -> String {
