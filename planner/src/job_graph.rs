@@ -200,6 +200,7 @@ mod tests {
             empty_set: None,
             emit_on_window_close: None,
             late_rows_table: None,
+            close_after_key: false,
             state_ttl_us: None,
             errors: None,
         }

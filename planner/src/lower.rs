@@ -346,20 +346,11 @@ fn interval_bounds(
 
 /// The position among `agg`'s group keys of `window_end`, for EMIT ON
 /// WINDOW CLOSE.
-fn window_end_key(agg: &datafusion::logical_expr::Aggregate) -> Result<usize> {
+fn window_end_key(agg: &datafusion::logical_expr::Aggregate) -> Result<Option<usize>> {
     if matches!(agg.group_expr.as_slice(), [Expr::GroupingSet(_)]) {
         return unsupported("EMIT ON WINDOW CLOSE with grouping sets");
     }
-    (0..agg.group_expr.len())
-        .find(|i| agg.schema.field(*i).name() == "window_end")
-        .map_or_else(
-            || {
-                unsupported(
-                    "EMIT ON WINDOW CLOSE without window_end (of TUMBLE, HOP or CUMULATE) in GROUP BY",
-                )
-            },
-            Ok,
-        )
+    Ok((0..agg.group_expr.len()).find(|i| agg.schema.field(*i).name() == "window_end"))
 }
 
 /// One aggregate call, if a HashAgg can maintain it.
@@ -663,13 +654,14 @@ impl Lowering<'_> {
                         agg.schema.field(n_groups + i).data_type().clone(),
                     )?);
                 }
-                let emit_on_window_close = if self.eowc_pending {
-                    self.eowc_pending = false;
-                    Some(window_end_key(agg)?)
-                } else {
-                    None
-                };
+                let eowc = std::mem::take(&mut self.eowc_pending);
                 let mut input = self.node(&agg.input)?;
+                let (emit_on_window_close, close_after_key) = if eowc {
+                    let (key, after) = self.window_close_key(agg, input)?;
+                    (Some(key), after)
+                } else {
+                    (None, false)
+                };
                 if emit_on_window_close.is_some() {
                     self.check_watermarks(input)?;
                 }
@@ -696,6 +688,7 @@ impl Lowering<'_> {
                         empty_set,
                         late_rows_table: emit_on_window_close
                             .map(|_| late_rows_state_table(self.opts.view_id)),
+                        close_after_key,
                         state_ttl_us: self.opts.state_ttl_us,
                         emit_on_window_close,
                         errors,
@@ -1168,6 +1161,59 @@ impl Lowering<'_> {
 
     /// Every source under `node` has a watermark: windows can only close
     /// when event time advances on every input.
+    /// `EMIT ON WINDOW CLOSE`: the group key that says when a group is
+    /// complete, and whether it is an event time (complete once the
+    /// watermark passes it) rather than a window's end (complete when the
+    /// watermark reaches it): `window_end`, or else the column a source's
+    /// watermark is defined over, passed through unchanged.
+    fn window_close_key(
+        &self,
+        agg: &datafusion::logical_expr::Aggregate,
+        input: usize,
+    ) -> Result<(usize, bool)> {
+        if let Some(key) = window_end_key(agg)? {
+            return Ok((key, false));
+        }
+        agg.group_expr
+            .iter()
+            .position(|e| matches!(e, Expr::Column(c) if self.is_watermark_column(input, &c.name)))
+            .map(|key| (key, true))
+            .map_or_else(
+                || {
+                    unsupported(
+                        "EMIT ON WINDOW CLOSE without window_end (of TUMBLE, HOP or CUMULATE) \
+                         or the watermark's column in GROUP BY",
+                    )
+                },
+                Ok,
+            )
+    }
+
+    /// Whether column `name` of `node`'s output is, unchanged through
+    /// filters and projections, the column a source's watermark is defined
+    /// over (`WATERMARK FOR ts AS ts - …`).
+    fn is_watermark_column(&self, node: usize, name: &str) -> bool {
+        let n = &self.graph.nodes[node];
+        let below = || {
+            self.graph
+                .in_edges(node)
+                .all(|e| self.is_watermark_column(e.from, name))
+        };
+        match &n.spec {
+            OperatorSpec::Filter { .. } => below(),
+            OperatorSpec::Project { exprs, .. } => {
+                let at = n.schema.fields().iter().position(|f| f.name() == name);
+                at.is_some_and(
+                    |i| matches!(exprs[i].clone().unalias(), Expr::Column(c) if c.name == name),
+                ) && below()
+            }
+            spec => spec.source_watermark().is_some_and(|w| {
+                let columns = w.expr.column_refs();
+                columns.len() == 1 && columns.iter().all(|c| c.name == name)
+            }),
+        }
+    }
+
     fn check_watermarks(&self, node: usize) -> Result<()> {
         let source = match &self.graph.nodes[node].spec {
             OperatorSpec::TableSource { table_name, .. } => Some(table_name),

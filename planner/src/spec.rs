@@ -95,6 +95,11 @@ pub enum OperatorSpec {
         /// view's rows have (`weir_catalog.late_rows` reads it).
         #[serde(default)]
         late_rows_table: Option<u64>,
+        /// With `EMIT ON WINDOW CLOSE`: the key is not a window's end but
+        /// the event time a source's watermark is defined over (`GROUP BY
+        /// ts`): a group is complete once the watermark has passed it.
+        #[serde(default)]
+        close_after_key: bool,
         /// State TTL in microseconds of processing time: groups no row has
         /// written for that long are forgotten and leave the output.
         #[serde(default)]

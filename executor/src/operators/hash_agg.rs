@@ -35,6 +35,9 @@ const STATE_VERSION: u8 = 1;
 struct WindowClose {
     /// Which group key is `window_end`.
     key: usize,
+    /// The key is an event time, not a window's end: a group is complete
+    /// once the watermark is past it, not when the watermark reaches it.
+    after: bool,
     /// Window end (µs) → the open groups of windows ending then, with
     /// their key groups.
     open: BTreeMap<i64, HashMap<Vec<u8>, u16>>,
@@ -166,9 +169,18 @@ impl HashAgg {
     /// result whose state stays bounded (RisingWave's EMIT ON WINDOW CLOSE,
     /// Flink's window aggregate).
     /// Rows dropped as late are counted per window end in `late_table`.
-    pub fn emit_on_window_close(mut self, window_end_key: usize, late_table: Option<u64>) -> Self {
+    /// With `after`, the key is the event time itself (`GROUP BY ts` over
+    /// the watermark's column): a group closes once the watermark is past
+    /// it, and a row is late when its time is below the watermark.
+    pub fn emit_on_window_close(
+        mut self,
+        window_end_key: usize,
+        late_table: Option<u64>,
+        after: bool,
+    ) -> Self {
         self.eowc = Some(WindowClose {
             key: window_end_key,
+            after,
             late_table,
             ..Default::default()
         });
@@ -271,7 +283,9 @@ impl HashAgg {
         };
         for (row, key) in key_bytes.iter().enumerate() {
             let end = ends[row].unwrap_or(i64::MIN);
-            if w.watermark.is_some_and(|wm| end <= wm) {
+            if w.watermark
+                .is_some_and(|wm| end < wm || (end == wm && !w.after))
+            {
                 let at = (key_groups[row], end);
                 *w.late.entry(at).or_default() += 1;
                 w.late_dirty.insert(at);
@@ -508,8 +522,14 @@ impl Operator for HashAgg {
                 "rows later than the watermark dropped"
             );
         }
-        // Every window ending at or before the watermark is complete.
-        let still_open = w.open.split_off(&watermark.timestamp.saturating_add(1));
+        // Every window ending at or before the watermark is complete (every
+        // event time before it).
+        let first_open = if w.after {
+            watermark.timestamp
+        } else {
+            watermark.timestamp.saturating_add(1)
+        };
+        let still_open = w.open.split_off(&first_open);
         let closed = std::mem::replace(&mut w.open, still_open);
         let mut rows = Vec::new();
         for (_, keys) in closed {
@@ -727,7 +747,7 @@ mod tests {
     #[test]
     fn emit_on_window_close_emits_closed_windows_once_and_survives_a_restore() {
         // Group key `a` plays window_end (µs).
-        let mut w = op(false).emit_on_window_close(0, Some(99));
+        let mut w = op(false).emit_on_window_close(0, Some(99), false);
         let none: Vec<String> = vec![];
         assert_eq!(
             feed(
@@ -756,7 +776,7 @@ mod tests {
             .unwrap();
         // The closed window's state is deleted, the open one's kept.
         assert_eq!(writes.iter().filter(|w| w.value.is_none()).count(), 1);
-        let mut again = op(false).emit_on_window_close(0, Some(99));
+        let mut again = op(false).emit_on_window_close(0, Some(99), false);
         again
             .on_start(
                 &ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))),

@@ -59,6 +59,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             empty_set,
             emit_on_window_close,
             late_rows_table,
+            close_after_key,
             state_ttl_us,
             errors,
         } => {
@@ -70,7 +71,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
                 agg = agg.with_empty_set(*id)?;
             }
             if let Some(key) = emit_on_window_close {
-                agg = agg.emit_on_window_close(*key, *late_rows_table);
+                agg = agg.emit_on_window_close(*key, *late_rows_table, *close_after_key);
             }
             Box::new(agg)
         }

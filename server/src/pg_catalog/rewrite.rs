@@ -48,6 +48,7 @@ pub fn rewrite(query: &mut Query) -> Result<()> {
     if let Some(e) = v.error {
         return Err(e);
     }
+    no_series_of_columns(query)?;
     if let SetExpr::Select(select) = query.body.as_mut() {
         for (i, back) in printed {
             if let Some(SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) =
@@ -116,7 +117,32 @@ pub fn rewrite_view(query: &mut Query) -> Result<()> {
         view: true,
     };
     let _ = query.visit(&mut v);
-    v.error.map_or(Ok(()), Err)
+    v.error.map_or(Ok(()), Err)?;
+    no_series_of_columns(query)
+}
+
+/// `0A000` for a `generate_series` in `FROM` over another `FROM` item's
+/// columns that is still there after the rewrite (catalog queries whose
+/// such parts are never evaluated have lost them by then).
+fn no_series_of_columns(query: &Query) -> Result<()> {
+    struct Find;
+    impl datafusion::sql::sqlparser::ast::Visitor for Find {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+            if series_of_columns(factor) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+    }
+    if datafusion::sql::sqlparser::ast::Visit::visit(query, &mut Find).is_break() {
+        return Err(ServerError::unsupported(
+            "generate_series in FROM over another FROM item's columns (LATERAL); \
+             call it in the select list instead",
+        ));
+    }
+    Ok(())
 }
 
 struct Rewriter {
@@ -149,13 +175,6 @@ impl VisitorMut for Rewriter {
     /// `FROM unnest(a) x`: in Postgres, a function of one column so named
     /// names its column `x` too.
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
-        if series_of_columns(factor) {
-            self.error = Some(ServerError::unsupported(
-                "generate_series in FROM over another FROM item's columns (LATERAL); \
-                 call it in the select list instead",
-            ));
-            return ControlFlow::Break(());
-        }
         series_in_from(factor);
         scalar_in_from(factor);
         if let TableFactor::Table {
