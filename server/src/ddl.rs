@@ -888,6 +888,52 @@ fn kind_of(t: &ObjectType) -> Result<&'static str> {
     })
 }
 
+/// The schemas there are: every object is in `public`; the others are
+/// the system's.
+const SCHEMAS: &[&str] = &["public", "pg_catalog", "information_schema", "weir_catalog"];
+
+/// `CREATE SCHEMA [IF NOT EXISTS] name`: Weir keeps every object in
+/// `public`, so only the schemas there are can be named, with `IF NOT
+/// EXISTS` (as migration tools and dbt send it) or for `42P06`.
+pub fn create_schema(
+    name: &datafusion::sql::sqlparser::ast::SchemaName,
+    if_not_exists: bool,
+) -> Result<QueryResult> {
+    use datafusion::sql::sqlparser::ast::SchemaName;
+    let SchemaName::Simple(name) = name else {
+        return Err(ServerError::unsupported("CREATE SCHEMA … AUTHORIZATION"));
+    };
+    let name = object_name(name)?;
+    if !SCHEMAS.contains(&name.as_str()) {
+        return Err(ServerError::unsupported(format!(
+            "CREATE SCHEMA other than public ({name}; every object is in public)"
+        )));
+    }
+    if !if_not_exists {
+        return Err(ServerError::DuplicateSchema(format!(
+            "schema \"{name}\" already exists"
+        )));
+    }
+    Ok(QueryResult::command("CREATE SCHEMA"))
+}
+
+/// `DROP SCHEMA [IF EXISTS] name, …`: only a schema that does not exist
+/// can be named, with `IF EXISTS`; the schemas there are stay.
+pub fn drop_schema(if_exists: bool, names: &[ObjectName]) -> Result<QueryResult> {
+    for name in names {
+        let name = object_name(name)?;
+        if SCHEMAS.contains(&name.as_str()) {
+            return Err(ServerError::unsupported(format!("DROP SCHEMA {name}")));
+        }
+        if !if_exists {
+            return Err(ServerError::InvalidSchemaName(format!(
+                "schema \"{name}\" does not exist"
+            )));
+        }
+    }
+    Ok(QueryResult::command("DROP SCHEMA"))
+}
+
 /// `DROP TABLE | VIEW | MATERIALIZED VIEW [IF EXISTS] … [CASCADE]`.
 pub async fn drop(
     db: &Arc<Database>,

@@ -473,6 +473,17 @@ impl Database {
                 ddl::create_table(self, session, ct, Default::default()).await
             }
             Statement::CreateView(cv) => ddl::create_view(self, session, cv, false).await,
+            Statement::CreateSchema {
+                schema_name,
+                if_not_exists,
+                ..
+            } => ddl::create_schema(&schema_name, if_not_exists),
+            Statement::Drop {
+                object_type: datafusion::sql::sqlparser::ast::ObjectType::Schema,
+                if_exists,
+                names,
+                ..
+            } => ddl::drop_schema(if_exists, &names),
             Statement::Drop {
                 object_type,
                 if_exists,

@@ -57,6 +57,8 @@ pub enum ServerError {
     #[error("{0}")]
     DuplicateName(String),
     #[error("{0}")]
+    DuplicateSchema(String),
+    #[error("{0}")]
     InvalidName(String),
     /// A checkpoint file failed its checksum.
     #[error("{0}")]
@@ -158,6 +160,7 @@ impl ServerError {
             ServerError::DiskFull(_) => "53100",
             ServerError::UndefinedObject(_) => "42704",
             ServerError::DuplicateName(_) => "42710",
+            ServerError::DuplicateSchema(_) => "42P06",
             ServerError::InvalidName(_) => "42602",
             ServerError::DataCorrupted(_) => "XX001",
             ServerError::Io(_) => "58030",

@@ -1262,9 +1262,8 @@ pub fn object_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result
     };
     match parts.as_slice() {
         [n] => Ok(normalize(n)),
-        [schema, n] if normalize(schema) == "public" => Ok(normalize(n)),
-        [_, _, n] => Ok(normalize(n)),
-        [schema, _] => Err(ServerError::InvalidParameter(format!(
+        [schema, n] | [_, schema, n] if normalize(schema) == "public" => Ok(normalize(n)),
+        [schema, _] | [_, schema, _] => Err(ServerError::InvalidSchemaName(format!(
             "schema \"{}\" does not exist",
             normalize(schema)
         ))),
