@@ -157,6 +157,7 @@ fn is_word(t: &Token, word: &str) -> bool {
 /// Parses a query string into its statements.
 pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let dialect = PostgreSqlDialect {};
+    corresponding(sql)?;
     let mut parser = Parser::new(&dialect).try_with_sql(sql)?;
     let mut out = Vec::new();
     loop {
@@ -1248,6 +1249,44 @@ fn distinct_names(body: &mut SetExpr) -> Option<Vec<String>> {
         };
     }
     Some(names)
+}
+
+/// `UNION | INTERSECT | EXCEPT [ALL | DISTINCT] CORRESPONDING [BY (…)]`,
+/// which the parser does not know: `0A000`, not a syntax error.
+fn corresponding(sql: &str) -> Result<()> {
+    if !sql.to_ascii_lowercase().contains("corresponding") {
+        return Ok(());
+    }
+    let Ok(tokens) =
+        datafusion::sql::sqlparser::tokenizer::Tokenizer::new(&PostgreSqlDialect {}, sql)
+            .tokenize()
+    else {
+        return Ok(());
+    };
+    let words: Vec<&Token> = tokens
+        .iter()
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .collect();
+    let set_op = |t: &Token| {
+        ["union", "intersect", "except"]
+            .iter()
+            .any(|w| is_word(t, w))
+    };
+    for (i, t) in words.iter().enumerate() {
+        if !is_word(t, "corresponding") || i == 0 {
+            continue;
+        }
+        let before = words[i - 1];
+        let quantified = (is_word(before, "all") || is_word(before, "distinct"))
+            && i >= 2
+            && set_op(words[i - 2]);
+        if set_op(before) || quantified {
+            return Err(ServerError::unsupported(
+                "UNION | INTERSECT | EXCEPT … CORRESPONDING (name the columns in each SELECT)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The lower-cased (unless quoted) last part of an object name.
