@@ -362,3 +362,72 @@ async fn failing_rows_stay_counted_across_a_restart() {
         vec![vec!["2", "1"], vec!["6", "1"]]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_cannot_be_restored_is_set_aside() {
+    let mut server = Server::start();
+    let c = server.client().await;
+    c.batch_execute(
+        "CREATE TABLE t (x int);
+         INSERT INTO t VALUES (1), (2);
+         CREATE MATERIALIZED VIEW good AS SELECT count(*) AS n FROM t;
+         CREATE MATERIALIZED VIEW broken AS SELECT sum(x) AS s FROM t;
+         FLUSH;",
+    )
+    .await
+    .expect("setup");
+    drop(c);
+    server.kill9();
+    // The stored definition of `broken` no longer plans (as after a
+    // damaged catalog, or an upgrade that plans it differently): it reads
+    // a table that does not exist.
+    {
+        let kv = std::sync::Arc::new(
+            storage::KvStore::open(&server.data_dir().join("data/meta"), 8 << 20)
+                .expect("open meta"),
+        );
+        let meta = storage::meta::MetaStore::new(kv);
+        let (id, bytes) = meta
+            .load_catalog()
+            .expect("catalog")
+            .into_iter()
+            .find(|(_, b)| String::from_utf8_lossy(b).contains("\"broken\""))
+            .expect("the view's entry");
+        let text = String::from_utf8(bytes).expect("JSON");
+        assert!(text.contains("FROM t"), "{text}");
+        let damaged = text.replace("FROM t", "FROM gone");
+        meta.update_catalog(vec![(id, damaged.into_bytes())], vec![])
+            .expect("write the entry");
+    }
+    server.crash_and_restart();
+    let c = server.client().await;
+    let errors = rows(
+        &c,
+        "SELECT name, kind, error FROM weir_catalog.restore_errors",
+    )
+    .await;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0][0], "broken");
+    assert!(errors[0][2].contains("gone"), "{errors:?}");
+    assert!(
+        server.log_text().contains("gone"),
+        "the log names the error"
+    );
+    // Everything else is served and written, and the object can be dropped.
+    assert_eq!(one(&c, "SELECT n FROM good").await, "2");
+    c.batch_execute("INSERT INTO t VALUES (3); FLUSH;")
+        .await
+        .expect("writes go on");
+    assert_eq!(one(&c, "SELECT n FROM good").await, "3");
+    c.batch_execute("DROP MATERIALIZED VIEW broken")
+        .await
+        .expect("the broken view can be dropped");
+    drop(c);
+    server.crash_and_restart();
+    let c = server.client().await;
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
+        "0"
+    );
+    assert_eq!(one(&c, "SELECT n FROM good").await, "3");
+}
