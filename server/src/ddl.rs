@@ -888,10 +888,6 @@ fn kind_of(t: &ObjectType) -> Result<&'static str> {
     })
 }
 
-/// The schemas there are: every object is in `public`; the others are
-/// the system's.
-const SCHEMAS: &[&str] = &["public", "pg_catalog", "information_schema", "weir_catalog"];
-
 /// `CREATE SCHEMA [IF NOT EXISTS] name`: Weir keeps every object in
 /// `public`, so only the schemas there are can be named, with `IF NOT
 /// EXISTS` (as migration tools and dbt send it) or for `42P06`.
@@ -904,7 +900,7 @@ pub fn create_schema(
         return Err(ServerError::unsupported("CREATE SCHEMA … AUTHORIZATION"));
     };
     let name = object_name(name)?;
-    if !SCHEMAS.contains(&name.as_str()) {
+    if !crate::pg_catalog::schema_exists(&name) {
         return Err(ServerError::unsupported(format!(
             "CREATE SCHEMA other than public ({name}; every object is in public)"
         )));
@@ -922,7 +918,7 @@ pub fn create_schema(
 pub fn drop_schema(if_exists: bool, names: &[ObjectName]) -> Result<QueryResult> {
     for name in names {
         let name = object_name(name)?;
-        if SCHEMAS.contains(&name.as_str()) {
+        if crate::pg_catalog::schema_exists(&name) {
             return Err(ServerError::unsupported(format!("DROP SCHEMA {name}")));
         }
         if !if_exists {

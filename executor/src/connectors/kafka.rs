@@ -422,9 +422,13 @@ impl KafkaReader {
             .map_err(|e| self.failed("reading the offsets", e))
     }
 
-    /// Where the first read starts, by `scan.startup.mode`.
-    async fn start(&mut self, consumer: &Arc<StreamConsumer>) -> Result<i64> {
-        let (low, high) = self.watermarks(consumer).await?;
+    /// Where the first read starts, by `scan.startup.mode`, given the
+    /// partition's watermarks.
+    async fn start(
+        &mut self,
+        consumer: &Arc<StreamConsumer>,
+        (low, high): (i64, i64),
+    ) -> Result<i64> {
         Ok(match self.shared.startup.clone() {
             Startup::Earliest => low,
             Startup::Latest => high,
@@ -464,13 +468,22 @@ impl KafkaReader {
             return Ok(c.clone());
         }
         let consumer = Arc::new(self.consumer()?);
+        // Asked once, for the start, a batch read's end, or both.
+        let mut watermarks = None;
         let offset = match self.offset {
             Some(o) => o,
-            None => self.start(&consumer).await?,
+            None => {
+                let w = *watermarks.insert(self.watermarks(&consumer).await?);
+                self.start(&consumer, w).await?
+            }
         };
         self.offset = Some(offset);
         if self.pace == Pace::Unlimited {
-            self.end = Some(self.watermarks(&consumer).await?.1);
+            let (_, high) = match watermarks {
+                Some(w) => w,
+                None => self.watermarks(&consumer).await?,
+            };
+            self.end = Some(high);
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Int8Array, ListArray, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, ListArray, UInt32Array};
 use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::common::DFSchema;
@@ -98,11 +98,18 @@ impl Operator for Unnest {
         // Per output row: the input row, and per array the element's index
         // in its values (none past its end).
         let mut rows: Vec<u32> = Vec::new();
+        let mut ops: Vec<Op> = Vec::new();
         let mut elements: Vec<Vec<Option<u32>>> = vec![Vec::new(); lists.len()];
         for row in 0..chunk.num_rows() {
             let n = lists.iter().map(|l| self.length(l, row)).max().unwrap_or(1);
+            let op = match chunk.op(row) {
+                Op::UpdateDelete => Op::Delete,
+                Op::UpdateInsert => Op::Insert,
+                op => op,
+            };
             for k in 0..n {
                 rows.push(row as u32);
+                ops.push(op);
                 for (list, out) in lists.iter().zip(&mut elements) {
                     let present = list.is_valid(row) && k < list.value_length(row) as usize;
                     out.push(present.then(|| (list.value_offsets()[row] as usize + k) as u32));
@@ -131,21 +138,11 @@ impl Operator for Unnest {
                 cast(&column, t)?
             });
         }
-        let ops: Int8Array = take(chunk.ops(), &rows, None)?
-            .as_any()
-            .downcast_ref::<Int8Array>()
-            .expect("ops stay Int8")
-            .iter()
-            .map(|op| {
-                Some(match Op::from_i8(op.unwrap_or(0)).unwrap_or(Op::Insert) {
-                    Op::UpdateDelete => Op::Delete as i8,
-                    Op::UpdateInsert => Op::Insert as i8,
-                    op => op as i8,
-                })
-            })
-            .collect();
         let n = rows.len();
-        out.push(Chunk::new(ops, expr::batch(&self.schema, columns, n)?));
+        out.push(Chunk::with_ops(
+            &ops,
+            expr::batch(&self.schema, columns, n)?,
+        ));
         Ok(())
     }
 }

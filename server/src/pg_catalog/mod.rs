@@ -28,6 +28,12 @@ pub mod rewrite;
 mod tables;
 mod types;
 
+/// Whether `name` is a schema there is (the rows of `pg_namespace`):
+/// every object is in `public`; the others are the system's.
+pub fn schema_exists(name: &str) -> bool {
+    tables::NAMESPACES.iter().any(|(_, n)| *n == name)
+}
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

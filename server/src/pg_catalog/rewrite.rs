@@ -40,15 +40,7 @@ use crate::error::{Result, ServerError};
 /// Rewrites `query` in place.
 pub fn rewrite(query: &mut Query) -> Result<()> {
     let printed = printed_reg_literals(query);
-    let mut v = Rewriter {
-        error: None,
-        view: false,
-    };
-    let _ = query.visit(&mut v);
-    if let Some(e) = v.error {
-        return Err(e);
-    }
-    no_series_of_columns(query)?;
+    rewrite_with(query, false)?;
     if let SetExpr::Select(select) = query.body.as_mut() {
         for (i, back) in printed {
             if let Some(SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) =
@@ -112,10 +104,12 @@ fn printed_reg_literals(query: &Query) -> Vec<(usize, &'static str)> {
 /// column names stay the view's (no names are made unique for a client to
 /// take back, and no `reg*` value is printed).
 pub fn rewrite_view(query: &mut Query) -> Result<()> {
-    let mut v = Rewriter {
-        error: None,
-        view: true,
-    };
+    rewrite_with(query, true)
+}
+
+/// The rewriting both of the above do.
+fn rewrite_with(query: &mut Query, view: bool) -> Result<()> {
+    let mut v = Rewriter { error: None, view };
     let _ = query.visit(&mut v);
     v.error.map_or(Ok(()), Err)?;
     no_series_of_columns(query)
