@@ -178,13 +178,15 @@ pub fn new_context() -> SessionContext {
     // Weir's analyzer rules around DataFusion's own (planner::functions).
     let mut rules = planner::functions::early_analyzer_rules();
     rules.extend(datafusion::optimizer::Analyzer::new().rules);
-    let mut planners = datafusion::execution::SessionStateDefaults::default_expr_planners();
+    let mut planners = planner::functions::first_expr_planners();
+    planners.extend(datafusion::execution::SessionStateDefaults::default_expr_planners());
     planners.extend(planner::functions::expr_planners());
     let state = datafusion::execution::SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
         .with_analyzer_rules(rules)
         .with_expr_planners(planners)
+        .with_type_planner(planner::functions::type_planner())
         .build();
     let ctx = SessionContext::new_with_state(state);
     crate::decimal_division::register(&ctx);

@@ -115,6 +115,12 @@ pub enum ServerError {
     /// Bytes that are not UTF-8.
     #[error("{0}")]
     CharacterNotInRepertoire(String),
+    /// No cast between the two types (`1::jsonb`).
+    #[error("{0}")]
+    CannotCoerce(String),
+    /// A character no text holds (`\u0000` in JSON).
+    #[error("{0}")]
+    UntranslatableCharacter(String),
     /// `statement_timeout` passed, or the client cancelled.
     #[error("{0}")]
     QueryCanceled(String),
@@ -185,6 +191,8 @@ impl ServerError {
             ServerError::ProgramLimitExceeded(_) => "54000",
             ServerError::StatementTooComplex(_) => "54001",
             ServerError::CharacterNotInRepertoire(_) => "22021",
+            ServerError::UntranslatableCharacter(_) => "22P05",
+            ServerError::CannotCoerce(_) => "42846",
             ServerError::Internal(_) => "XX000",
         }
     }
@@ -232,6 +240,9 @@ fn from_arrow(e: &ArrowError) -> ServerError {
                 && let Some(t) = m.rsplit(' ').next().and_then(integer_type_name) =>
         {
             ServerError::NumericOutOfRange(format!("{t} out of range"))
+        }
+        ArrowError::ParseError(m) if m.starts_with("unsupported Unicode escape sequence") => {
+            ServerError::UntranslatableCharacter(m.clone())
         }
         ArrowError::CastError(m) | ArrowError::ParseError(m) => ServerError::InvalidText(m.clone()),
         // A value with more integer digits than a numeric(p, s) holds.
@@ -297,7 +308,9 @@ fn strip(m: &str) -> String {
 fn classify_plan(m: &str) -> ServerError {
     let lower = m.to_lowercase();
     let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
-    if lower.contains("table") && lower.contains("not found") {
+    if lower.starts_with("cannot cast type") {
+        ServerError::CannotCoerce(m.to_string())
+    } else if lower.contains("table") && lower.contains("not found") {
         // DataFusion: "table 'weir.public.t' not found"; Postgres names the
         // relation alone.
         let name = m
@@ -356,7 +369,11 @@ fn feature(m: &str) -> String {
 
 fn classify_execution(m: &str) -> ServerError {
     let lower = m.to_lowercase();
-    if lower.contains("divide by zero") || lower.contains("division by zero") {
+    if planner::functions::is_invalid_parameter(m) {
+        ServerError::InvalidParameter(m.to_string())
+    } else if lower.starts_with("stack depth limit exceeded") {
+        ServerError::StatementTooComplex(m.to_string())
+    } else if lower.contains("divide by zero") || lower.contains("division by zero") {
         ServerError::DivisionByZero
     } else if lower.contains("overflow") || lower.contains("out of range") {
         ServerError::NumericOutOfRange(m.to_string())

@@ -35,6 +35,7 @@ fn cast_type(t: &Type) -> Option<String> {
             Type::TIMESTAMPTZ => "timestamp with time zone",
             Type::INTERVAL => "interval",
             Type::BYTEA => "bytea",
+            Type::JSONB => "jsonb",
             _ => {
                 return match t.kind() {
                     Kind::Array(element) => cast_type(element).map(|e| format!("{e}[]")),
@@ -187,6 +188,11 @@ fn binary_to_text(i: usize, t: &Type, b: &[u8]) -> Result<String> {
             let months = i32::from_be_bytes(b[12..16].try_into().unwrap_or_default());
             format!("{months} months {days} days {micros} microseconds")
         }
+        // jsonb's binary form is a version byte (1) and the text.
+        Type::JSONB => match b.split_first() {
+            Some((1, text)) => utf8(i, t, text)?,
+            _ => return Err(bad(i, t, "unsupported jsonb version number")),
+        },
         _ => utf8(i, t, b)?,
     })
 }

@@ -41,6 +41,7 @@ use pgwire::messages::extendedquery::{Describe, Parse, ParseComplete, TARGET_TYP
 use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
 use pgwire::messages::startup::{Authentication, BackendKeyData};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use planner::functions::jsonb::is_jsonb;
 use tokio::net::TcpListener;
 
 use crate::context::plan_statement;
@@ -185,15 +186,9 @@ impl Parser {
 
 /// The row description of `schema`. A column of no type (`SELECT NULL`,
 /// or `SELECT $1` of a parameter the client left untyped) is `text`, as
-/// Postgres resolves it, rather than `unknown`.
+/// Postgres resolves it, rather than `unknown`; a `jsonb` column (stored as
+/// `LargeUtf8`, see `planner::functions::jsonb`) is `jsonb`.
 fn fields(schema: &SchemaRef, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
-    if !schema
-        .fields()
-        .iter()
-        .any(|f| f.data_type() == &DataType::Null)
-    {
-        return arrow_schema_to_pg_fields(schema, format, None);
-    }
     let typed = datafusion::arrow::datatypes::Schema::new_with_metadata(
         schema
             .fields()
@@ -205,7 +200,59 @@ fn fields(schema: &SchemaRef, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
             .collect::<Vec<_>>(),
         schema.metadata().clone(),
     );
-    arrow_schema_to_pg_fields(&Arc::new(typed), format, None)
+    let infos = arrow_schema_to_pg_fields(&Arc::new(typed), format, None)?;
+    Ok(infos
+        .into_iter()
+        .zip(schema.fields().iter())
+        .map(|(info, f)| {
+            if is_jsonb(f.data_type()) {
+                FieldInfo::new(
+                    info.name().to_owned(),
+                    None,
+                    None,
+                    Type::JSONB,
+                    info.format(),
+                )
+            } else {
+                info
+            }
+        })
+        .collect())
+}
+
+/// A `jsonb` value's text, for the wire: as it is in text, after the
+/// version byte `1` in binary.
+#[derive(Debug)]
+struct JsonbText<'a>(&'a str);
+
+impl pgwire::types::ToSqlText for JsonbText<'_> {
+    fn to_sql_text(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+        _: &pgwire::types::format::FormatOptions,
+    ) -> Result<postgres_types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(postgres_types::IsNull::No)
+    }
+}
+
+impl postgres_types::ToSql for JsonbText<'_> {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<postgres_types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(&[1]);
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(postgres_types::IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+
+    postgres_types::to_sql_checked!();
 }
 
 #[async_trait]
@@ -818,6 +865,9 @@ fn encode_rows(
                 Encoder::encode_field(&mut encoder, &None::<i8>, &fields[col])
             } else if let Some(micros) = &times[col] {
                 let text = time_text(micros.value(row));
+                Encoder::encode_field(&mut encoder, &text, &fields[col])
+            } else if is_jsonb(array.data_type()) {
+                let text = JsonbText(array.as_string::<i64>().value(row));
                 Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some(values) = decimals[col] {
                 Encoder::encode_field(&mut encoder, &values.value_as_string(row), &fields[col])

@@ -49,6 +49,12 @@ pub fn arrow_type(t: &SqlType) -> Result<DataType> {
         }
         SqlType::Interval { .. } => DataType::Interval(IntervalUnit::MonthDayNano),
         SqlType::Bytea => DataType::Binary,
+        SqlType::JSONB => planner::functions::jsonb::JSONB,
+        SqlType::JSON => {
+            return Err(ServerError::unsupported(
+                "type json (jsonb is supported: declare the column jsonb)",
+            ));
+        }
         SqlType::Custom(name, _) if name.to_string().eq_ignore_ascii_case("timestamptz") => {
             DataType::Timestamp(TimeUnit::Microsecond, Some(Arc::from(UTC)))
         }
@@ -88,7 +94,8 @@ pub fn sql_name(t: &DataType) -> String {
         DataType::Float32 => "real".into(),
         DataType::Float64 => "double precision".into(),
         DataType::Decimal128(p, s) => format!("numeric({p},{s})"),
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "text".into(),
+        DataType::LargeUtf8 => "jsonb".into(),
+        DataType::Utf8 | DataType::Utf8View => "text".into(),
         DataType::Date32 => "date".into(),
         DataType::Timestamp(_, None) => "timestamp".into(),
         DataType::Timestamp(_, Some(_)) => "timestamptz".into(),
@@ -131,6 +138,7 @@ mod tests {
             ),
             ("interval", DataType::Interval(IntervalUnit::MonthDayNano)),
             ("bytea", DataType::Binary),
+            ("jsonb", DataType::LargeUtf8),
             ("time", DataType::Time64(TimeUnit::Microsecond)),
             (
                 "time without time zone",

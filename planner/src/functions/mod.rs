@@ -12,7 +12,8 @@
 //!   `mod()` exists ([`arithmetic`]);
 //! - text becomes integers, numerics and timestamps as Postgres reads
 //!   them ([`input`]);
-//! - `encode` and `decode` know the `escape` format ([`bytea`]).
+//! - `encode` and `decode` know the `escape` format ([`bytea`]);
+//! - `jsonb` is a type, with its operators and functions ([`jsonb`]).
 
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ mod arithmetic;
 mod bytea;
 mod input;
 mod intervals;
+pub mod jsonb;
 mod to_char;
 
 use to_char::Template;
@@ -45,6 +47,7 @@ pub fn udfs() -> Vec<Arc<ScalarUDF>> {
     all.extend(arithmetic::udfs());
     all.extend(input::udfs());
     all.extend(bytea::udfs());
+    all.extend(jsonb::udfs());
     all
 }
 
@@ -62,12 +65,32 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(input::TextInput),
         Arc::new(intervals::PgIntervals),
         Arc::new(arithmetic::CheckedArithmetic),
+        Arc::new(jsonb::JsonbInput),
     ]
 }
 
+type Planner = Arc<dyn datafusion::logical_expr::planner::ExprPlanner>;
+
+/// Hooks of the SQL planner that go before DataFusion's own (whose `@>`
+/// and `||` are for arrays).
+pub fn first_expr_planners() -> Vec<Planner> {
+    vec![Arc::new(jsonb::JsonbOperators)]
+}
+
 /// Hooks of the SQL planner for what DataFusion would refuse to plan.
-pub fn expr_planners() -> Vec<Arc<dyn datafusion::logical_expr::planner::ExprPlanner>> {
+pub fn expr_planners() -> Vec<Planner> {
     vec![Arc::new(arithmetic::PgOperators)]
+}
+
+/// The SQL planner's hook for the types Weir adds (`jsonb`).
+pub fn type_planner() -> Arc<dyn datafusion::logical_expr::planner::TypePlanner> {
+    Arc::new(jsonb::JsonbType)
+}
+
+/// Whether an execution error's message is one Postgres gives with
+/// `22023` (invalid parameter value).
+pub fn is_invalid_parameter(message: &str) -> bool {
+    jsonb::INVALID_PARAMETER.iter().any(|m| message.contains(m))
 }
 
 /// Rewrites every expression of `plan` bottom-up with `f`, given the

@@ -121,20 +121,21 @@ fn rewrite_with(query: &mut Query, view: bool) -> Result<()> {
 fn no_series_of_columns(query: &Query) -> Result<()> {
     struct Find;
     impl datafusion::sql::sqlparser::ast::Visitor for Find {
-        type Break = ();
-        fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-            if series_of_columns(factor) {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
+        type Break = String;
+        fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<String> {
+            match series_of_columns(factor) {
+                Some(name) => ControlFlow::Break(name),
+                None => ControlFlow::Continue(()),
             }
         }
     }
-    if datafusion::sql::sqlparser::ast::Visit::visit(query, &mut Find).is_break() {
-        return Err(ServerError::unsupported(
-            "generate_series in FROM over another FROM item's columns (LATERAL); \
-             call it in the select list instead",
-        ));
+    if let ControlFlow::Break(name) =
+        datafusion::sql::sqlparser::ast::Visit::visit(query, &mut Find)
+    {
+        return Err(ServerError::unsupported(format!(
+            "{name} in FROM over another FROM item's columns (LATERAL); \
+             call it in the select list instead"
+        )));
     }
     Ok(())
 }
@@ -170,6 +171,7 @@ impl VisitorMut for Rewriter {
     /// names its column `x` too.
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
         series_in_from(factor);
+        jsonb_rows_in_from(factor);
         scalar_in_from(factor);
         if let TableFactor::Table {
             name,
@@ -452,19 +454,28 @@ const SCALARS_IN_FROM: &[&str] = &[
     "version",
 ];
 
-/// `FROM t, generate_series(1, t.n)`: a series over another item's
-/// columns, which DataFusion's table function cannot take.
-fn series_of_columns(factor: &TableFactor) -> bool {
+/// The set-returning functions of `jsonb` (see [`jsonb_call`]).
+const JSONB_ROWS: &[&str] = &[
+    "jsonb_array_elements",
+    "jsonb_array_elements_text",
+    "jsonb_object_keys",
+];
+
+/// `FROM t, generate_series(1, t.n)`: a set-returning function over
+/// another item's columns, which DataFusion's table functions cannot take.
+/// Its name, if so.
+fn series_of_columns(factor: &TableFactor) -> Option<String> {
     let TableFactor::Table {
         name,
         args: Some(args),
         ..
     } = factor
     else {
-        return false;
+        return None;
     };
-    if last_name(name).as_deref() != Some("generate_series") {
-        return false;
+    let name = last_name(name)?;
+    if name != "generate_series" && !JSONB_ROWS.contains(&name.as_str()) {
+        return None;
     }
     let columns = datafusion::sql::sqlparser::ast::visit_expressions(&args.args, |e| {
         if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
@@ -473,7 +484,54 @@ fn series_of_columns(factor: &TableFactor) -> bool {
             ControlFlow::Continue(())
         }
     });
-    columns.is_break()
+    columns.is_break().then_some(name)
+}
+
+/// `FROM jsonb_array_elements('[1, 2]') [AS] e`: the `UNNEST` of the list
+/// of its rows, its column named as Postgres names it (`value`, or for
+/// `jsonb_object_keys`, after the alias or the function). Over another
+/// item's columns it is left for [`no_series_of_columns`] to refuse.
+fn jsonb_rows_in_from(factor: &mut TableFactor) {
+    if series_of_columns(factor).is_some() {
+        return;
+    }
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        alias,
+        with_ordinality: false,
+        ..
+    } = factor
+    else {
+        return;
+    };
+    let Some(function) = last_name(name).filter(|n| JSONB_ROWS.contains(&n.as_str())) else {
+        return;
+    };
+    let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = args.args.as_slice() else {
+        return;
+    };
+    let mut named = alias.take().unwrap_or_else(|| TableAlias {
+        at: None,
+        explicit: true,
+        name: Ident::new(function.clone()),
+        columns: vec![],
+    });
+    if named.columns.is_empty() {
+        let column = if function == "jsonb_object_keys" {
+            named.name.value.clone()
+        } else {
+            "value".to_string()
+        };
+        named.columns = vec![TableAliasColumnDef::from_name(column)];
+    }
+    *factor = TableFactor::UNNEST {
+        alias: Some(named),
+        array_exprs: vec![call(&format!("weir_{function}"), vec![arg.clone()])],
+        with_offset: false,
+        with_offset_alias: None,
+        with_ordinality: false,
+    };
 }
 
 /// `FROM generate_series(a, b)` in Postgres: a column named
@@ -678,6 +736,60 @@ pub(crate) fn call(name: &str, args: Vec<Expr>) -> Expr {
     })
 }
 
+/// `jsonb`'s aggregates and set-returning functions, spelled with what
+/// views maintain (see `planner::functions::jsonb`):
+///
+/// - `jsonb_agg(x …)` is `weir_jsonb_agg_finish(array_agg(to_jsonb(x) …))`,
+///   its `DISTINCT`, `ORDER BY`, `FILTER` and `OVER` kept;
+/// - `jsonb_object_agg(k, v …)` collects `jsonb_build_array(k, v)` pairs
+///   the same way, which `weir_jsonb_object_agg_finish` makes an object;
+/// - `jsonb_array_elements(j)`, `jsonb_array_elements_text(j)` and
+///   `jsonb_object_keys(j)` are the `unnest` of a list of their rows.
+fn jsonb_call(expr: &Expr) -> Option<Expr> {
+    let Expr::Function(f) = expr else {
+        return None;
+    };
+    let name = unqualified(&f.name)?;
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let args: Vec<Expr> = list
+        .args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let aggregate = |finish: &str, value: Expr| {
+        let mut inner = f.clone();
+        inner.name = ObjectName::from(vec![Ident::new("array_agg")]);
+        if let FunctionArguments::List(l) = &mut inner.args {
+            l.args = vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(value))];
+        }
+        call(finish, vec![Expr::Function(inner)])
+    };
+    match (name.as_str(), args.as_slice()) {
+        ("jsonb_agg", [x]) => Some(aggregate(
+            "weir_jsonb_agg_finish",
+            call("to_jsonb", vec![x.clone()]),
+        )),
+        ("jsonb_object_agg", [k, v]) => Some(aggregate(
+            "weir_jsonb_object_agg_finish",
+            call("jsonb_build_array", vec![k.clone(), v.clone()]),
+        )),
+        ("jsonb_array_elements" | "jsonb_array_elements_text" | "jsonb_object_keys", [j])
+            if f.over.is_none() =>
+        {
+            Some(call(
+                "unnest",
+                vec![call(&format!("weir_{name}"), vec![j.clone()])],
+            ))
+        }
+        _ => None,
+    }
+}
+
 const REG_TYPES: &[&str] = &["regclass", "regtype", "regnamespace", "regproc", "regrole"];
 
 /// The type Weir stores a Postgres type spelled with a schema, or as one of
@@ -709,6 +821,9 @@ fn array_of(t: SqlType) -> SqlType {
 }
 
 fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
+    if let Some(e) = jsonb_call(expr) {
+        return Ok(Some(e));
+    }
     Ok(Some(match expr {
         // A bare `user` is SQL's `current_user` (a column of that name
         // must be quoted).
@@ -721,6 +836,24 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
         {
             current_user()
         }
+        // `j->-1`: Postgres reads `->` and `-1` (an operator ending in `-`
+        // must hold one of `~!@#%^&|\`?`); sqlparser reads `->-`.
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Custom(op),
+            right,
+        } if matches!(op.as_str(), "->-" | "->>-") => Expr::BinaryOp {
+            left: left.clone(),
+            op: if op == "->-" {
+                BinaryOperator::Arrow
+            } else {
+                BinaryOperator::LongArrow
+            },
+            right: Box::new(Expr::UnaryOp {
+                op: datafusion::sql::sqlparser::ast::UnaryOperator::Minus,
+                expr: right.clone(),
+            }),
+        },
         Expr::BinaryOp {
             left,
             op: BinaryOperator::PGCustomBinaryOperator(parts),
