@@ -19,11 +19,15 @@
 //! key's row. The decoder gives each tombstone a row of NULLs, marked as a
 //! delete; the connector adds the key.
 
-use datafusion::arrow::array::{BinaryArray, RecordBatch};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{AsArray, BinaryArray, RecordBatch};
 use datafusion::arrow::compute::concat_batches;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::{csv, json};
+use planner::functions::jsonb::is_jsonb;
+use planner::functions::jsonb::value::Json;
 use planner::spec::ConnectorSpec;
 use storage::chunk::Op;
 
@@ -447,22 +451,81 @@ impl Decoder {
         &self,
         records: impl Iterator<Item = &'a [u8]>,
     ) -> Result<RecordBatch, ArrowError> {
-        match self.encode {
+        let batch = match self.encode {
+            Encode::Json if self.has_jsonb() => {
+                let records = records
+                    .map(|r| self.jsonb_as_text(r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let decoder = json::ReaderBuilder::new(self.schema.clone())
+                    .with_coerce_primitive(true)
+                    .build_decoder()?;
+                self.run(decoder, records.iter().map(Vec::as_slice))?
+            }
             Encode::Json => {
                 let decoder = json::ReaderBuilder::new(self.schema.clone())
                     .with_coerce_primitive(true)
                     .build_decoder()?;
-                self.run(decoder, records)
+                self.run(decoder, records)?
             }
             Encode::Csv { delimiter, .. } => {
-                let decoder = csv::ReaderBuilder::new(self.schema.clone())
+                // Arrow's CSV decoder reads text into `Utf8` only.
+                let as_text = Arc::new(Schema::new(
+                    self.schema
+                        .fields()
+                        .iter()
+                        .map(|f| match is_jsonb(f.data_type()) {
+                            true => Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8)),
+                            false => f.clone(),
+                        })
+                        .collect::<Vec<_>>(),
+                ));
+                let decoder = csv::ReaderBuilder::new(as_text.clone())
                     .with_header(false)
                     .with_delimiter(delimiter)
                     .build_decoder();
-                self.run(decoder, records)
+                let batch = self.run(decoder, records)?;
+                let columns = batch
+                    .columns()
+                    .iter()
+                    .zip(self.schema.fields())
+                    .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                RecordBatch::try_new(self.schema.clone(), columns)?
             }
             Encode::Bytes | Encode::Avro(_) => unreachable!("decoded before"),
-        }
+        };
+        canonical_jsonb(batch)
+    }
+
+    /// Whether a column is `jsonb` (see `planner::functions::jsonb`).
+    fn has_jsonb(&self) -> bool {
+        self.schema.fields().iter().any(|f| is_jsonb(f.data_type()))
+    }
+
+    /// A JSON record whose `jsonb` columns' values (objects, arrays, any
+    /// JSON) are replaced by their text, which Arrow's JSON decoder reads
+    /// into the column as it reads a string. A JSON `null` is SQL NULL, as
+    /// a missing field is.
+    fn jsonb_as_text(&self, record: &[u8]) -> Result<Vec<u8>, ArrowError> {
+        let text = std::str::from_utf8(record).map_err(|e| ArrowError::JsonError(e.to_string()))?;
+        let json = Json::parse(text).map_err(|e| ArrowError::JsonError(format!("{e:?}")))?;
+        let Json::Object(pairs) = json else {
+            return Ok(record.to_vec());
+        };
+        let pairs = pairs
+            .into_iter()
+            .map(|(k, v)| {
+                let jsonb = self
+                    .schema
+                    .field_with_name(&k)
+                    .is_ok_and(|f| is_jsonb(f.data_type()));
+                match v {
+                    v if jsonb && v != Json::Null => (k, Json::String(v.to_string())),
+                    v => (k, v),
+                }
+            })
+            .collect();
+        Ok(Json::Object(pairs).to_string().into_bytes())
     }
 
     /// Feeds each record, and a line end after it, to `decoder`, which
@@ -486,8 +549,54 @@ impl Decoder {
             }
         }
         batches.extend(decoder.flush()?);
-        concat_batches(&self.schema, &batches)
+        // The decoder's schema (a CSV decoder's reads `jsonb` as text).
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .unwrap_or_else(|| self.schema.clone());
+        concat_batches(&schema, &batches)
     }
+}
+
+/// `jsonb` columns as Weir stores them, canonical (a CSV field is the
+/// document's text as written); text that is no JSON fails the batch,
+/// whose records are then decoded one by one.
+fn canonical_jsonb(batch: RecordBatch) -> Result<RecordBatch, ArrowError> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| is_jsonb(f.data_type()))
+    {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            if !is_jsonb(c.data_type()) {
+                return Ok(c.clone());
+            }
+            let texts = c.as_string::<i64>();
+            let mut out = datafusion::arrow::array::LargeStringBuilder::new();
+            for t in texts.iter() {
+                match t {
+                    Some(t) => out.append_value(
+                        Json::parse(t)
+                            .map_err(|_| {
+                                ArrowError::JsonError(format!(
+                                    "invalid input syntax for type json: {t}"
+                                ))
+                            })?
+                            .to_string(),
+                    ),
+                    None => out.append_null(),
+                }
+            }
+            Ok(std::sync::Arc::new(out.finish()) as datafusion::arrow::array::ArrayRef)
+        })
+        .collect::<Result<Vec<_>, ArrowError>>()?;
+    RecordBatch::try_new(batch.schema(), columns)
 }
 
 /// Arrow's push decoders.
@@ -600,6 +709,45 @@ mod tests {
             encode: Some(encode.into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn jsonb_columns_take_any_json_canonical() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("doc", DataType::LargeUtf8, true),
+        ]));
+        let d = Decoder::new(&spec("JSON"), &schema, false).unwrap();
+        let Decoded { rows, errors, .. } = d
+            .decode(&[
+                br#"{"id": 1, "doc": {"b": 10.50, "a": [1, "x"]}}"#,
+                br#"{"id": 2, "doc": "text"}"#,
+                br#"{"id": 3, "doc": null}"#,
+                br#"{"id": 4}"#,
+                b"{not json",
+                br#"{"id": 6, "doc": 1e2}"#,
+            ])
+            .unwrap();
+        let docs = rows.column(1).as_string::<i64>();
+        let docs: Vec<Option<&str>> = docs.iter().collect();
+        // Postgres prints these jsonb values so.
+        assert_eq!(
+            docs,
+            vec![
+                Some(r#"{"a": [1, "x"], "b": 10.50}"#),
+                Some(r#""text""#),
+                None,
+                None,
+                Some("100")
+            ]
+        );
+        assert_eq!(errors.iter().map(|e| e.index).collect::<Vec<_>>(), vec![4]);
+        // In CSV the field is the document's text.
+        let d = Decoder::new(&spec("CSV"), &schema, false).unwrap();
+        let Decoded { rows, errors, .. } = d.decode(&[br#"1,"{""a"":1}""#, b"2,{oops"]).unwrap();
+        assert_eq!(rows.num_rows(), 1, "{errors:?}");
+        assert_eq!(rows.column(1).as_string::<i64>().value(0), r#"{"a": 1}"#);
+        assert_eq!(errors.iter().map(|e| e.index).collect::<Vec<_>>(), vec![1]);
     }
 
     #[test]

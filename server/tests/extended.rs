@@ -333,3 +333,58 @@ async fn results_have_postgres_types_in_text_and_binary() {
     }
     assert_eq!(common::one(&c, "SELECT 1").await, "1");
 }
+
+/// `jsonb` as drivers send and read it: a parameter typed `jsonb` in
+/// binary (a version byte, then the text), results typed `jsonb` (oid 3802)
+/// in binary and in text, each as Postgres writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jsonb_travels_in_binary_and_text() {
+    use tokio_postgres::types::{Json, Type};
+    let server = Server::start();
+    let c = server.client().await;
+    c.batch_execute("CREATE TABLE docs (id int PRIMARY KEY, doc jsonb)")
+        .await
+        .unwrap();
+    let insert = c
+        .prepare_typed(
+            "INSERT INTO docs VALUES ($1, $2)",
+            &[Type::INT4, Type::JSONB],
+        )
+        .await
+        .unwrap();
+    let doc = serde_json::json!({"b": [1, 2.5], "a": {"x": null}, "s": "é\n"});
+    c.execute(&insert, &[&1i32, &Json(&doc)]).await.unwrap();
+    let select = c
+        .prepare("SELECT doc, doc -> 'b', doc ->> 's' FROM docs WHERE id = $1")
+        .await
+        .unwrap();
+    let types: Vec<Type> = select.columns().iter().map(|c| c.type_().clone()).collect();
+    assert_eq!(types, vec![Type::JSONB, Type::JSONB, Type::TEXT]);
+    let row = c.query_one(&select, &[&1i32]).await.unwrap();
+    assert_eq!(row.get::<_, Json<serde_json::Value>>(0).0, doc);
+    assert_eq!(
+        row.get::<_, Json<serde_json::Value>>(1).0,
+        serde_json::json!([1, 2.5])
+    );
+    assert_eq!(row.get::<_, String>(2), "é\n");
+    // In text, keys in Postgres's order (shorter first), its spacing.
+    let text = common::rows(&c, "SELECT doc FROM docs").await;
+    assert_eq!(
+        text,
+        vec![vec![r#"{"a": {"x": null}, "b": [1, 2.5], "s": "é\n"}"#]]
+    );
+    // A scalar is a document too; text that is no JSON is refused
+    // (22P02) and the session goes on.
+    c.execute(&insert, &[&2i32, &Json(serde_json::json!(1))])
+        .await
+        .unwrap();
+    let bad = c
+        .execute("INSERT INTO docs VALUES (3, $1::text::jsonb)", &[&"{nope"])
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code().map(|c| c.code()), Some("22P02"), "{bad:?}");
+    assert_eq!(
+        common::rows(&c, "SELECT count(*) FROM docs").await,
+        vec![vec!["2"]]
+    );
+}

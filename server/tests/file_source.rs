@@ -345,3 +345,50 @@ async fn bad_lines_are_counted_and_kept_once_in_a_dead_letter_table() {
     rows(&client, "DROP TABLE people_errors CASCADE").await;
     expect_error(&client, "SELECT * FROM n_people", "42P01", "n_people").await;
 }
+
+/// A `jsonb` column of a JSON file takes whatever JSON the field holds
+/// (object, array, scalar), as its document; views read it with `->>` and
+/// aggregate it. Hand-checked: Postgres prints these values so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jsonb_columns_of_json_files_hold_documents() {
+    let files = tempfile::tempdir().expect("temp dir");
+    let path = files.path().join("events.jsonl");
+    std::fs::write(
+        &path,
+        "{\"id\": 1, \"payload\": {\"kind\": \"click\", \"v\": 1.50, \"at\": [1, 2]}}\n\
+         {\"id\": 2, \"payload\": {\"kind\": \"view\", \"v\": 2}}\n\
+         {\"id\": 3, \"payload\": {\"v\": 3e1, \"kind\": \"click\"}}\n\
+         {\"id\": 4, \"payload\": \"scalar\"}\n\
+         {\"id\": 5}\n",
+    )
+    .expect("write");
+    let server = Server::start();
+    let client = server.client().await;
+    file_source(&client, "events (id int, payload jsonb)", &path, "JSON").await;
+    rows(
+        &client,
+        "CREATE MATERIALIZED VIEW kinds AS SELECT payload->>'kind' AS kind, count(*) AS n, \
+         jsonb_agg(payload->'v' ORDER BY id) AS vs FROM events GROUP BY payload->>'kind'",
+    )
+    .await;
+    rows(&client, "FLUSH").await;
+    assert_eq!(
+        rows(&client, "SELECT * FROM kinds ORDER BY kind").await,
+        vec![
+            vec!["click", "2", "[1.50, 30]"],
+            vec!["view", "1", "[2]"],
+            vec!["NULL", "2", "[null, null]"],
+        ]
+    );
+    assert_eq!(
+        rows(
+            &client,
+            "SELECT payload FROM events WHERE id IN (1, 4) ORDER BY id"
+        )
+        .await,
+        vec![
+            vec![r#"{"v": 1.50, "at": [1, 2], "kind": "click"}"#],
+            vec![r#""scalar""#],
+        ]
+    );
+}

@@ -4,6 +4,8 @@
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::{csv, json};
+use planner::functions::jsonb::is_jsonb;
+use planner::functions::jsonb::value::Json;
 use planner::spec::ConnectorSpec;
 
 use crate::formats::{csv_delimiter, encode_flag};
@@ -95,6 +97,9 @@ impl Encoder {
             .collect();
         // The writer ends every record with a newline.
         records.pop();
+        if *self == Encoder::Json {
+            jsonb_as_json(batch, &mut records)?;
+        }
         if records.len() != batch.num_rows() {
             return Err(ExecError::Connector(format!(
                 "{} rows encoded as {} records (a value with a line break?)",
@@ -104,6 +109,44 @@ impl Encoder {
         }
         Ok(records)
     }
+}
+
+/// A `jsonb` column's value in a JSON record is its document, not the
+/// string of its text (which Arrow's writer makes of it). Such records are
+/// written again, keys in Postgres's order.
+fn jsonb_as_json(batch: &RecordBatch, records: &mut [Vec<u8>]) -> Result<()> {
+    let schema = batch.schema();
+    let jsonb: Vec<&str> = schema
+        .fields()
+        .iter()
+        .filter(|f| is_jsonb(f.data_type()))
+        .map(|f| f.name().as_str())
+        .collect();
+    if jsonb.is_empty() {
+        return Ok(());
+    }
+    let bad = |e| {
+        ExecError::Connector(format!(
+            "a JSON record Weir wrote does not read back: {e:?}"
+        ))
+    };
+    for record in records.iter_mut() {
+        let text = std::str::from_utf8(record).map_err(|e| ExecError::Connector(e.to_string()))?;
+        let Json::Object(pairs) = Json::parse(text).map_err(bad)? else {
+            continue;
+        };
+        let pairs = pairs
+            .into_iter()
+            .map(|(k, v)| match v {
+                Json::String(doc) if jsonb.contains(&k.as_str()) => {
+                    Ok((k, Json::parse(&doc).map_err(bad)?))
+                }
+                v => Ok((k, v)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        *record = Json::Object(pairs).to_string().into_bytes();
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -157,6 +200,32 @@ mod tests {
         assert_eq!(
             csv.records(&batch()).unwrap(),
             vec![br#"1;"a;b""#.to_vec(), b"2;".to_vec()]
+        );
+    }
+
+    #[test]
+    fn jsonb_columns_are_documents_in_json() {
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("doc", DataType::LargeUtf8, true),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(datafusion::arrow::array::LargeStringArray::from(vec![
+                    Some(r#"{"a": [1, 2.50]}"#),
+                    None,
+                ])),
+            ],
+        )
+        .unwrap();
+        let json = Encoder::new(&spec("JSON", &[]), &["JSON"]).unwrap();
+        assert_eq!(
+            json.records(&batch).unwrap(),
+            vec![
+                br#"{"id": 1, "doc": {"a": [1, 2.50]}}"#.to_vec(),
+                br#"{"id": 2, "doc": null}"#.to_vec()
+            ]
         );
     }
 
