@@ -66,6 +66,7 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(intervals::PgIntervals),
         Arc::new(arithmetic::CheckedArithmetic),
         Arc::new(jsonb::JsonbInput),
+        Arc::new(jsonb::JsonbOrder),
     ]
 }
 

@@ -13,7 +13,9 @@
 //!   a cast of another type to `jsonb` is refused, as in Postgres.
 //! - `->`, `->>`, `#>`, `#>>`, `@>`, `<@`, `?`, `?|`, `?&`, `||` and `-` on
 //!   a `jsonb` become calls of this module's functions ([`JsonbOperators`],
-//!   consulted by DataFusion's SQL planner before its own planners).
+//!   consulted by DataFusion's SQL planner before its own planners);
+//!   `<`, `<=`, `>`, `>=` and `ORDER BY` ([`JsonbOrder`]) compare
+//!   `weir_jsonb_sort_key`s, bytes in Postgres's order of jsonb values.
 //! - `to_jsonb`, `jsonb_build_object`, `jsonb_build_array`,
 //!   `jsonb_typeof`, `jsonb_array_length`, `jsonb_extract_path[_text]`,
 //!   `jsonb_strip_nulls`, `jsonb_pretty` and `jsonb_set` are functions here.
@@ -26,8 +28,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanBuilder, Int32Builder, LargeStringBuilder, ListBuilder,
-    StringBuilder,
+    Array, ArrayRef, AsArray, BinaryBuilder, BooleanBuilder, Int32Builder, LargeStringBuilder,
+    ListBuilder, StringBuilder,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
@@ -39,7 +41,7 @@ use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr, TypePlanner};
 use datafusion::logical_expr::{
     Cast, ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature, TryCast, Volatility,
+    ScalarUDFImpl, Signature, SortExpr, TryCast, Volatility,
 };
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::sqlparser::ast::{BinaryOperator, DataType as SqlType};
@@ -116,6 +118,9 @@ enum F {
     AggFinish,
     /// `jsonb_object_agg`'s from `array_agg(jsonb_build_array(k, v))`.
     ObjectAggFinish,
+    /// Bytes in Postgres's order of `jsonb` values, for `ORDER BY` and
+    /// `<` (see [`value::Json::sort_key`]).
+    SortKey,
 }
 
 const ALL: &[F] = &[
@@ -145,6 +150,7 @@ const ALL: &[F] = &[
     F::ObjectKeys,
     F::AggFinish,
     F::ObjectAggFinish,
+    F::SortKey,
 ];
 
 impl F {
@@ -176,6 +182,7 @@ impl F {
             F::ObjectKeys => "weir_jsonb_object_keys",
             F::AggFinish => "weir_jsonb_agg_finish",
             F::ObjectAggFinish => "weir_jsonb_object_agg_finish",
+            F::SortKey => "weir_jsonb_sort_key",
         }
     }
 
@@ -185,6 +192,7 @@ impl F {
             F::GetText | F::PathText | F::PathTextOp | F::TypeOf | F::Pretty => DataType::Utf8,
             F::Contains | F::Exists | F::ExistsAny | F::ExistsAll => DataType::Boolean,
             F::ArrayLength => DataType::Int32,
+            F::SortKey => DataType::Binary,
             F::ArrayElements => list(JSONB),
             F::ArrayElementsText | F::ObjectKeys => list(DataType::Utf8),
             _ => JSONB,
@@ -204,7 +212,8 @@ impl F {
             | F::ArrayElementsText
             | F::ObjectKeys
             | F::AggFinish
-            | F::ObjectAggFinish => 1..=1,
+            | F::ObjectAggFinish
+            | F::SortKey => 1..=1,
             F::Path | F::PathText => 1..=usize::MAX,
             F::BuildObject | F::BuildArray => 0..=usize::MAX,
             F::Set => 3..=4,
@@ -279,6 +288,81 @@ fn rewrite_cast(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     }
 }
 
+/// `ORDER BY` a `jsonb` (of a query, a window, an aggregate's own) sorts
+/// in Postgres's order of `jsonb` values: by [`F::SortKey`] of it.
+#[derive(Debug, Default)]
+pub(crate) struct JsonbOrder;
+
+impl AnalyzerRule for JsonbOrder {
+    fn name(&self) -> &str {
+        "weir_jsonb_order"
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|node| {
+            let node = match node {
+                LogicalPlan::Sort(mut sort) => {
+                    let schema = sort.input.schema().clone();
+                    let mut changed = false;
+                    for s in sort.expr.iter_mut() {
+                        changed |= by_sort_key(s, &schema);
+                    }
+                    let node = LogicalPlan::Sort(sort);
+                    if changed {
+                        Transformed::yes(node)
+                    } else {
+                        Transformed::no(node)
+                    }
+                }
+                other => Transformed::no(other),
+            };
+            node.transform_data(|n| super::rewrite_node(n, &order_in_calls))
+        })
+        .map(|t| t.data)
+    }
+}
+
+/// Sorts `s` by the sort key of its `jsonb` expression; whether it did.
+fn by_sort_key(s: &mut SortExpr, schema: &DFSchema) -> bool {
+    let is = s
+        .expr
+        .get_type(schema as &dyn ExprSchema)
+        .is_ok_and(|t| is_jsonb(&t));
+    if is {
+        s.expr = call(F::SortKey, vec![s.expr.clone()]);
+    }
+    is
+}
+
+/// The `ORDER BY` of a window function or an aggregate call.
+fn order_in_calls(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    Ok(match e {
+        Expr::WindowFunction(mut w) => {
+            let mut changed = false;
+            for s in w.params.order_by.iter_mut() {
+                changed |= by_sort_key(s, schema);
+            }
+            if changed {
+                Transformed::yes(Expr::WindowFunction(w))
+            } else {
+                Transformed::no(Expr::WindowFunction(w))
+            }
+        }
+        Expr::AggregateFunction(mut a) => {
+            let mut changed = false;
+            for s in a.params.order_by.iter_mut() {
+                changed |= by_sort_key(s, schema);
+            }
+            if changed {
+                Transformed::yes(Expr::AggregateFunction(a))
+            } else {
+                Transformed::no(Expr::AggregateFunction(a))
+            }
+        }
+        other => Transformed::no(other),
+    })
+}
+
 /// `->`, `->>` and the other operators on `jsonb` (see the module's docs).
 #[derive(Debug, Default)]
 pub(crate) struct JsonbOperators;
@@ -300,6 +384,19 @@ impl ExprPlanner for JsonbOperators {
             )
         };
         let (l, r) = (expr.left.clone(), expr.right.clone());
+        let comparable = |a: &Expr, b: &Expr| jsonb(a) && (jsonb(b) || literal_text(b));
+        if matches!(
+            expr.op,
+            BinaryOperator::Lt | BinaryOperator::LtEq | BinaryOperator::Gt | BinaryOperator::GtEq
+        ) && (comparable(&l, &r) || comparable(&r, &l))
+        {
+            // Postgres's order of jsonb values, not their texts'.
+            return Ok(PlannerResult::Original(RawBinaryExpr {
+                op: expr.op,
+                left: call(F::SortKey, vec![l]),
+                right: call(F::SortKey, vec![r]),
+            }));
+        }
         let planned = match expr.op {
             BinaryOperator::ArrowAt if jsonb(&r) => call(F::Contains, vec![r, l]),
             BinaryOperator::StringConcat
@@ -381,6 +478,7 @@ enum Out {
     Int(i32),
     Jsons(Vec<Json>),
     Texts(Vec<String>),
+    Bytes(Vec<u8>),
 }
 
 fn eval(f: F, args: &[ArrayRef], rows: usize) -> Result<ArrayRef> {
@@ -404,6 +502,16 @@ fn eval(f: F, args: &[ArrayRef], rows: usize) -> Result<ArrayRef> {
             for r in results {
                 match r {
                     Out::Bool(v) => b.append_value(v),
+                    _ => b.append_null(),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        DataType::Binary => {
+            let mut b = BinaryBuilder::with_capacity(rows, rows * 16);
+            for r in results {
+                match r {
+                    Out::Bytes(v) => b.append_value(v),
                     _ => b.append_null(),
                 }
             }
@@ -804,6 +912,7 @@ fn row(f: F, a: &[ArrayRef], i: usize) -> Result<Out> {
             _ => return Err(invalid("cannot get array length of a scalar")),
         },
         F::StripNulls => Out::Json(json!(0).strip_nulls()),
+        F::SortKey => Out::Bytes(json!(0).sort_key()),
         F::Pretty => Out::Text(json!(0).pretty()),
         F::Set => {
             let j = json!(0);
