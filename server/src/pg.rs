@@ -870,7 +870,14 @@ fn encode_rows(
                 let text = JsonbText(array.as_string::<i64>().value(row));
                 Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some(values) = decimals[col] {
-                Encoder::encode_field(&mut encoder, &values.value_as_string(row), &fields[col])
+                let text = values.value_as_string(row);
+                let text = match values.data_type() {
+                    DataType::Decimal128(p, s) if (*p, *s) == crate::types::DEFAULT_NUMERIC => {
+                        unconstrained_numeric_text(text)
+                    }
+                    _ => text,
+                };
+                Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some(values) = &floats[col] {
                 let v = values.value(row);
                 let text = if v.is_nan() {
@@ -900,6 +907,19 @@ fn encode_rows(
             }
         }
         out.push(Ok(encoder.take_row()));
+    }
+}
+
+/// A `numeric` declared without precision, as text. Postgres keeps each
+/// such value at the scale it was written with (`1.5`, `2.25`, `2`); Weir
+/// keeps them all at scale 10 (`types::DEFAULT_NUMERIC`) and writes them
+/// without the zeros that scale adds, which is Postgres's text wherever
+/// the value's own last digit is not a zero (`1.50` is written `1.5`).
+fn unconstrained_numeric_text(text: String) -> String {
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
     }
 }
 
