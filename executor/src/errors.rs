@@ -5,9 +5,10 @@
 //! cast, an overflow) would otherwise fail its task, and the job would
 //! restart into the same row until its restart strategy gives up — a view
 //! stopped for good by a row that was already acknowledged. Instead, an
-//! operator that evaluates expressions (Filter, Project, and HashAgg for
-//! its group keys and arguments; a hash exchange sends a row whose key
-//! fails to the first subtask, which counts it) finds the rows
+//! operator that evaluates expressions (Filter, Project, HashAgg for its
+//! group keys and arguments, HashJoin for its join keys; a hash exchange
+//! sends a row whose key fails to the first subtask, which counts it)
+//! finds the rows
 //! that fail, leaves them out of its output and counts each error message
 //! in an [`ErrorCollection`]: up for an inserted row, down for a deleted
 //! one. The counts are state like any other, checkpointed in the

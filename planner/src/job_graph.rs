@@ -46,7 +46,8 @@ impl JobGraph {
             .filter_map(|n| match &n.spec {
                 crate::spec::OperatorSpec::Filter { errors, .. }
                 | crate::spec::OperatorSpec::Project { errors, .. }
-                | crate::spec::OperatorSpec::HashAgg { errors, .. } => *errors,
+                | crate::spec::OperatorSpec::HashAgg { errors, .. }
+                | crate::spec::OperatorSpec::HashJoin { errors, .. } => *errors,
                 _ => None,
             })
             .collect()
@@ -276,6 +277,7 @@ mod tests {
                 left_keys: vec![lit(1)],
                 right_keys: vec![lit(1)],
                 filter: None,
+                errors: None,
                 left_schema: schema(),
                 right_schema: schema(),
                 null_equals_null: false,

@@ -768,12 +768,14 @@ impl Lowering<'_> {
                 } else {
                     self.opts.parallelism
                 };
+                let errors = Some(self.error_table());
                 let node = self.graph.add_node(
                     OperatorSpec::HashJoin {
                         join_type,
                         left_keys: left_keys.clone(),
                         right_keys: right_keys.clone(),
                         filter: filter.clone(),
+                        errors,
                         left_schema: join.left.schema().clone(),
                         right_schema: join.right.schema().clone(),
                         null_equals_null: join.null_equality == NullEquality::NullEqualsNull,

@@ -123,6 +123,9 @@ pub enum OperatorSpec {
         /// Non-equi condition over the joined row, if any.
         #[serde(with = "crate::wire::opt_expr")]
         filter: Option<Expr>,
+        /// Where rows whose join keys fail are counted (see `Filter`).
+        #[serde(default)]
+        errors: Option<u64>,
         #[serde(with = "crate::wire::schema")]
         left_schema: DFSchemaRef,
         #[serde(with = "crate::wire::schema")]
@@ -312,9 +315,13 @@ impl OperatorSpec {
                 .chain(*late_rows_table)
                 .chain(*errors)
                 .collect(),
+            OperatorSpec::HashJoin {
+                state_table,
+                errors,
+                ..
+            } => std::iter::once(*state_table).chain(*errors).collect(),
             OperatorSpec::TableSource { state_table, .. }
             | OperatorSpec::ConnectorSource { state_table, .. }
-            | OperatorSpec::HashJoin { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }
             | OperatorSpec::TemporalFilter { state_table, .. }

@@ -34,6 +34,7 @@ use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
 use super::ttl::Ttl;
+use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
@@ -105,6 +106,9 @@ pub struct HashJoin {
     /// already emitted stay, later rows no longer meet them, and a
     /// retraction of a forgotten row is ignored.
     ttl: Option<Ttl<(u8, Vec<u8>)>>,
+    /// Where rows whose join keys fail are counted instead of failing the
+    /// task (`crate::errors`).
+    errors: Option<ErrorCollection>,
 }
 
 /// A stored row: its key, its values, its key group.
@@ -159,6 +163,7 @@ impl HashJoin {
             interval,
             temporal,
             state_ttl_us,
+            ..
         } = spec
         else {
             return Err(ExecError::Protocol(
@@ -199,7 +204,14 @@ impl HashJoin {
             temporal: *temporal,
             held: temporal.then(Vec::new),
             ttl: state_ttl_us.map(Ttl::new),
+            errors: None,
         })
+    }
+
+    /// Counts the rows whose join keys fail in `table` instead of failing.
+    pub fn collecting_errors(mut self, table: Option<u64>) -> Result<Self> {
+        self.errors = table.map(ErrorCollection::new).transpose()?;
+        Ok(self)
     }
 
     /// Interval join: notes when stored rows of `side` happened.
@@ -472,10 +484,13 @@ impl Operator for HashJoin {
     }
 
     fn tables(&self) -> Vec<u64> {
-        vec![self.state_table]
+        std::iter::once(self.state_table)
+            .chain(ErrorCollection::tables(&self.errors))
+            .collect()
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
+        ErrorCollection::start(&mut self.errors, ctx)?;
         let mut restored: [Vec<Stored>; 2] = [Vec::new(), Vec::new()];
         let now = crate::operator::processing_time_us();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
@@ -571,9 +586,15 @@ impl Operator for HashJoin {
             held.push(chunk);
             return Ok(());
         }
+        let key_exprs = &self.keys[side];
+        let Some((chunk, mut keys)) = run_or_collect(&chunk, self.errors.as_mut(), |c| {
+            expr::evaluate(key_exprs, c.data())
+        })?
+        else {
+            return Ok(());
+        };
         let n = chunk.num_rows();
         let data = chunk.data();
-        let mut keys = expr::evaluate(&self.keys[side], data)?;
         for (k, t) in keys.iter_mut().zip(&self.key_types) {
             if k.data_type() != t {
                 *k = cast(k, t)?;
@@ -621,6 +642,7 @@ impl Operator for HashJoin {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
+        ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
         for ((side, key, row), key_group) in self.dirty.drain() {
             let entry = self.sides[side as usize]
                 .get(&key)
@@ -662,6 +684,7 @@ mod tests {
             left_keys: vec![Expr::Column(Column::from_name("a"))],
             right_keys: vec![Expr::Column(Column::from_name("c"))],
             filter,
+            errors: None,
             left_schema: left,
             right_schema: right,
             null_equals_null: false,

@@ -75,7 +75,9 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
             }
             Box::new(agg)
         }
-        OperatorSpec::HashJoin { .. } => Box::new(HashJoin::new(&node.spec, &node.schema)?),
+        OperatorSpec::HashJoin { errors, .. } => {
+            Box::new(HashJoin::new(&node.spec, &node.schema)?.collecting_errors(*errors)?)
+        }
         OperatorSpec::Union { .. } => Box::new(Union::new(&node.schema)),
         OperatorSpec::TopN { .. } => Box::new(TopN::new(&node.spec, &node.schema)?),
         OperatorSpec::OverWindow { .. } => Box::new(OverWindow::new(&node.spec, &node.schema)?),
