@@ -459,6 +459,8 @@ const JSONB_ROWS: &[&str] = &[
     "jsonb_array_elements",
     "jsonb_array_elements_text",
     "jsonb_object_keys",
+    "jsonb_each",
+    "jsonb_each_text",
 ];
 
 /// `FROM t, generate_series(1, t.n)`: a set-returning function over
@@ -489,7 +491,8 @@ fn series_of_columns(factor: &TableFactor) -> Option<String> {
 
 /// `FROM jsonb_array_elements('[1, 2]') [AS] e`: the `UNNEST` of the list
 /// of its rows, its column named as Postgres names it (`value`, or for
-/// `jsonb_object_keys`, after the alias or the function). Over another
+/// `jsonb_object_keys`, after the alias or the function; `jsonb_each`'s
+/// are `key` and `value`). Over another
 /// item's columns it is left for [`no_series_of_columns`] to refuse.
 fn jsonb_rows_in_from(factor: &mut TableFactor) {
     if series_of_columns(factor).is_some() {
@@ -517,17 +520,34 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
         name: Ident::new(function.clone()),
         columns: vec![],
     });
+    // `jsonb_each[_text]`: a key and a value column, two lists in step.
+    let array_exprs = match function.as_str() {
+        "jsonb_each" | "jsonb_each_text" => vec![
+            call("weir_jsonb_each_keys", vec![arg.clone()]),
+            call(
+                if function == "jsonb_each" {
+                    "weir_jsonb_each_values"
+                } else {
+                    "weir_jsonb_each_values_text"
+                },
+                vec![arg.clone()],
+            ),
+        ],
+        _ => vec![call(&format!("weir_{function}"), vec![arg.clone()])],
+    };
     if named.columns.is_empty() {
-        let column = if function == "jsonb_object_keys" {
-            named.name.value.clone()
-        } else {
-            "value".to_string()
+        named.columns = match function.as_str() {
+            "jsonb_object_keys" => vec![TableAliasColumnDef::from_name(named.name.value.clone())],
+            "jsonb_each" | "jsonb_each_text" => vec![
+                TableAliasColumnDef::from_name("key"),
+                TableAliasColumnDef::from_name("value"),
+            ],
+            _ => vec![TableAliasColumnDef::from_name("value")],
         };
-        named.columns = vec![TableAliasColumnDef::from_name(column)];
     }
     *factor = TableFactor::UNNEST {
         alias: Some(named),
-        array_exprs: vec![call(&format!("weir_{function}"), vec![arg.clone()])],
+        array_exprs,
         with_offset: false,
         with_offset_alias: None,
         with_ordinality: false,

@@ -69,6 +69,8 @@ pub const INVALID_PARAMETER: &[&str] = &[
     "argument list must have even number of elements",
     "cannot extract elements from",
     "cannot call jsonb_object_keys on",
+    "cannot call jsonb_each on",
+    "cannot call jsonb_each_text on",
     "key value must be scalar",
     "path element at position",
     "cannot set path in scalar",
@@ -114,6 +116,10 @@ enum F {
     ArrayElements,
     ArrayElementsText,
     ObjectKeys,
+    /// `jsonb_each[_text]`'s keys and values, as lists.
+    EachKeys,
+    EachValues,
+    EachValuesText,
     /// `jsonb_agg`'s result from `array_agg(to_jsonb(x))`.
     AggFinish,
     /// `jsonb_object_agg`'s from `array_agg(jsonb_build_array(k, v))`.
@@ -148,6 +154,9 @@ const ALL: &[F] = &[
     F::ArrayElements,
     F::ArrayElementsText,
     F::ObjectKeys,
+    F::EachKeys,
+    F::EachValues,
+    F::EachValuesText,
     F::AggFinish,
     F::ObjectAggFinish,
     F::SortKey,
@@ -163,11 +172,11 @@ impl F {
             F::PathTextOp => "weir_jsonb_path_text",
             F::Path => "jsonb_extract_path",
             F::PathText => "jsonb_extract_path_text",
-            F::Contains => "weir_jsonb_contains",
-            F::Exists => "weir_jsonb_exists",
-            F::ExistsAny => "weir_jsonb_exists_any",
-            F::ExistsAll => "weir_jsonb_exists_all",
-            F::Concat => "weir_jsonb_concat",
+            F::Contains => "jsonb_contains",
+            F::Exists => "jsonb_exists",
+            F::ExistsAny => "jsonb_exists_any",
+            F::ExistsAll => "jsonb_exists_all",
+            F::Concat => "jsonb_concat",
             F::Delete => "weir_jsonb_delete",
             F::ToJsonb => "to_jsonb",
             F::BuildObject => "jsonb_build_object",
@@ -180,6 +189,9 @@ impl F {
             F::ArrayElements => "weir_jsonb_array_elements",
             F::ArrayElementsText => "weir_jsonb_array_elements_text",
             F::ObjectKeys => "weir_jsonb_object_keys",
+            F::EachKeys => "weir_jsonb_each_keys",
+            F::EachValues => "weir_jsonb_each_values",
+            F::EachValuesText => "weir_jsonb_each_values_text",
             F::AggFinish => "weir_jsonb_agg_finish",
             F::ObjectAggFinish => "weir_jsonb_object_agg_finish",
             F::SortKey => "weir_jsonb_sort_key",
@@ -193,8 +205,10 @@ impl F {
             F::Contains | F::Exists | F::ExistsAny | F::ExistsAll => DataType::Boolean,
             F::ArrayLength => DataType::Int32,
             F::SortKey => DataType::Binary,
-            F::ArrayElements => list(JSONB),
-            F::ArrayElementsText | F::ObjectKeys => list(DataType::Utf8),
+            F::ArrayElements | F::EachValues => list(JSONB),
+            F::ArrayElementsText | F::ObjectKeys | F::EachKeys | F::EachValuesText => {
+                list(DataType::Utf8)
+            }
             _ => JSONB,
         }
     }
@@ -211,6 +225,9 @@ impl F {
             | F::ArrayElements
             | F::ArrayElementsText
             | F::ObjectKeys
+            | F::EachKeys
+            | F::EachValues
+            | F::EachValuesText
             | F::AggFinish
             | F::ObjectAggFinish
             | F::SortKey => 1..=1,
@@ -477,7 +494,7 @@ enum Out {
     Bool(bool),
     Int(i32),
     Jsons(Vec<Json>),
-    Texts(Vec<String>),
+    Texts(Vec<Option<String>>),
     Bytes(Vec<u8>),
 }
 
@@ -548,7 +565,7 @@ fn eval(f: F, args: &[ArrayRef], rows: usize) -> Result<ArrayRef> {
                 match r {
                     Out::Texts(items) => {
                         for item in items {
-                            b.values().append_value(item);
+                            b.values().append_option(item);
                         }
                         b.append(true);
                     }
@@ -929,19 +946,31 @@ fn row(f: F, a: &[ArrayRef], i: usize) -> Result<Out> {
         }
         F::ArrayElements | F::ArrayElementsText => match json!(0) {
             Json::Array(items) if f == F::ArrayElements => Out::Jsons(items),
-            Json::Array(items) => Out::Texts(
-                items
-                    .iter()
-                    .map(|j| j.as_text().unwrap_or_default())
-                    .collect(),
-            ),
+            Json::Array(items) => Out::Texts(items.iter().map(Json::as_text).collect()),
             Json::Object(_) => return Err(invalid("cannot extract elements from an object")),
             _ => return Err(invalid("cannot extract elements from a scalar")),
         },
         F::ObjectKeys => match json!(0) {
-            Json::Object(pairs) => Out::Texts(pairs.into_iter().map(|(k, _)| k).collect()),
+            Json::Object(pairs) => Out::Texts(pairs.into_iter().map(|(k, _)| Some(k)).collect()),
             Json::Array(_) => return Err(invalid("cannot call jsonb_object_keys on an array")),
             _ => return Err(invalid("cannot call jsonb_object_keys on a scalar")),
+        },
+        F::EachKeys | F::EachValues | F::EachValuesText => match json!(0) {
+            Json::Object(pairs) if f == F::EachKeys => {
+                Out::Texts(pairs.into_iter().map(|(k, _)| Some(k)).collect())
+            }
+            Json::Object(pairs) if f == F::EachValues => {
+                Out::Jsons(pairs.into_iter().map(|(_, v)| v).collect())
+            }
+            Json::Object(pairs) => Out::Texts(pairs.iter().map(|(_, v)| v.as_text()).collect()),
+            _ => {
+                let name = if f == F::EachValuesText {
+                    "jsonb_each_text"
+                } else {
+                    "jsonb_each"
+                };
+                return Err(invalid(format!("cannot call {name} on a non-object")));
+            }
         },
         F::AggFinish => {
             if null_at(&a[0], i) {
