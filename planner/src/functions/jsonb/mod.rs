@@ -64,6 +64,7 @@ pub fn is_jsonb(t: &DataType) -> bool {
 pub const INVALID_PARAMETER: &[&str] = &[
     "cannot get array length of a",
     "cannot delete from",
+    "cannot delete path in scalar",
     "key must not be null",
     "field name must not be null",
     "argument list must have even number of elements",
@@ -72,7 +73,6 @@ pub const INVALID_PARAMETER: &[&str] = &[
     "cannot call jsonb_each on",
     "cannot call jsonb_each_text on",
     "key value must be scalar",
-    "path element at position",
     "cannot set path in scalar",
     "cannot replace existing key",
 ];
@@ -112,6 +112,10 @@ enum F {
     StripNulls,
     Pretty,
     Set,
+    /// `jsonb_insert(j, path, new [, insert_after])`.
+    Insert,
+    /// `j #- path` (`jsonb_delete_path`).
+    DeletePath,
     /// The elements of an array, as a list `unnest` makes rows of.
     ArrayElements,
     ArrayElementsText,
@@ -151,6 +155,8 @@ const ALL: &[F] = &[
     F::StripNulls,
     F::Pretty,
     F::Set,
+    F::Insert,
+    F::DeletePath,
     F::ArrayElements,
     F::ArrayElementsText,
     F::ObjectKeys,
@@ -186,6 +192,8 @@ impl F {
             F::StripNulls => "jsonb_strip_nulls",
             F::Pretty => "jsonb_pretty",
             F::Set => "jsonb_set",
+            F::Insert => "jsonb_insert",
+            F::DeletePath => "jsonb_delete_path",
             F::ArrayElements => "weir_jsonb_array_elements",
             F::ArrayElementsText => "weir_jsonb_array_elements_text",
             F::ObjectKeys => "weir_jsonb_object_keys",
@@ -233,7 +241,7 @@ impl F {
             | F::SortKey => 1..=1,
             F::Path | F::PathText => 1..=usize::MAX,
             F::BuildObject | F::BuildArray => 0..=usize::MAX,
-            F::Set => 3..=4,
+            F::Set | F::Insert => 3..=4,
             _ => 2..=2,
         }
     }
@@ -432,6 +440,7 @@ impl ExprPlanner for JsonbOperators {
             BinaryOperator::QuestionPipe => call(F::ExistsAny, vec![l, r]),
             BinaryOperator::QuestionAnd => call(F::ExistsAll, vec![l, r]),
             BinaryOperator::Minus => call(F::Delete, vec![l, r]),
+            BinaryOperator::HashMinus => call(F::DeletePath, vec![l, r]),
             _ => return Ok(PlannerResult::Original(expr)),
         };
         Ok(PlannerResult::Planned(planned))
@@ -944,6 +953,26 @@ fn row(f: F, a: &[ArrayRef], i: usize) -> Result<Out> {
             };
             Out::Json(set(j, &path, new, create)?)
         }
+        F::Insert => {
+            let j = json!(0);
+            let Some(path) = texts_arg(&a[1], i)? else {
+                return Ok(Out::Null);
+            };
+            let new = json!(2);
+            let after = match a.get(3) {
+                Some(c) if null_at(c, i) => return Ok(Out::Null),
+                Some(c) => text_of(c, i)? == "true",
+                None => false,
+            };
+            Out::Json(insert(j, &path, new, after)?)
+        }
+        F::DeletePath => {
+            let j = json!(0);
+            let Some(path) = texts_arg(&a[1], i)? else {
+                return Ok(Out::Null);
+            };
+            Out::Json(delete_path(j, &path)?)
+        }
         F::ArrayElements | F::ArrayElementsText => match json!(0) {
             Json::Array(items) if f == F::ArrayElements => Out::Jsons(items),
             Json::Array(items) => Out::Texts(items.iter().map(Json::as_text).collect()),
@@ -1099,12 +1128,7 @@ fn set_at(j: Json, path: &[String], at: usize, new: Json, create: bool) -> Resul
             Json::Object(pairs)
         }
         Json::Array(mut items) => {
-            let p: i64 = step.trim().parse().map_err(|_| {
-                invalid(format!(
-                    "path element at position {} is not an integer: \"{step}\"",
-                    at + 1
-                ))
-            })?;
+            let p = position(step, at)?;
             let n = items.len() as i64;
             let idx = if p < 0 { n + p } else { p };
             if (0..n).contains(&idx) {
@@ -1120,6 +1144,122 @@ fn set_at(j: Json, path: &[String], at: usize, new: Json, create: bool) -> Resul
                     items.insert(0, new);
                 } else {
                     items.push(new);
+                }
+            }
+            Json::Array(items)
+        }
+        scalar => scalar,
+    })
+}
+
+/// A path's step into an array: an integer (`22P02` otherwise).
+fn position(step: &str, at: usize) -> Result<i64> {
+    step.trim().parse().map_err(|_| {
+        DataFusionError::ArrowError(
+            Box::new(ArrowError::ParseError(format!(
+                "path element at position {} is not an integer: \"{step}\"",
+                at + 1
+            ))),
+            None,
+        )
+    })
+}
+
+/// `jsonb_insert`: `new` put at `path`, before the array element there
+/// (after, with `after`) or as a new key; an existing key is an error.
+fn insert(j: Json, path: &[String], new: Json, after: bool) -> Result<Json> {
+    if !matches!(j, Json::Array(_) | Json::Object(_)) {
+        return Err(invalid("cannot set path in scalar"));
+    }
+    if path.is_empty() {
+        return Ok(j);
+    }
+    insert_at(j, path, 0, new, after)
+}
+
+fn insert_at(j: Json, path: &[String], at: usize, new: Json, after: bool) -> Result<Json> {
+    let last = at + 1 == path.len();
+    let step = &path[at];
+    Ok(match j {
+        Json::Object(mut pairs) => {
+            match pairs.iter().position(|(k, _)| k == step) {
+                Some(_) if last => {
+                    return Err(invalid(
+                        "cannot replace existing key: try using the function jsonb_set to \
+                         replace key value",
+                    ));
+                }
+                Some(p) => {
+                    let old = std::mem::replace(&mut pairs[p].1, Json::Null);
+                    pairs[p].1 = insert_at(old, path, at + 1, new, after)?;
+                }
+                None if last => {
+                    pairs.push((step.clone(), new));
+                    return Ok(Json::object(pairs));
+                }
+                None => {}
+            }
+            Json::Object(pairs)
+        }
+        Json::Array(mut items) => {
+            let p = position(step, at)?;
+            let n = items.len() as i64;
+            let idx = if p < 0 { n + p } else { p };
+            if last {
+                let to = if idx < 0 {
+                    0
+                } else if idx >= n {
+                    n
+                } else {
+                    idx + i64::from(after)
+                };
+                items.insert(to as usize, new);
+            } else if (0..n).contains(&idx) {
+                let old = std::mem::replace(&mut items[idx as usize], Json::Null);
+                items[idx as usize] = insert_at(old, path, at + 1, new, after)?;
+            }
+            Json::Array(items)
+        }
+        scalar => scalar,
+    })
+}
+
+/// `j #- path`: without the field or element at `path`, if there is one.
+fn delete_path(j: Json, path: &[String]) -> Result<Json> {
+    if !matches!(j, Json::Array(_) | Json::Object(_)) {
+        return Err(invalid("cannot delete path in scalar"));
+    }
+    if path.is_empty() {
+        return Ok(j);
+    }
+    delete_at(j, path, 0)
+}
+
+fn delete_at(j: Json, path: &[String], at: usize) -> Result<Json> {
+    let last = at + 1 == path.len();
+    let step = &path[at];
+    Ok(match j {
+        Json::Object(mut pairs) => {
+            if let Some(p) = pairs.iter().position(|(k, _)| k == step) {
+                if last {
+                    pairs.remove(p);
+                } else {
+                    let old = std::mem::replace(&mut pairs[p].1, Json::Null);
+                    pairs[p].1 = delete_at(old, path, at + 1)?;
+                }
+            }
+            Json::Object(pairs)
+        }
+        Json::Array(mut items) => {
+            let p = position(step, at)?;
+            let n = items.len() as i64;
+            let idx = if p < 0 { n + p } else { p };
+            if (0..n).contains(&idx) {
+                if last {
+                    items.remove(idx as usize);
+                } else {
+                    let old = std::mem::replace(&mut items[idx as usize], Json::Null);
+                    items[idx as usize] = delete_at(old, path, at + 1)?;
                 }
             }
             Json::Array(items)
@@ -1169,6 +1309,50 @@ mod tests {
         assert_eq!(set("[1,2]", &["5"], "9"), "[1, 2, 9]");
         assert_eq!(set(r#"{"a":{}}"#, &["a", "b", "c"], "1"), r#"{"a": {}}"#);
         assert_eq!(set("[1,2]", &["-1"], "9"), "[1, 9]");
+        let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ins = |x: &str, p: &[&str], v: &str, after: bool| {
+            insert(j(x), &path(p), j(v), after).map(|v| v.to_string())
+        };
+        let a = r#"{"a": [0,1,2]}"#;
+        assert_eq!(
+            ins(a, &["a", "1"], r#""new""#, false).unwrap(),
+            r#"{"a": [0, "new", 1, 2]}"#
+        );
+        assert_eq!(
+            ins(a, &["a", "1"], r#""new""#, true).unwrap(),
+            r#"{"a": [0, 1, "new", 2]}"#
+        );
+        assert_eq!(
+            ins(a, &["a", "9"], "9", false).unwrap(),
+            r#"{"a": [0, 1, 2, 9]}"#
+        );
+        assert_eq!(
+            ins(a, &["a", "-9"], "9", false).unwrap(),
+            r#"{"a": [9, 0, 1, 2]}"#
+        );
+        assert_eq!(
+            ins(a, &["a", "-1"], "9", true).unwrap(),
+            r#"{"a": [0, 1, 2, 9]}"#
+        );
+        assert_eq!(
+            ins(r#"{"a":1}"#, &["b"], "2", false).unwrap(),
+            r#"{"a": 1, "b": 2}"#
+        );
+        assert_eq!(
+            ins(r#"{"a":1}"#, &["x", "y"], "2", false).unwrap(),
+            r#"{"a": 1}"#
+        );
+        assert!(ins(r#"{"a":1}"#, &["a"], "2", false).is_err());
+        assert!(ins("1", &["a"], "2", false).is_err());
+        let del = |x: &str, p: &[&str]| delete_path(j(x), &path(p)).map(|v| v.to_string());
+        assert_eq!(
+            del(r#"{"a":{"b":[1,2,3]}}"#, &["a", "b", "-1"]).unwrap(),
+            r#"{"a": {"b": [1, 2]}}"#
+        );
+        assert_eq!(del("[1,2]", &["5"]).unwrap(), "[1, 2]");
+        assert_eq!(del(r#"{"a":1}"#, &["x", "y"]).unwrap(), r#"{"a": 1}"#);
+        assert!(del("1", &["a"]).is_err());
+        assert!(del("[1]", &["a"]).is_err());
     }
 
     #[test]
