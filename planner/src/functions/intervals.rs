@@ -35,7 +35,7 @@ use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Between, BinaryExpr, ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator,
-    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SortExpr, Volatility,
+    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -326,35 +326,11 @@ impl AnalyzerRule for PgIntervals {
     }
 
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let mut schema = DFSchema::empty();
-            for input in node.inputs() {
-                schema.merge(input.schema());
-            }
-            if node.inputs().is_empty() {
-                schema.merge(node.schema());
-            }
-            let node = match node {
-                LogicalPlan::Sort(mut sort) => {
-                    let mut changed = false;
-                    for s in sort.expr.iter_mut() {
-                        if is_interval(&s.expr, &schema) {
-                            *s = SortExpr::new(interval_span(s.expr.clone()), s.asc, s.nulls_first);
-                            changed = true;
-                        }
-                    }
-                    let node = LogicalPlan::Sort(sort);
-                    if changed {
-                        Transformed::yes(node)
-                    } else {
-                        Transformed::no(node)
-                    }
-                }
-                other => Transformed::no(other),
-            };
-            node.transform_data(|node| super::rewrite_node(node, &rewrite))
-        })
-        .map(|t| t.data)
+        super::rewrite_plan_and_sorts(
+            plan,
+            |e, schema| is_interval(e, schema).then(|| interval_span(e.clone())),
+            rewrite,
+        )
     }
 }
 

@@ -104,6 +104,40 @@ pub fn rewrite_plan(
         .map(|t| t.data)
 }
 
+/// As [`rewrite_plan`], and first, at each `Sort`, every sort key for which
+/// `key` (given the input's schema) gives another expression sorts by that
+/// instead: for values whose Arrow order is not Postgres's (intervals,
+/// `jsonb`).
+pub fn rewrite_plan_and_sorts(
+    plan: LogicalPlan,
+    key: impl Fn(&Expr, &DFSchema) -> Option<Expr>,
+    f: impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        let node = match node {
+            LogicalPlan::Sort(mut sort) => {
+                let schema = sort.input.schema().clone();
+                let mut changed = false;
+                for s in sort.expr.iter_mut() {
+                    if let Some(e) = key(&s.expr, &schema) {
+                        s.expr = e;
+                        changed = true;
+                    }
+                }
+                let node = LogicalPlan::Sort(sort);
+                if changed {
+                    Transformed::yes(node)
+                } else {
+                    Transformed::no(node)
+                }
+            }
+            other => Transformed::no(other),
+        };
+        node.transform_data(|n| rewrite_node(n, &f))
+    })
+    .map(|t| t.data)
+}
+
 /// [`rewrite_plan`]'s step at one node. The node keeps the names of its
 /// outputs (an aggregate's or a projection's columns are named after their
 /// expressions, and the nodes above refer to them by those names) and its

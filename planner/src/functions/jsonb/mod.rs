@@ -324,39 +324,26 @@ impl AnalyzerRule for JsonbOrder {
     }
 
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let node = match node {
-                LogicalPlan::Sort(mut sort) => {
-                    let schema = sort.input.schema().clone();
-                    let mut changed = false;
-                    for s in sort.expr.iter_mut() {
-                        changed |= by_sort_key(s, &schema);
-                    }
-                    let node = LogicalPlan::Sort(sort);
-                    if changed {
-                        Transformed::yes(node)
-                    } else {
-                        Transformed::no(node)
-                    }
-                }
-                other => Transformed::no(other),
-            };
-            node.transform_data(|n| super::rewrite_node(n, &order_in_calls))
-        })
-        .map(|t| t.data)
+        super::rewrite_plan_and_sorts(plan, sort_key_of, order_in_calls)
     }
+}
+
+/// The sort key of a `jsonb` expression; `None` for another type.
+fn sort_key_of(e: &Expr, schema: &DFSchema) -> Option<Expr> {
+    e.get_type(schema as &dyn ExprSchema)
+        .is_ok_and(|t| is_jsonb(&t))
+        .then(|| call(F::SortKey, vec![e.clone()]))
 }
 
 /// Sorts `s` by the sort key of its `jsonb` expression; whether it did.
 fn by_sort_key(s: &mut SortExpr, schema: &DFSchema) -> bool {
-    let is = s
-        .expr
-        .get_type(schema as &dyn ExprSchema)
-        .is_ok_and(|t| is_jsonb(&t));
-    if is {
-        s.expr = call(F::SortKey, vec![s.expr.clone()]);
+    match sort_key_of(&s.expr, schema) {
+        Some(e) => {
+            s.expr = e;
+            true
+        }
+        None => false,
     }
-    is
 }
 
 /// The `ORDER BY` of a window function or an aggregate call.
