@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, watch};
 use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
 use crate::message::{Barrier, Message, Watermark};
 use crate::operator::{Operator, OperatorContext, StateReader};
-use crate::operators::{self, connector_source::ConnectorSource, table_source::TableSource};
+use crate::operators::{
+    self, connector_source::ConnectorSource, table_source::TableSource, values_source::ValuesSource,
+};
 use crate::sinks::CommittingSink;
 use crate::{ExecError, Result};
 
@@ -192,6 +194,7 @@ pub struct TaskDeployment {
 enum Head {
     Source(TableSource),
     Connector(Box<ConnectorSource>),
+    Values(ValuesSource),
     Gate(InputGate),
 }
 
@@ -253,6 +256,19 @@ pub fn build_task(
             }
             (Head::Source(source), &vertex.nodes[1..])
         }
+        OperatorSpec::Values {
+            rows,
+            cells,
+            state_table,
+        } => (
+            Head::Values(ValuesSource::new(
+                *rows,
+                cells.clone(),
+                *state_table,
+                &head_node.schema,
+            )),
+            &vertex.nodes[1..],
+        ),
         OperatorSpec::ConnectorSource { .. } => (
             Head::Connector(Box::new(ConnectorSource::new(
                 &head_node.spec,
@@ -407,6 +423,7 @@ impl StreamTask {
         let result = match &mut head {
             Head::Source(source) => self.run_source(source).await,
             Head::Connector(source) => self.run_connector(source).await,
+            Head::Values(source) => self.run_values(source).await,
             Head::Gate(gate) => self.run_gate(gate).await,
         };
         self.head = head;
@@ -455,6 +472,32 @@ impl StreamTask {
                     self.source_watermark(source.take_watermark()).await?;
                 }
                 _ = source.changed(), if !has_more => {}
+            }
+        }
+    }
+
+    /// Constant rows: sent before the first barrier, then only barriers.
+    async fn run_values(&mut self, source: &mut ValuesSource) -> Result<Exit> {
+        source.restore(&self.ctx)?;
+        if let Some(chunk) = source.backfill()? {
+            self.push(0, 0, chunk).await?;
+        }
+        loop {
+            match self.commands.recv().await {
+                Some(TaskCommand::TriggerCheckpoint(barrier)) => {
+                    let mut writes = Vec::new();
+                    source.snapshot(&mut writes);
+                    self.checkpoint(
+                        barrier,
+                        writes,
+                        Vec::new(),
+                        Default::default(),
+                        SourceReport::default(),
+                    )
+                    .await?;
+                }
+                Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
+                Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
             }
         }
     }

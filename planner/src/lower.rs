@@ -878,8 +878,23 @@ impl Lowering<'_> {
             }
             LogicalPlan::Window(window) => self.over_window(window, plan),
             LogicalPlan::Distinct(_) => unsupported("DISTINCT ON in materialized views"),
-            LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
-                unsupported("materialized views without a table in FROM")
+            LogicalPlan::EmptyRelation(e) => {
+                Ok(self.values(usize::from(e.produce_one_row), vec![], plan))
+            }
+            LogicalPlan::Values(v) => {
+                let cells: Vec<Expr> = v.values.iter().flatten().cloned().collect();
+                // Literals only: what DataFusion has not folded to one
+                // (`now()`, a function of no constant) would be evaluated
+                // once, when the view starts.
+                for c in &cells {
+                    check_expr(c)?;
+                    if !matches!(c, Expr::Literal(..)) {
+                        return unsupported(format!(
+                            "VALUES with an expression that is not a constant ({c}) in materialized views"
+                        ));
+                    }
+                }
+                Ok(self.values(v.values.len(), cells, plan))
             }
             LogicalPlan::Unnest(u) => {
                 use datafusion::common::NullHandling;
@@ -1220,6 +1235,11 @@ impl Lowering<'_> {
         let source = match &self.graph.nodes[node].spec {
             OperatorSpec::TableSource { table_name, .. } => Some(table_name),
             OperatorSpec::ConnectorSource { source_name, .. } => Some(source_name),
+            OperatorSpec::Values { .. } => {
+                return Err(PlanError::InvalidDefinition(
+                    "EMIT ON WINDOW CLOSE needs a watermark on every input; VALUES (or a query without a table) has none".into(),
+                ));
+            }
             _ => None,
         };
         if let Some(name) = source
@@ -1259,6 +1279,7 @@ impl Lowering<'_> {
             OperatorSpec::ConnectorSource { connector, .. } => {
                 connector.format.as_deref().is_none_or(|f| f == "PLAIN")
             }
+            OperatorSpec::Values { .. } => true,
             OperatorSpec::Filter { .. }
             | OperatorSpec::Project { .. }
             | OperatorSpec::Expand { .. }
@@ -1286,6 +1307,21 @@ impl Lowering<'_> {
 
     /// A one-input operator without state: same parallelism as its input,
     /// forward edge, so it can chain.
+    /// A source of constant rows, at parallelism 1; what reads it chains
+    /// into it as into any source.
+    fn values(&mut self, rows: usize, cells: Vec<Expr>, plan: &LogicalPlan) -> usize {
+        let id = self.graph.nodes.len();
+        self.graph.add_node(
+            OperatorSpec::Values {
+                rows,
+                cells,
+                state_table: self.state_table(id),
+            },
+            1,
+            plan.schema().clone(),
+        )
+    }
+
     fn stateless(&mut self, input: usize, spec: OperatorSpec, plan: &LogicalPlan) -> usize {
         let p = self.graph.nodes[input].parallelism;
         let node = self.graph.add_node(spec, p, plan.schema().clone());
@@ -1469,13 +1505,22 @@ mod tests {
     }
 
     #[test]
-    fn refuses_what_it_cannot_maintain() {
-        let values = LogicalPlanBuilder::values(vec![vec![lit(1i64)]])
+    fn values_of_constants_are_a_source_and_anything_else_is_refused() {
+        let values = LogicalPlanBuilder::values(vec![vec![lit(1i64)], vec![lit(2i64)]])
+            .unwrap()
+            .build()
+            .unwrap();
+        let g = lower(&values, &opts(1)).unwrap();
+        assert!(matches!(
+            g.nodes[0].spec,
+            OperatorSpec::Values { rows: 2, ref cells, .. } if cells.len() == 2
+        ));
+        let computed = LogicalPlanBuilder::values(vec![vec![lit(1i64) + lit(2i64)]])
             .unwrap()
             .build()
             .unwrap();
         assert!(matches!(
-            lower(&values, &opts(1)),
+            lower(&computed, &opts(1)),
             Err(PlanError::Unsupported(_))
         ));
     }

@@ -50,6 +50,18 @@ pub enum OperatorSpec {
         #[serde(default)]
         watermark: Option<SourceWatermark>,
     },
+    /// Constant rows (`VALUES`, or the one row of a query without a table
+    /// in `FROM`): inserted once, at the job's first start; the rows being
+    /// part of every checkpoint after that, a restore emits nothing.
+    Values {
+        /// How many rows (a query without a table has one of no columns).
+        rows: usize,
+        /// The cells, row by row, each a literal of its column's type.
+        #[serde(with = "crate::wire::exprs")]
+        cells: Vec<Expr>,
+        /// Where the source notes that its rows went out.
+        state_table: u64,
+    },
     /// Keeps rows whose predicate is true.
     Filter {
         #[serde(with = "crate::wire::expr")]
@@ -263,6 +275,7 @@ impl OperatorSpec {
         match self {
             OperatorSpec::TableSource { .. } => "TableSource",
             OperatorSpec::ConnectorSource { .. } => "ConnectorSource",
+            OperatorSpec::Values { .. } => "Values",
             OperatorSpec::Filter { .. } => "Filter",
             OperatorSpec::Project { .. } => "Project",
             OperatorSpec::HashAgg { .. } => "HashAgg",
@@ -281,7 +294,9 @@ impl OperatorSpec {
     /// Number of inputs.
     pub fn inputs(&self) -> usize {
         match self {
-            OperatorSpec::TableSource { .. } | OperatorSpec::ConnectorSource { .. } => 0,
+            OperatorSpec::TableSource { .. }
+            | OperatorSpec::ConnectorSource { .. }
+            | OperatorSpec::Values { .. } => 0,
             OperatorSpec::HashJoin { .. } => 2,
             OperatorSpec::Union { inputs } => *inputs,
             _ => 1,
@@ -322,6 +337,7 @@ impl OperatorSpec {
             } => std::iter::once(*state_table).chain(*errors).collect(),
             OperatorSpec::TableSource { state_table, .. }
             | OperatorSpec::ConnectorSource { state_table, .. }
+            | OperatorSpec::Values { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
             | OperatorSpec::OverWindow { state_table, .. }
             | OperatorSpec::TemporalFilter { state_table, .. }
@@ -455,6 +471,7 @@ impl fmt::Display for OperatorSpec {
                 }
                 Ok(())
             }
+            OperatorSpec::Values { rows, .. } => write!(f, "Values: {rows} rows"),
             OperatorSpec::Filter { predicate, .. } => write!(f, "Filter: {}", show(predicate)),
             OperatorSpec::Project { exprs, .. } => write!(f, "Project: {}", list(exprs)),
             OperatorSpec::HashAgg {

@@ -19,6 +19,7 @@ mod top_n;
 mod ttl;
 mod union;
 mod unnest;
+pub mod values_source;
 
 use planner::spec::OperatorSpec;
 use planner::stream_graph::StreamNode;
@@ -105,7 +106,9 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
                 .as_ref()
                 .map(|c| changelog::Changelog::new(c.table, c.retain_ms)),
         )?),
-        OperatorSpec::TableSource { .. } | OperatorSpec::ConnectorSource { .. } => {
+        OperatorSpec::TableSource { .. }
+        | OperatorSpec::ConnectorSource { .. }
+        | OperatorSpec::Values { .. } => {
             return Err(ExecError::Protocol(
                 "a source is a task head, not a chained operator".into(),
             ));

@@ -170,7 +170,7 @@ impl VisitorMut for Rewriter {
     /// `FROM unnest(a) x`: in Postgres, a function of one column so named
     /// names its column `x` too.
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
-        series_in_from(factor);
+        series_in_from(factor, self.view);
         jsonb_rows_in_from(factor);
         scalar_in_from(factor);
         if let TableFactor::Table {
@@ -560,7 +560,12 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
 /// Two arguments are always integers (a series of timestamps needs its
 /// step), so they are cast; three are left as they are. A series of
 /// `integer`s (see `int4_args`) is cast back, in a subquery.
-fn series_in_from(factor: &mut TableFactor) {
+///
+/// In a view's query, a series of constants is the `UNNEST` of the list
+/// `generate_series` gives as a scalar function: a view cannot read a table
+/// function, but maintains an `UNNEST` over the one row of no table.
+fn series_in_from(factor: &mut TableFactor, view: bool) {
+    let constant = series_of_columns(factor).is_none();
     let TableFactor::Table {
         name,
         args: Some(args),
@@ -588,18 +593,51 @@ fn series_in_from(factor: &mut TableFactor) {
         name: Ident::new("generate_series"),
         columns: vec![TableAliasColumnDef::from_name("generate_series")],
     });
-    if !int4 {
-        *alias = Some(named);
-        return;
-    }
     // `FROM generate_series(1, 3) g`: the column is `g`, as a function's
     // one column is named after its alias.
     if named.columns.is_empty() {
         named.columns = vec![TableAliasColumnDef::from_name(named.name.value.clone())];
     }
+    let as_list = |factor: &TableFactor, alias: TableAlias| {
+        let TableFactor::Table {
+            args: Some(args), ..
+        } = factor
+        else {
+            return None;
+        };
+        let args = args.args.iter().map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
+            _ => None,
+        });
+        Some(TableFactor::UNNEST {
+            alias: Some(alias),
+            array_exprs: vec![call("generate_series", args.collect::<Option<_>>()?)],
+            with_offset: false,
+            with_offset_alias: None,
+            with_ordinality: false,
+        })
+    };
+    let listed = view && constant && !*with_ordinality;
+    if !int4 {
+        *alias = Some(named.clone());
+        if let Some(unnest) = as_list(factor, named).filter(|_| listed) {
+            *factor = unnest;
+        }
+        return;
+    }
     // The factor, its alias taken, is DataFusion's `generate_series` with
     // its column `value`.
-    let select = format!("SELECT CAST(value AS integer) AS generate_series FROM {factor}");
+    let value = TableAlias {
+        at: None,
+        explicit: true,
+        name: Ident::new("generate_series"),
+        columns: vec![TableAliasColumnDef::from_name("value")],
+    };
+    let inner = match as_list(factor, value) {
+        Some(unnest) if listed => unnest.to_string(),
+        _ => factor.to_string(),
+    };
+    let select = format!("SELECT CAST(value AS integer) AS generate_series FROM {inner}");
     let Some(subquery) = parse(&select, |p| p.parse_query()) else {
         return;
     };
