@@ -24,6 +24,7 @@ mod columns;
 mod decorrelate;
 mod functions;
 mod information_schema;
+mod lateral;
 pub mod rewrite;
 mod tables;
 mod types;

@@ -13,7 +13,9 @@
 //! - `ARRAY(SELECT x …)` is `(SELECT array_agg(x) …)`;
 //! - in a `FROM`, `generate_series(a, b)` names its column as Postgres
 //!   does and takes any integers, and a function of one value (Grafana's
-//!   `string_to_array(…) s`) is a table of one row;
+//!   `string_to_array(…) s`) is a table of one row; a set-returning
+//!   function over another item's columns is a select-list `unnest` over
+//!   that item (`lateral.rs`);
 //! - `x IN (SELECT …)` in a select list, and a subquery in `ORDER BY`, are
 //!   given shapes DataFusion plans (Grafana's table list); a plain column
 //!   beside `t.*` gets a unique name the client never sees (DBeaver's
@@ -125,6 +127,9 @@ fn no_series_of_columns(query: &Query) -> Result<()> {
         fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<String> {
             match series_of_columns(factor) {
                 Some(name) => ControlFlow::Break(name),
+                None if super::lateral::is_over_columns(factor) => {
+                    ControlFlow::Break("a set-returning function".into())
+                }
                 None => ControlFlow::Continue(()),
             }
         }
@@ -133,8 +138,8 @@ fn no_series_of_columns(query: &Query) -> Result<()> {
         datafusion::sql::sqlparser::ast::Visit::visit(query, &mut Find)
     {
         return Err(ServerError::unsupported(format!(
-            "{name} in FROM over another FROM item's columns (LATERAL); \
-             call it in the select list instead"
+            "{name} in FROM over the columns of a join or as the inner side of an outer join \
+             (LATERAL); call it in the select list instead"
         )));
     }
     Ok(())
@@ -235,6 +240,7 @@ impl VisitorMut for Rewriter {
 
     fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         prune_set_expr(&mut query.body);
+        super::lateral::rewrite(query);
         if let SetExpr::Select(select) = query.body.as_mut()
             && !self.view
         {
@@ -260,7 +266,7 @@ fn current_user() -> Expr {
 }
 
 /// SQL this file writes, parsed back (Postgres's dialect) by `f`.
-fn parse<T>(
+pub(super) fn parse<T>(
     sql: &str,
     f: impl FnOnce(
         &mut datafusion::sql::sqlparser::parser::Parser<'_>,
@@ -455,7 +461,7 @@ const SCALARS_IN_FROM: &[&str] = &[
 ];
 
 /// The set-returning functions of `jsonb` (see [`jsonb_call`]).
-const JSONB_ROWS: &[&str] = &[
+pub(super) const JSONB_ROWS: &[&str] = &[
     "jsonb_array_elements",
     "jsonb_array_elements_text",
     "jsonb_object_keys",
@@ -466,7 +472,7 @@ const JSONB_ROWS: &[&str] = &[
 /// `FROM t, generate_series(1, t.n)`: a set-returning function over
 /// another item's columns, which DataFusion's table functions cannot take.
 /// Its name, if so.
-fn series_of_columns(factor: &TableFactor) -> Option<String> {
+pub(super) fn series_of_columns(factor: &TableFactor) -> Option<String> {
     let TableFactor::Table {
         name,
         args: Some(args),
@@ -490,10 +496,8 @@ fn series_of_columns(factor: &TableFactor) -> Option<String> {
 }
 
 /// `FROM jsonb_array_elements('[1, 2]') [AS] e`: the `UNNEST` of the list
-/// of its rows, its column named as Postgres names it (`value`, or for
-/// `jsonb_object_keys`, after the alias or the function; `jsonb_each`'s
-/// are `key` and `value`). Over another
-/// item's columns it is left for [`no_series_of_columns`] to refuse.
+/// of its rows (see [`jsonb_rows`]). Over another item's columns it is
+/// left for `lateral` to plan.
 fn jsonb_rows_in_from(factor: &mut TableFactor) {
     if series_of_columns(factor).is_some() {
         return;
@@ -514,14 +518,33 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
     let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = args.args.as_slice() else {
         return;
     };
-    let mut named = alias.take().unwrap_or_else(|| TableAlias {
+    let (array_exprs, named) = jsonb_rows(&function, arg, alias.take());
+    *factor = TableFactor::UNNEST {
+        alias: Some(named),
+        array_exprs,
+        with_offset: false,
+        with_offset_alias: None,
+        with_ordinality: false,
+    };
+}
+
+/// The rows of a `jsonb` set-returning `function` of `arg` as lists to
+/// unnest side by side, and the alias naming their columns as Postgres
+/// names them (`value`, or for `jsonb_object_keys`, after the alias or the
+/// function; `jsonb_each`'s are `key` and `value`).
+pub(super) fn jsonb_rows(
+    function: &str,
+    arg: &Expr,
+    alias: Option<TableAlias>,
+) -> (Vec<Expr>, TableAlias) {
+    let mut named = alias.unwrap_or_else(|| TableAlias {
         at: None,
         explicit: true,
-        name: Ident::new(function.clone()),
+        name: Ident::new(function),
         columns: vec![],
     });
     // `jsonb_each[_text]`: a key and a value column, two lists in step.
-    let array_exprs = match function.as_str() {
+    let array_exprs = match function {
         "jsonb_each" | "jsonb_each_text" => vec![
             call("weir_jsonb_each_keys", vec![arg.clone()]),
             call(
@@ -536,7 +559,7 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
         _ => vec![call(&format!("weir_{function}"), vec![arg.clone()])],
     };
     if named.columns.is_empty() {
-        named.columns = match function.as_str() {
+        named.columns = match function {
             "jsonb_object_keys" => vec![TableAliasColumnDef::from_name(named.name.value.clone())],
             "jsonb_each" | "jsonb_each_text" => vec![
                 TableAliasColumnDef::from_name("key"),
@@ -545,13 +568,7 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
             _ => vec![TableAliasColumnDef::from_name("value")],
         };
     }
-    *factor = TableFactor::UNNEST {
-        alias: Some(named),
-        array_exprs,
-        with_offset: false,
-        with_offset_alias: None,
-        with_ordinality: false,
-    };
+    (array_exprs, named)
 }
 
 /// `FROM generate_series(a, b)` in Postgres: a column named
@@ -579,7 +596,7 @@ fn series_in_from(factor: &mut TableFactor, view: bool) {
     if last_name(name).as_deref() != Some("generate_series") {
         return;
     }
-    let int4 = !*with_ordinality && int4_args(&args.args);
+    let int4 = constant && !*with_ordinality && int4_args(&args.args);
     if args.args.len() == 2 || int4 {
         for a in args.args.iter_mut() {
             if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a {
@@ -754,7 +771,7 @@ fn scalar_in_from(factor: &mut TableFactor) {
     };
 }
 
-fn last_name(name: &ObjectName) -> Option<String> {
+pub(super) fn last_name(name: &ObjectName) -> Option<String> {
     match name.0.last()? {
         ObjectNamePart::Identifier(i) => Some(crate::stmt::ident(i)),
         _ => None,
