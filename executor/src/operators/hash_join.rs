@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array};
 use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
@@ -242,18 +242,31 @@ impl HashJoin {
     }
 
     /// Rows of side `other` under `key` that match `row` of the other side
-    /// (the `ON` condition holds), with their counts.
-    fn matches(&self, side: usize, key: &[u8], row: &[u8]) -> Result<Vec<(Vec<u8>, i64)>> {
+    /// (the `ON` condition holds), with their counts; and the errors of the
+    /// pairs whose condition fails, with the count of each pair.
+    ///
+    /// A pair whose condition fails matches nothing and is an error kept
+    /// as data (`crate::errors`), counted by whichever of its rows changes:
+    /// the same pair fails again when either row goes, so the count comes
+    /// back down, and outer-join degrees, which count only matches, agree.
+    #[allow(clippy::type_complexity)]
+    fn matches(
+        &self,
+        side: usize,
+        key: &[u8],
+        row: &[u8],
+    ) -> Result<(Vec<(Vec<u8>, i64)>, Vec<(String, i64)>)> {
         let other = 1 - side;
         let Some(theirs) = self.sides[other].get(key) else {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         };
         let candidates: Vec<(&Vec<u8>, i64)> = theirs.iter().map(|(r, e)| (r, e.count)).collect();
         let Some(filter) = &self.filter else {
-            return Ok(candidates
+            let all = candidates
                 .into_iter()
                 .map(|(r, c)| (r.clone(), c))
-                .collect());
+                .collect();
+            return Ok((all, Vec::new()));
         };
         let n = candidates.len();
         let mine = self.row_codecs[side].decode(std::iter::repeat_n(row, n))?;
@@ -264,13 +277,32 @@ impl HashJoin {
             them.into_iter().chain(mine).collect()
         };
         let pairs = expr::batch(&self.pair_schema, columns, n)?;
-        let mask = expr::predicate_mask(filter, &pairs)?;
-        Ok(candidates
+        let (mask, failed) = match expr::predicate_mask(filter, &pairs) {
+            Ok(mask) => (mask, Vec::new()),
+            Err(e) if self.errors.is_none() => return Err(e),
+            // Pair by pair, to tell the ones that fail.
+            Err(_) => {
+                let mut keep = Vec::with_capacity(n);
+                let mut failed = Vec::new();
+                for (i, (_, count)) in candidates.iter().enumerate() {
+                    match expr::predicate_mask(filter, &pairs.slice(i, 1)) {
+                        Ok(m) => keep.push(m.value(0)),
+                        Err(e) => {
+                            failed.push((crate::errors::message(&e), *count));
+                            keep.push(false);
+                        }
+                    }
+                }
+                (BooleanArray::from(keep), failed)
+            }
+        };
+        let matched = candidates
             .into_iter()
             .enumerate()
             .filter(|(i, _)| mask.value(*i))
             .map(|(_, (r, c))| (r.clone(), c))
-            .collect())
+            .collect();
+        Ok((matched, failed))
     }
 
     /// Applies one change of `row` (key and its key group, or None for a
@@ -300,10 +332,15 @@ impl HashJoin {
                 );
             }
         }
-        let matched = match key {
+        let (matched, failed) = match key {
             Some((k, _)) => self.matches(side, k, row)?,
-            None => Vec::new(),
+            None => Default::default(),
         };
+        if let Some(errors) = &mut self.errors {
+            for (message, count) in failed {
+                errors.add(&message, sign * count)?;
+            }
+        }
         let degree: i64 = matched.iter().map(|(_, c)| *c).sum();
         // The other side's matched rows gain or lose one match each (an
         // inner join never reads degrees: it skips the bookkeeping and the
@@ -763,6 +800,49 @@ mod tests {
 
     const I: Op = Op::Insert;
     const D: Op = Op::Delete;
+
+    #[test]
+    fn a_pair_whose_on_condition_fails_matches_nothing_and_is_counted_until_a_row_goes() {
+        use datafusion::logical_expr::{col, lit};
+        let on = (col("b") / col("d")).gt(lit(0i64));
+        let mut j = join_of(StreamJoinType::Left, Some(on))
+            .collecting_errors(Some(9))
+            .unwrap();
+        j.on_start(&ctx(Arc::new(MemState::default())), &mut vec![])
+            .unwrap();
+        let errors = |j: &mut HashJoin| {
+            let mut writes = vec![];
+            j.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+                .unwrap();
+            writes
+                .iter()
+                .filter(|w| w.table == 9)
+                .map(|w| {
+                    w.value
+                        .as_ref()
+                        .map(|v| i64::from_be_bytes(v[..8].try_into().unwrap()))
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            feed(&mut j, 0, &[I], &[Some(1)], &[Some(10)]),
+            vec!["+I 1 10 NULL NULL"]
+        );
+        // 10 / 0 fails, twice (the right row is there twice): still padded.
+        assert!(feed(&mut j, 1, &[I, I], &[Some(1), Some(1)], &[Some(0), Some(0)]).is_empty());
+        assert_eq!(errors(&mut j), vec![Some(2)]);
+        // A pair that holds replaces the padding.
+        assert_eq!(
+            feed(&mut j, 1, &[I], &[Some(1)], &[Some(5)]),
+            vec!["-D 1 10 NULL NULL", "+I 1 10 1 5"]
+        );
+        // The left row goes: its failing pairs go with it.
+        assert_eq!(
+            feed(&mut j, 0, &[D], &[Some(1)], &[Some(10)]),
+            vec!["-D 1 10 1 5"]
+        );
+        assert_eq!(errors(&mut j), vec![None]);
+    }
 
     #[test]
     fn left_join_pads_and_retracts_the_padding() {
