@@ -116,12 +116,7 @@ async fn sql_logic_tests() {
             Ok(()) => println!("ok   {name}"),
             Err(e) => {
                 println!("FAIL {name}\n{e}");
-                let log = server.log_text();
-                let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                println!(
-                    "server log (last lines):\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
+                println!("server log (last lines):\n{}", server.log_tail(20));
                 failures.push(format!("{name}: {e}"));
             }
         }

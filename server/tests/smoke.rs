@@ -211,7 +211,12 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
                             "ALTER MATERIALIZED VIEW {name} SET PARALLELISM = {other}"
                         ))
                         .await
-                        .unwrap_or_else(|e| panic!("{file}: rescale {name} to {other}: {e}"));
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "{file}: rescale {name} to {other}: {e}\nserver log (last lines):\n{}",
+                                server.log_tail(40)
+                            )
+                        });
                 }
                 checked += compare(&client, &file, &views, &mut batchless).await;
                 if let Some((_, r)) = &reference {

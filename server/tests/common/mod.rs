@@ -104,6 +104,13 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `n` lines of the server's log, to print with a failure.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(n).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
     /// Kills the process with SIGKILL (no shutdown at all).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
