@@ -6,8 +6,8 @@
 //! restart into the same row until its restart strategy gives up — a view
 //! stopped for good by a row that was already acknowledged. Instead, an
 //! operator that evaluates expressions (Filter, Project, HashAgg for its
-//! group keys and arguments, HashJoin for its join keys and, pair by
-//! pair, its other `ON` conditions; a hash exchange
+//! group keys, arguments and its aggregates' own values, HashJoin for its
+//! join keys and, pair by pair, its other `ON` conditions; a hash exchange
 //! sends a row whose key fails to the first subtask, which counts it)
 //! finds the rows
 //! that fail, leaves them out of its output and counts each error message

@@ -540,6 +540,11 @@ pub fn context_of_view(db: &Arc<Database>, mode: Mode, id: u64) -> SessionContex
 
 fn context_in(db: &Arc<Database>, mode: Mode, scope: Scope) -> SessionContext {
     let ctx = new_context();
+    if mode != Mode::Stream {
+        for rule in planner::functions::batch_analyzer_rules() {
+            ctx.add_analyzer_rule(rule);
+        }
+    }
     if let Some(catalog) = ctx.catalog("weir") {
         // Replaces the empty default schema.
         let _ = catalog.register_schema(

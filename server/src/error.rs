@@ -244,6 +244,12 @@ fn from_arrow(e: &ArrowError) -> ServerError {
         ArrowError::ParseError(m) if m.starts_with("unsupported Unicode escape sequence") => {
             ServerError::UntranslatableCharacter(m.clone())
         }
+        // A decimal past its precision (a total of more than 38 digits).
+        ArrowError::CastError(m)
+            if m.starts_with("Cannot cast to Decimal") && m.contains("Overflowing") =>
+        {
+            ServerError::NumericOutOfRange(format!("numeric field overflow: {m}"))
+        }
         ArrowError::CastError(m) | ArrowError::ParseError(m) => ServerError::InvalidText(m.clone()),
         // A value with more integer digits than a numeric(p, s) holds.
         ArrowError::InvalidArgumentError(m) if m.contains("too large to store in a Decimal") => {

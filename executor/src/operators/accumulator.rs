@@ -16,7 +16,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array,
 };
 use datafusion::arrow::compute::{cast, take};
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type, i256};
 use datafusion::common::ScalarValue;
 use datafusion::common::utils::SingleRowListArrayBuilder;
 use datafusion::logical_expr::ExprSchemable;
@@ -48,8 +48,11 @@ pub(crate) enum AccState {
         sum: f64,
         n: i64,
     },
-    SumI128 {
-        sum: i128,
+    /// A decimal's unscaled values, summed in 256 bits: a running total
+    /// of retractions may pass 38 digits on its way, and a true total that
+    /// does is an overflow to report, not a value to wrap.
+    SumDecimal {
+        sum: i256,
         n: i64,
     },
     /// Encoded value → multiplicity.
@@ -101,6 +104,19 @@ enum Values {
     Array(ArrayRef),
     /// Encoded values; None for NULLs that are not kept.
     Encoded(Vec<Option<Vec<u8>>>),
+}
+
+/// `values` as `t`, failing where a value does not fit (a decimal scaled
+/// up for `avg` past 38 digits) rather than turning it into NULL, which
+/// would leave it out of the aggregate unseen.
+fn cast_checked(values: &ArrayRef, t: &DataType) -> Result<ArrayRef> {
+    let options = datafusion::arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    Ok(datafusion::arrow::compute::cast_with_options(
+        values, t, &options,
+    )?)
 }
 
 fn sum_kind(t: &DataType) -> Option<(DataType, SumKind)> {
@@ -223,7 +239,10 @@ impl Aggregate {
             (AggKind::Count, _) => AccState::Count(0),
             (_, Some(SumKind::I64)) => AccState::SumI64 { sum: 0, n: 0 },
             (_, Some(SumKind::F64)) => AccState::SumF64 { sum: 0.0, n: 0 },
-            (_, Some(SumKind::I128)) => AccState::SumI128 { sum: 0, n: 0 },
+            (_, Some(SumKind::I128)) => AccState::SumDecimal {
+                sum: i256::ZERO,
+                n: 0,
+            },
             (AggKind::BoolAnd | AggKind::BoolOr, _) => AccState::Bools {
                 trues: 0,
                 falses: 0,
@@ -244,7 +263,7 @@ impl Aggregate {
         };
         let values = self.arg.evaluate(batch)?.into_array(batch.num_rows())?;
         let values = if let Some(codec) = &self.codec {
-            let values = cast(&values, &self.input_type)?;
+            let values = cast_checked(&values, &self.input_type)?;
             let encoded = if self.ordered {
                 let mut columns = Vec::with_capacity(self.order_by.len() + 2);
                 for key in &self.order_by {
@@ -275,7 +294,7 @@ impl Aggregate {
         } else if self.kind == AggKind::Count {
             Values::Array(values)
         } else {
-            Values::Array(cast(&values, &self.input_type)?)
+            Values::Array(cast_checked(&values, &self.input_type)?)
         };
         Ok(Prepared { values, keep })
     }
@@ -317,9 +336,13 @@ impl Aggregate {
                     *sum += a.as_primitive::<Float64Type>().value(row) * sign as f64;
                     *n += sign;
                 }
-                AccState::SumI128 { sum, n } => {
-                    *sum = sum
-                        .wrapping_add(a.as_primitive::<Decimal128Type>().value(row) * sign as i128);
+                AccState::SumDecimal { sum, n } => {
+                    let v = i256::from_i128(a.as_primitive::<Decimal128Type>().value(row));
+                    *sum = if sign < 0 {
+                        sum.wrapping_sub(v)
+                    } else {
+                        sum.wrapping_add(v)
+                    };
                     *n += sign;
                 }
                 AccState::Moments { n, sum, sum_sq } => {
@@ -348,7 +371,7 @@ impl Aggregate {
             AccState::Count(c) => ScalarValue::Int64(Some(*c)),
             AccState::SumI64 { n: 0, .. }
             | AccState::SumF64 { n: 0, .. }
-            | AccState::SumI128 { n: 0, .. }
+            | AccState::SumDecimal { n: 0, .. }
             | AccState::Moments { n: 0, .. } => {
                 return Ok(null()?);
             }
@@ -360,7 +383,7 @@ impl Aggregate {
                 AggKind::Avg => ScalarValue::Float64(Some(sum / *n as f64)),
                 _ => ScalarValue::Float64(Some(*sum)),
             },
-            AccState::SumI128 { sum, n } => {
+            AccState::SumDecimal { sum, n } => {
                 let DataType::Decimal128(p, s) = self.output_type else {
                     return Err(ExecError::Protocol(
                         "decimal sum without decimal type".into(),
@@ -369,18 +392,37 @@ impl Aggregate {
                 let v = match self.kind {
                     AggKind::Avg => {
                         // Round half away from zero, as Postgres does.
-                        let n = *n as i128;
-                        let q = sum / n;
-                        let r = sum % n;
-                        if r.abs() * 2 >= n.abs() {
-                            q + sum.signum() * n.signum()
+                        let n = i256::from_i128(*n as i128);
+                        let q = sum.wrapping_div(n);
+                        let r = sum.wrapping_rem(n);
+                        let (sum_neg, n_neg) = (sum.is_negative(), n.is_negative());
+                        if r.wrapping_abs().wrapping_mul(i256::from_i128(2)) >= n.wrapping_abs() {
+                            let step = if sum_neg == n_neg {
+                                i256::ONE
+                            } else {
+                                i256::MINUS_ONE
+                            };
+                            q.wrapping_add(step)
                         } else {
                             q
                         }
                     }
                     _ => *sum,
                 };
-                ScalarValue::Decimal128(Some(v), p, s)
+                // Postgres's numeric has no limit; Weir's holds 38 digits.
+                match v.to_i128() {
+                    Some(v) if v.unsigned_abs() < 10u128.pow(38) => {
+                        ScalarValue::Decimal128(Some(v), p, s)
+                    }
+                    _ => {
+                        return Err(ExecError::Arrow(
+                            datafusion::arrow::error::ArrowError::ArithmeticOverflow(format!(
+                                "numeric field overflow: the {} is more than 38 digits",
+                                self.kind.name()
+                            )),
+                        ));
+                    }
+                }
             }
             AccState::Moments { n, sum, sum_sq } => {
                 let n = *n as f64;
@@ -476,7 +518,10 @@ impl Aggregate {
                 let mut acc = match self.sum {
                     Some(SumKind::I64) => AccState::SumI64 { sum: 0, n: 0 },
                     Some(SumKind::F64) => AccState::SumF64 { sum: 0.0, n: 0 },
-                    _ => AccState::SumI128 { sum: 0, n: 0 },
+                    _ => AccState::SumDecimal {
+                        sum: i256::ZERO,
+                        n: 0,
+                    },
                 };
                 let prepared = Prepared {
                     values: Values::Array(values),
@@ -619,8 +664,8 @@ pub(crate) mod encoding {
                 out.extend_from_slice(&sum.to_bits().to_be_bytes());
                 out.extend_from_slice(&n.to_be_bytes());
             }
-            AccState::SumI128 { sum, n } => {
-                out.push(3);
+            AccState::SumDecimal { sum, n } => {
+                out.push(7);
                 out.extend_from_slice(&sum.to_be_bytes());
                 out.extend_from_slice(&n.to_be_bytes());
             }
@@ -695,8 +740,13 @@ pub(crate) mod encoding {
                 sum: f64::from_bits(r.i64()? as u64),
                 n: r.i64()?,
             },
-            3 => AccState::SumI128 {
-                sum: r.i128()?,
+            // Before 256-bit sums.
+            3 => AccState::SumDecimal {
+                sum: i256::from_i128(r.i128()?),
+                n: r.i64()?,
+            },
+            7 => AccState::SumDecimal {
+                sum: i256::from_be_bytes(r.take(32)?.try_into().unwrap_or([0; 32])),
                 n: r.i64()?,
             },
             4 => {
@@ -768,5 +818,48 @@ mod tests {
             };
             assert_eq!(set.len(), kept);
         }
+    }
+
+    #[test]
+    fn a_decimal_sum_past_38_digits_is_an_overflow_and_comes_back() {
+        use datafusion::arrow::array::Decimal128Array;
+        use datafusion::arrow::datatypes::{Field, Schema};
+        let big = 9 * 10i128.pow(37);
+        let values = Decimal128Array::from(vec![big, big, -big])
+            .with_precision_and_scale(38, 0)
+            .unwrap();
+        let schema = Schema::new(vec![Field::new("a", DataType::Decimal128(38, 0), true)]);
+        let batch = RecordBatch::try_new(Arc::new(schema.clone()), vec![Arc::new(values)]).unwrap();
+        let df_schema = datafusion::common::DFSchema::try_from(schema).unwrap();
+        let mut sum = call(AggKind::Sum, false);
+        sum.output_type = DataType::Decimal128(38, 0);
+        let agg = Aggregate::new(&sum, &df_schema).unwrap();
+        let prepared = agg.prepare(&batch).unwrap();
+        let mut state = agg.init();
+        agg.update(&mut state, &prepared, 0, 1);
+        agg.update(&mut state, &prepared, 1, 1);
+        let e = agg.output(&state).unwrap_err();
+        assert!(e.to_string().contains("numeric field overflow"), "{e}");
+        // The state survives a checkpoint as it is, past 128 bits' range
+        // of digits.
+        let mut bytes = Vec::new();
+        encoding::put(&mut bytes, &state);
+        let mut state = encoding::get(&mut encoding::Reader(&bytes)).unwrap();
+        agg.update(&mut state, &prepared, 2, 1);
+        assert_eq!(
+            agg.output(&state).unwrap(),
+            ScalarValue::Decimal128(Some(big), 38, 0)
+        );
+        // A state written before 256-bit sums reads back.
+        let mut old = vec![3u8];
+        old.extend_from_slice(&5i128.to_be_bytes());
+        old.extend_from_slice(&1i64.to_be_bytes());
+        assert_eq!(
+            encoding::get(&mut encoding::Reader(&old)).unwrap(),
+            AccState::SumDecimal {
+                sum: i256::from_i128(5),
+                n: 1
+            }
+        );
     }
 }

@@ -218,6 +218,18 @@ impl HashAgg {
             .collect()
     }
 
+    /// A visible group's outputs; when an aggregate's own value fails (a
+    /// decimal `sum` past 38 digits) and errors are kept as data, the
+    /// error's message instead: such a group has no row in the view, and
+    /// its error is counted while its state stays so.
+    fn outputs_or_error(&self, g: &Group) -> Result<std::result::Result<Vec<ScalarValue>, String>> {
+        match self.outputs(g) {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) if self.errors.is_some() => Ok(Err(crate::errors::message(&e))),
+            Err(e) => Err(e),
+        }
+    }
+
     fn encode(g: &Group) -> Vec<u8> {
         let mut out = vec![STATE_VERSION];
         out.extend_from_slice(&g.rows.to_be_bytes());
@@ -410,7 +422,11 @@ impl Operator for HashAgg {
         }
 
         // Each touched group's output before this chunk, in first-touch order.
-        let mut touched: Vec<(Vec<u8>, Option<Vec<ScalarValue>>)> = Vec::new();
+        #[allow(clippy::type_complexity)]
+        let mut touched: Vec<(
+            Vec<u8>,
+            Option<std::result::Result<Vec<ScalarValue>, String>>,
+        )> = Vec::new();
         let mut seen: HashSet<&[u8]> = HashSet::new();
         let now = crate::operator::processing_time_us();
         for row in 0..n {
@@ -425,7 +441,7 @@ impl Operator for HashAgg {
             }
             if seen.insert(key.as_slice()) {
                 let old = match self.groups.get(key) {
-                    Some(g) if self.visible(key, g) => Some(self.outputs(g)?),
+                    Some(g) if self.visible(key, g) => Some(self.outputs_or_error(g)?),
                     _ => None,
                 };
                 touched.push((key.clone(), old));
@@ -454,14 +470,24 @@ impl Operator for HashAgg {
                 );
             }
             let new = if self.visible(key, g) {
-                Some(self.outputs(g)?)
+                Some(self.outputs_or_error(g)?)
             } else {
                 None
             };
             if new.is_none() {
                 gone.push(key.clone());
             }
-            match (old.clone(), new) {
+            // A failing output is no row: its error counts instead.
+            let (old, new) = (old.clone(), new);
+            if let Some(errors) = &mut self.errors {
+                if let Some(Err(m)) = &old {
+                    errors.add(m, -1)?;
+                }
+                if let Some(Err(m)) = &new {
+                    errors.add(m, 1)?;
+                }
+            }
+            match (old.and_then(|o| o.ok()), new.and_then(|n| n.ok())) {
                 (None, Some(n)) => rows.push((Op::Insert, key.as_slice(), n)),
                 (Some(o), None) => rows.push((Op::Delete, key.as_slice(), o)),
                 (Some(o), Some(n)) if o != n => {
@@ -490,7 +516,14 @@ impl Operator for HashAgg {
         for (key, key_group) in ttl.expired(now_us) {
             if let Some(g) = self.groups.remove(&key) {
                 if self.visible(&key, &g) {
-                    rows.push((key.clone(), self.outputs(&g)?));
+                    match self.outputs_or_error(&g)? {
+                        Ok(values) => rows.push((key.clone(), values)),
+                        Err(m) => {
+                            if let Some(errors) = &mut self.errors {
+                                errors.add(&m, -1)?;
+                            }
+                        }
+                    }
                 }
                 self.dirty.insert(key, key_group);
             }

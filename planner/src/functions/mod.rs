@@ -30,6 +30,7 @@ use datafusion::logical_expr::{
 
 mod arithmetic;
 mod bytea;
+mod decimal_sum;
 mod input;
 mod intervals;
 pub mod jsonb;
@@ -68,6 +69,11 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(jsonb::JsonbInput),
         Arc::new(jsonb::JsonbOrder),
     ]
+}
+
+/// Analyzer rules for batch queries only (see [`decimal_sum`]).
+pub fn batch_analyzer_rules() -> Vec<Rule> {
+    vec![Arc::new(decimal_sum::WideDecimalSum)]
 }
 
 type Planner = Arc<dyn datafusion::logical_expr::planner::ExprPlanner>;
