@@ -24,7 +24,7 @@ use datafusion::sql::sqlparser::ast::{
     TableFactor, TableWithJoins, Value, VisitMut, VisitorMut, WildcardAdditionalOptions,
 };
 
-use super::rewrite::{JSONB_ROWS, call, cast, jsonb_rows, last_name, parse};
+use super::rewrite::{JSONB_ROWS, call, cast, jsonb_rows, last_name, ordinality_list, parse};
 
 /// A set-returning function over columns, as the lists to unnest in step.
 struct Rows {
@@ -164,29 +164,34 @@ pub(super) fn is_over_columns(factor: &TableFactor) -> bool {
 
 /// `factor` as the lists of a set-returning function over columns.
 fn rows_of(factor: &TableFactor) -> Option<Rows> {
-    let (name, args, alias) = match factor {
+    let (name, args, alias, ordinality) = match factor {
         TableFactor::Table {
             name,
             args: Some(args),
             alias,
-            with_ordinality: false,
+            with_ordinality,
             ..
-        } => (name, args.args.as_slice(), alias),
+        } => (name, args.args.as_slice(), alias, *with_ordinality),
         TableFactor::Function {
             name,
             args,
             alias,
-            with_ordinality: false,
+            with_ordinality,
             ..
-        } => (name, args.as_slice(), alias),
+        } => (name, args.as_slice(), alias, *with_ordinality),
         TableFactor::UNNEST {
             alias,
             array_exprs,
-            with_ordinality: false,
+            with_ordinality,
             with_offset: false,
             ..
         } if over_columns(array_exprs.iter()) => {
-            return named(array_exprs.clone(), alias.clone(), "unnest");
+            return named(
+                array_exprs.clone(),
+                alias.clone(),
+                "unnest",
+                *with_ordinality,
+            );
         }
         _ => return None,
     };
@@ -218,15 +223,22 @@ fn rows_of(factor: &TableFactor) -> Option<Rows> {
                 vec![call("generate_series", args)],
                 alias.clone(),
                 "generate_series",
+                ordinality,
             )
         }
-        "unnest" => named(args, alias.clone(), "unnest"),
+        "unnest" => named(args, alias.clone(), "unnest", ordinality),
         f if JSONB_ROWS.contains(&f) => {
             let [arg] = args.as_slice() else {
                 return None;
             };
-            let (arrays, alias) = jsonb_rows(f, arg, alias.clone());
-            let columns: Vec<Ident> = alias.columns.iter().map(|c| c.name.clone()).collect();
+            let (mut arrays, alias) = jsonb_rows(f, arg, alias.clone());
+            let mut columns: Vec<Ident> = alias.columns.iter().map(|c| c.name.clone()).collect();
+            if ordinality {
+                ordinal(&mut arrays, &mut columns);
+            }
+            if columns.len() != arrays.len() {
+                return None;
+            }
             let whole_row = (columns.len() == 1
                 && crate::stmt::ident(&columns[0]) != crate::stmt::ident(&alias.name))
             .then(|| alias.name.clone());
@@ -244,24 +256,42 @@ fn rows_of(factor: &TableFactor) -> Option<Rows> {
 /// A function of one column per list, named as Postgres names them: after
 /// the alias's column list, else (one list) after the alias, else after the
 /// function.
-fn named(arrays: Vec<Expr>, alias: Option<TableAlias>, function: &str) -> Option<Rows> {
+fn named(
+    mut arrays: Vec<Expr>,
+    alias: Option<TableAlias>,
+    function: &str,
+    ordinality: bool,
+) -> Option<Rows> {
     let qualifier = alias
         .as_ref()
         .map(|a| a.name.clone())
         .unwrap_or_else(|| Ident::new(function));
-    let columns: Vec<Ident> = match alias {
+    let mut columns: Vec<Ident> = match alias {
         Some(a) if !a.columns.is_empty() => a.columns.into_iter().map(|c| c.name).collect(),
         _ if arrays.len() == 1 => vec![qualifier.clone()],
         // `unnest(a, b)` without names: Postgres calls both `unnest`,
         // which no query can tell apart; refused.
         _ => return None,
     };
+    if ordinality {
+        ordinal(&mut arrays, &mut columns);
+    }
     (columns.len() == arrays.len()).then_some(Rows {
         arrays,
         columns,
         qualifier,
         whole_row: None,
     })
+}
+
+/// `WITH ORDINALITY`: the positions as one more list, named `ordinality`
+/// unless the alias named it.
+fn ordinal(arrays: &mut Vec<Expr>, columns: &mut Vec<Ident>) {
+    let n = arrays.len();
+    arrays.push(ordinality_list(arrays));
+    if columns.len() == n {
+        columns.push(Ident::new("ordinality"));
+    }
 }
 
 /// Whether any of `exprs` reads a column.

@@ -213,15 +213,51 @@ impl VisitorMut for Rewriter {
                     _ => None,
                 })
                 .collect();
-            if let Some(array_exprs) = exprs {
+            if let Some(mut array_exprs) = exprs {
+                let mut alias = alias.clone();
+                // `WITH ORDINALITY`: one more list, of positions.
+                if *with_ordinality && array_exprs.len() == 1 {
+                    let mut named = alias.take().unwrap_or_else(|| TableAlias {
+                        at: None,
+                        explicit: true,
+                        name: Ident::new("unnest"),
+                        columns: vec![TableAliasColumnDef::from_name("unnest")],
+                    });
+                    add_ordinality(&mut array_exprs, &mut named);
+                    alias = Some(named);
+                }
+                let ordinality = *with_ordinality && alias.is_none();
                 *factor = TableFactor::UNNEST {
-                    alias: alias.clone(),
+                    alias,
                     array_exprs,
                     with_offset: false,
                     with_offset_alias: None,
-                    with_ordinality: *with_ordinality,
+                    with_ordinality: ordinality,
                 };
             }
+        }
+        // `FROM unnest(a) WITH ORDINALITY`, parsed as an UNNEST already.
+        if let TableFactor::UNNEST {
+            alias,
+            array_exprs,
+            with_ordinality: with_ordinality @ true,
+            with_offset: false,
+            ..
+        } = factor
+            && array_exprs.len() == 1
+        {
+            let mut named = alias.take().unwrap_or_else(|| TableAlias {
+                at: None,
+                explicit: true,
+                name: Ident::new("unnest"),
+                columns: vec![],
+            });
+            if named.columns.is_empty() {
+                named.columns = vec![TableAliasColumnDef::from_name(named.name.value.clone())];
+            }
+            add_ordinality(array_exprs, &mut named);
+            *alias = Some(named);
+            *with_ordinality = false;
         }
         ControlFlow::Continue(())
     }
@@ -506,7 +542,7 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
         name,
         args: Some(args),
         alias,
-        with_ordinality: false,
+        with_ordinality,
         ..
     } = factor
     else {
@@ -518,7 +554,10 @@ fn jsonb_rows_in_from(factor: &mut TableFactor) {
     let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = args.args.as_slice() else {
         return;
     };
-    let (array_exprs, named) = jsonb_rows(&function, arg, alias.take());
+    let (mut array_exprs, mut named) = jsonb_rows(&function, arg, alias.take());
+    if *with_ordinality {
+        add_ordinality(&mut array_exprs, &mut named);
+    }
     *factor = TableFactor::UNNEST {
         alias: Some(named),
         array_exprs,
@@ -571,6 +610,41 @@ pub(super) fn jsonb_rows(
     (array_exprs, named)
 }
 
+/// `WITH ORDINALITY` over `arrays` unnested in step: one more list, the
+/// positions `1..n` of the longest, named `ordinality` unless `alias`
+/// names it.
+pub(super) fn add_ordinality(arrays: &mut Vec<Expr>, alias: &mut TableAlias) {
+    let n = arrays.len();
+    arrays.push(ordinality_list(arrays));
+    if alias.columns.len() == n {
+        alias
+            .columns
+            .push(TableAliasColumnDef::from_name("ordinality"));
+    }
+}
+
+/// The positions `1..n` of the longest of `arrays`, as a list.
+pub(super) fn ordinality_list(arrays: &[Expr]) -> Expr {
+    let lengths: Vec<Expr> = arrays
+        .iter()
+        .map(|a| call("cardinality", vec![a.clone()]))
+        .collect();
+    let longest = match lengths.as_slice() {
+        [one] => one.clone(),
+        _ => call("greatest", lengths),
+    };
+    call(
+        "generate_series",
+        vec![
+            cast(
+                Expr::value(Value::Number("1".into(), false)),
+                SqlType::BigInt(None),
+            ),
+            cast(longest, SqlType::BigInt(None)),
+        ],
+    )
+}
+
 /// `FROM generate_series(a, b)` in Postgres: a column named
 /// `generate_series` (or the alias), of the arguments' integer type.
 /// DataFusion's takes 64-bit integers only, and names its column `value`.
@@ -596,7 +670,17 @@ fn series_in_from(factor: &mut TableFactor, view: bool) {
     if last_name(name).as_deref() != Some("generate_series") {
         return;
     }
-    let int4 = constant && !*with_ordinality && int4_args(&args.args);
+    // DataFusion evaluates a table function's arguments before Weir's
+    // analyzer rules see them: `timestamp '2024-01-01 00:00'` is read here.
+    for a in args.args.iter_mut() {
+        if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a
+            && let Some(read) = timestamp_text(e)
+        {
+            *e = read;
+        }
+    }
+    let ordinality = *with_ordinality;
+    let int4 = constant && !ordinality && int4_args(&args.args);
     if args.args.len() == 2 || int4 {
         for a in args.args.iter_mut() {
             if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a {
@@ -626,15 +710,22 @@ fn series_in_from(factor: &mut TableFactor, view: bool) {
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e.clone()),
             _ => None,
         });
+        let mut alias = alias;
+        let mut array_exprs = vec![call("generate_series", args.collect::<Option<_>>()?)];
+        if ordinality {
+            add_ordinality(&mut array_exprs, &mut alias);
+        }
         Some(TableFactor::UNNEST {
             alias: Some(alias),
-            array_exprs: vec![call("generate_series", args.collect::<Option<_>>()?)],
+            array_exprs,
             with_offset: false,
             with_offset_alias: None,
             with_ordinality: false,
         })
     };
-    let listed = view && constant && !*with_ordinality;
+    // A table function has no `WITH ORDINALITY` in DataFusion: the list
+    // form has.
+    let listed = (view || ordinality) && constant;
     if !int4 {
         *alias = Some(named.clone());
         if let Some(unnest) = as_list(factor, named).filter(|_| listed) {
@@ -664,6 +755,42 @@ fn series_in_from(factor: &mut TableFactor, view: bool) {
         subquery,
         alias: Some(named),
     };
+}
+
+/// A `timestamp[tz]` written as text (`timestamp '…'`, `'…'::timestamp`),
+/// as Weir's reading of the text (`weir_text_input`), which takes what
+/// Postgres takes (no seconds, `T`, a zone).
+fn timestamp_text(e: &Expr) -> Option<Expr> {
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+    use datafusion::sql::sqlparser::ast::TimezoneInfo;
+    let (data_type, text) = match e {
+        Expr::TypedString(t) => (&t.data_type, &t.value.value),
+        Expr::Cast {
+            expr, data_type, ..
+        } => match expr.as_ref() {
+            Expr::Value(v) => (data_type, &v.value),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let Value::SingleQuotedString(text) = text else {
+        return None;
+    };
+    let zone = match data_type {
+        SqlType::Timestamp(_, TimezoneInfo::None | TimezoneInfo::WithoutTimeZone) => None,
+        SqlType::Timestamp(_, TimezoneInfo::WithTimeZone | TimezoneInfo::Tz) => {
+            Some("+00:00".into())
+        }
+        _ => return None,
+    };
+    let arrow = DataType::Timestamp(TimeUnit::Nanosecond, zone).to_string();
+    Some(call(
+        "weir_text_input",
+        vec![
+            Expr::value(Value::SingleQuotedString(text.clone())),
+            Expr::value(Value::SingleQuotedString(arrow)),
+        ],
+    ))
 }
 
 /// Whether Postgres would type all of `args` `integer` (or `smallint`):
