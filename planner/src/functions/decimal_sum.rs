@@ -1,29 +1,34 @@
-//! `sum` of a `numeric` in a batch query, without wrapping.
+//! `sum` of a `numeric`, without wrapping.
 //!
 //! DataFusion sums `Decimal128` values in 128 bits with wrapping
 //! arithmetic, so a total past what 128 bits hold comes out as a wrong
 //! number (two rows of 9e37 sum to a negative one). Postgres's `numeric`
-//! has no such limit; Weir's holds 38 digits. [`WideDecimalSum`] makes the
-//! total exact, or `22003`: each `sum(x)` of a decimal sums `x` as a
-//! 76-digit `Decimal256`, and a projection above the aggregate casts the
-//! total back to the type and name the query expects — a cast that fails on
-//! a total of more than 38 digits.
+//! has no such limit; Weir's holds 38 digits. These rules make the total
+//! exact, or `22003`: each `sum(x)` of a decimal sums `x` as a 76-digit
+//! `Decimal256`, and a projection above casts the total back to the type
+//! and name the query expects — a cast that fails on a total of more than
+//! 38 digits.
 //!
-//! Only for batch queries: a view's `sum` is the HashAgg operator's own,
-//! which sums decimals in 256 bits and reports such a total as the view's
-//! error (`executor::operators::accumulator`).
+//! [`WideDecimalSum`] is for batch queries only: a view's `sum` is the
+//! HashAgg operator's own, which sums decimals in 256 bits and reports such
+//! a total as the view's error (`executor::operators::accumulator`).
+//! [`WideWindowSum`] does the same for `sum(x) OVER (…)`, in batch queries
+//! and in views alike (their OverWindow runs DataFusion's window functions;
+//! the cast back is a projection, whose failure the view reports).
 
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Column, Result};
+use datafusion::common::{Column, DFSchema, Result};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan, Projection, cast};
+use datafusion::logical_expr::{
+    Aggregate, Expr, ExprSchemable, LogicalPlan, Projection, Window, cast,
+};
 use datafusion::optimizer::AnalyzerRule;
 
-/// The analyzer rule (see the module's docs).
+/// The analyzer rule for aggregates (see the module's docs).
 #[derive(Debug, Default)]
 pub(super) struct WideDecimalSum;
 
@@ -37,6 +42,31 @@ impl AnalyzerRule for WideDecimalSum {
     }
 }
 
+/// The analyzer rule for window functions (see the module's docs).
+#[derive(Debug, Default)]
+pub(super) struct WideWindowSum;
+
+impl AnalyzerRule for WideWindowSum {
+    fn name(&self) -> &str {
+        "weir_wide_window_sum"
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        Ok(plan.transform_up_with_subqueries(widen_window)?.data)
+    }
+}
+
+/// The scale of `sum`'s one decimal argument, if `name` is `sum`.
+fn decimal_sum_scale(name: &str, args: &[Expr], schema: &DFSchema) -> Result<Option<i8>> {
+    if name != "sum" || args.len() != 1 {
+        return Ok(None);
+    }
+    Ok(match args[0].get_type(schema)? {
+        DataType::Decimal128(_, s) => Some(s),
+        _ => None,
+    })
+}
+
 fn widen(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     let LogicalPlan::Aggregate(agg) = &plan else {
         return Ok(Transformed::no(plan));
@@ -46,27 +76,20 @@ fn widen(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     let mut aggr_expr = Vec::with_capacity(agg.aggr_expr.len());
     for e in &agg.aggr_expr {
         let widened = match e {
-            Expr::AggregateFunction(f)
-                if f.func.name() == "sum"
-                    && f.params.args.len() == 1
-                    && matches!(
-                        f.params.args[0].get_type(input_schema.as_ref())?,
-                        DataType::Decimal128(..)
-                    ) =>
-            {
-                let DataType::Decimal128(_, s) =
-                    f.params.args[0].get_type(input_schema.as_ref())?
-                else {
-                    unreachable!("matched above")
-                };
-                let mut params = f.params.clone();
-                params.args = vec![cast(params.args[0].clone(), DataType::Decimal256(76, s))];
-                let wide = Expr::AggregateFunction(AggregateFunction {
-                    func: Arc::clone(&f.func),
-                    params,
-                });
-                changed = true;
-                wide.alias(e.schema_name().to_string())
+            Expr::AggregateFunction(f) => {
+                match decimal_sum_scale(f.func.name(), &f.params.args, input_schema)? {
+                    Some(s) => {
+                        let mut params = f.params.clone();
+                        params.args = vec![wide(&params.args[0], s)];
+                        changed = true;
+                        Expr::AggregateFunction(AggregateFunction {
+                            func: Arc::clone(&f.func),
+                            params,
+                        })
+                        .alias(e.schema_name().to_string())
+                    }
+                    None => e.clone(),
+                }
             }
             _ => e.clone(),
         };
@@ -76,10 +99,52 @@ fn widen(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         return Ok(Transformed::no(plan));
     }
     let wide = Aggregate::try_new(Arc::clone(&agg.input), agg.group_expr.clone(), aggr_expr)?;
-    let wide_schema = Arc::clone(&wide.schema);
-    // Each column as the query knew it: the totals cast back.
-    let columns = agg
-        .schema
+    let projection = cast_back(&agg.schema, LogicalPlan::Aggregate(wide))?;
+    Ok(Transformed::yes(projection))
+}
+
+fn widen_window(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+    let LogicalPlan::Window(window) = &plan else {
+        return Ok(Transformed::no(plan));
+    };
+    let input_schema = window.input.schema();
+    let mut changed = false;
+    let mut window_expr = Vec::with_capacity(window.window_expr.len());
+    for e in &window.window_expr {
+        let widened = match e {
+            Expr::WindowFunction(f) => {
+                match decimal_sum_scale(f.fun.name(), &f.params.args, input_schema)? {
+                    Some(s) => {
+                        let mut f = f.as_ref().clone();
+                        f.params.args = vec![wide(&f.params.args[0], s)];
+                        changed = true;
+                        Expr::WindowFunction(Box::new(f)).alias(e.schema_name().to_string())
+                    }
+                    None => e.clone(),
+                }
+            }
+            _ => e.clone(),
+        };
+        window_expr.push(widened);
+    }
+    if !changed {
+        return Ok(Transformed::no(plan));
+    }
+    let wide = Window::try_new(window_expr, Arc::clone(&window.input))?;
+    let projection = cast_back(&window.schema, LogicalPlan::Window(wide))?;
+    Ok(Transformed::yes(projection))
+}
+
+/// `x` as a 76-digit decimal of scale `s`.
+fn wide(x: &Expr, s: i8) -> Expr {
+    cast(x.clone(), DataType::Decimal256(76, s))
+}
+
+/// Each column of `wide` as the query knew it (`schema`): the totals cast
+/// back to their type, under their names.
+fn cast_back(schema: &DFSchema, wide: LogicalPlan) -> Result<LogicalPlan> {
+    let wide_schema = Arc::clone(wide.schema());
+    let columns = schema
         .iter()
         .zip(wide_schema.iter())
         .map(|((qualifier, field), (wq, wf))| {
@@ -92,6 +157,8 @@ fn widen(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
             e.alias_qualified(qualifier.cloned(), field.name())
         })
         .collect();
-    let projection = Projection::try_new(columns, Arc::new(LogicalPlan::Aggregate(wide)))?;
-    Ok(Transformed::yes(LogicalPlan::Projection(projection)))
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        columns,
+        Arc::new(wide),
+    )?))
 }

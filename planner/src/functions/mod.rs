@@ -68,6 +68,7 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(arithmetic::CheckedArithmetic),
         Arc::new(jsonb::JsonbInput),
         Arc::new(jsonb::JsonbOrder),
+        Arc::new(decimal_sum::WideWindowSum),
     ]
 }
 
