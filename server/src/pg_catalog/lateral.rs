@@ -64,6 +64,11 @@ fn rewrite_set_expr(body: &mut SetExpr, renames: &mut Renames) {
             while let Some(rename) = rewrite_one(select) {
                 renames.push(rename);
             }
+            if let Some(mut w) = sole_whole_row(select) {
+                let _ = select.visit(&mut w);
+                let no_rename = (w.alias.clone(), w.alias.clone());
+                renames.push((no_rename, Some(w)));
+            }
         }
         SetExpr::SetOperation { left, right, .. } => {
             rewrite_set_expr(left, &mut Vec::new());
@@ -376,6 +381,41 @@ fn single(name: &ObjectName) -> Option<&Ident> {
         [datafusion::sql::sqlparser::ast::ObjectNamePart::Identifier(i)] => Some(i),
         _ => None,
     }
+}
+
+/// `SELECT e FROM jsonb_array_elements('[…]') AS e`: the function alone
+/// in `FROM` (so no other item can have a column `e`), its one column
+/// `value` named by the alias as a whole row.
+fn sole_whole_row(select: &Select) -> Option<WholeRow> {
+    let [item] = select.from.as_slice() else {
+        return None;
+    };
+    if !item.joins.is_empty() {
+        return None;
+    }
+    let TableFactor::UNNEST {
+        alias: Some(alias),
+        array_exprs,
+        ..
+    } = &item.relation
+    else {
+        return None;
+    };
+    let one_value = matches!(array_exprs.first(), Some(Expr::Function(f))
+        if matches!(last_name(&f.name).as_deref(),
+            Some("weir_jsonb_array_elements" | "weir_jsonb_array_elements_text")));
+    // With `WITH ORDINALITY`, `e` is a row of two columns.
+    let [value] = alias.columns.as_slice() else {
+        return None;
+    };
+    let value = value.name.clone();
+    (one_value
+        && crate::stmt::ident(&value) == "value"
+        && crate::stmt::ident(&alias.name) != "value")
+        .then(|| WholeRow {
+            alias: alias.name.clone(),
+            to: [alias.name.clone(), value],
+        })
 }
 
 /// `e` alone, the row of a function of one column, is `t.value`.
