@@ -13,8 +13,12 @@
 //! `g.*` is just them. Several functions side by side nest, one level each,
 //! which is Postgres's cross product of them.
 //!
-//! Only a function after a single item, by a comma, `CROSS JOIN` or `JOIN …
-//! ON true`, is rewritten; anything else over columns stays `0A000`.
+//! `LEFT JOIN f(t.x) ON true` adds, by `UNION ALL`, the rows of `t` whose
+//! lists are all empty or NULL, once each with the function's columns NULL.
+//!
+//! Only a function after a single item, by a comma, `CROSS JOIN`, `JOIN …
+//! ON true` or `LEFT JOIN … ON true`, is rewritten; anything else over
+//! columns stays `0A000`.
 
 use std::ops::ControlFlow;
 
@@ -99,7 +103,26 @@ fn rewrite_one(select: &mut Select) -> Option<((Ident, Ident), Option<WholeRow>)
         .as_ref()
         .map(|w| format!(", NULL AS {w}"))
         .unwrap_or_default();
-    let sql = format!("SELECT {name}.*, {list}{guard} FROM {item}");
+    let mut sql = format!("SELECT {name}.*, {list}{guard} FROM {item}");
+    if let Position::Joined { outer: true } = position {
+        // The rows whose lists are all empty or NULL, once each, padded.
+        let lengths = rows
+            .arrays
+            .iter()
+            .map(|a| call("cardinality", vec![a.clone()]).to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let nulls = rows
+            .columns
+            .iter()
+            .map(|c| format!("NULL AS {c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        sql.push_str(&format!(
+            " UNION ALL SELECT {name}.*, {nulls}{guard} FROM {item} \
+             WHERE coalesce(greatest({lengths}), 0) = 0"
+        ));
+    }
     let subquery = parse(&sql, |p| p.parse_query())?;
     *item = TableFactor::Derived {
         lateral: false,
@@ -116,7 +139,7 @@ fn rewrite_one(select: &mut Select) -> Option<((Ident, Ident), Option<WholeRow>)
         Position::Listed => {
             select.from.remove(1);
         }
-        Position::Joined => {
+        Position::Joined { .. } => {
             select.from[0].joins.remove(0);
         }
     }
@@ -136,8 +159,10 @@ fn rewrite_one(select: &mut Select) -> Option<((Ident, Ident), Option<WholeRow>)
 enum Position {
     /// `FROM t, f(t.x)`.
     Listed,
-    /// `FROM t CROSS JOIN f(t.x)`, `FROM t JOIN f(t.x) ON true`.
-    Joined,
+    /// `FROM t CROSS JOIN f(t.x)`, `FROM t JOIN f(t.x) ON true`; with
+    /// `outer`, `FROM t LEFT JOIN f(t.x) ON true`: a row of `t` whose
+    /// function gives no rows goes out once, the function's columns NULL.
+    Joined { outer: bool },
 }
 
 /// The function over columns right after the first `FROM` item, if that
@@ -145,17 +170,24 @@ enum Position {
 fn find(select: &Select) -> Option<(Rows, Position)> {
     let first = select.from.first()?;
     if let Some(join) = first.joins.first() {
-        let plain = match &join.join_operator {
-            JoinOperator::CrossJoin(JoinConstraint::None) => true,
+        let on_true = |on: &Expr| matches!(on, Expr::Value(v) if v.value == Value::Boolean(true));
+        let outer = match &join.join_operator {
+            JoinOperator::CrossJoin(JoinConstraint::None) => false,
             JoinOperator::Join(JoinConstraint::On(on))
-            | JoinOperator::Inner(JoinConstraint::On(on)) => {
-                matches!(on, Expr::Value(v) if v.value == Value::Boolean(true))
+            | JoinOperator::Inner(JoinConstraint::On(on))
+                if on_true(on) =>
+            {
+                false
             }
-            _ => false,
+            JoinOperator::Left(JoinConstraint::On(on))
+            | JoinOperator::LeftOuter(JoinConstraint::On(on))
+                if on_true(on) =>
+            {
+                true
+            }
+            _ => return None,
         };
-        return rows_of(&join.relation)
-            .filter(|_| plain)
-            .map(|r| (r, Position::Joined));
+        return rows_of(&join.relation).map(|r| (r, Position::Joined { outer }));
     }
     let second: &TableWithJoins = select.from.get(1)?;
     rows_of(&second.relation).map(|r| (r, Position::Listed))
