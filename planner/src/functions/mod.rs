@@ -34,6 +34,7 @@ mod decimal_sum;
 mod input;
 mod intervals;
 pub mod jsonb;
+mod similar_to;
 mod to_char;
 
 use to_char::Template;
@@ -49,6 +50,7 @@ pub fn udfs() -> Vec<Arc<ScalarUDF>> {
     all.extend(input::udfs());
     all.extend(bytea::udfs());
     all.extend(jsonb::udfs());
+    all.extend(similar_to::udfs());
     all
 }
 
@@ -69,6 +71,7 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(jsonb::JsonbInput),
         Arc::new(jsonb::JsonbOrder),
         Arc::new(decimal_sum::WideWindowSum),
+        Arc::new(similar_to::SimilarTo),
     ]
 }
 
