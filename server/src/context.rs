@@ -194,6 +194,25 @@ pub fn new_context() -> SessionContext {
     for f in planner::functions::udfs() {
         ctx.register_udf(f.as_ref().clone());
     }
+    // Postgres's names for DataFusion's functions.
+    ctx.register_udf(
+        datafusion::functions::math::signum()
+            .as_ref()
+            .clone()
+            .with_aliases(["sign"]),
+    );
+    ctx.register_udaf(
+        datafusion::functions_aggregate::bool_and_or::bool_and_udaf()
+            .as_ref()
+            .clone()
+            .with_aliases(["every"]),
+    );
+    ctx.register_udaf(
+        datafusion::functions_aggregate::variance::var_samp_udaf()
+            .as_ref()
+            .clone()
+            .with_aliases(["variance"]),
+    );
     for rule in planner::functions::analyzer_rules() {
         ctx.add_analyzer_rule(rule);
     }

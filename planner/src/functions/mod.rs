@@ -34,6 +34,7 @@ mod decimal_sum;
 mod input;
 mod intervals;
 pub mod jsonb;
+mod rounding;
 mod similar_to;
 mod to_char;
 
@@ -51,6 +52,7 @@ pub fn udfs() -> Vec<Arc<ScalarUDF>> {
     all.extend(bytea::udfs());
     all.extend(jsonb::udfs());
     all.extend(similar_to::udfs());
+    all.extend(rounding::udfs());
     all
 }
 
@@ -72,6 +74,7 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(jsonb::JsonbOrder),
         Arc::new(decimal_sum::WideWindowSum),
         Arc::new(similar_to::SimilarTo),
+        Arc::new(rounding::PgRounding),
     ]
 }
 
