@@ -879,16 +879,8 @@ fn encode_rows(
                 };
                 Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some(values) = &floats[col] {
-                let v = values.value(row);
-                let text = if v.is_nan() {
-                    "NaN".to_string()
-                } else if v.is_infinite() {
-                    if v > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
-                } else if array.data_type() == &DataType::Float32 {
-                    (v as f32).to_string()
-                } else {
-                    v.to_string()
-                };
+                let single = array.data_type() == &DataType::Float32;
+                let text = float_text(values.value(row), single);
                 Encoder::encode_field(&mut encoder, &text, &fields[col])
             } else if let Some((micros, tz)) = &timestamps[col] {
                 let text = chrono::DateTime::from_timestamp_micros(micros.value(row))
@@ -1447,8 +1439,62 @@ pub async fn serve(
     }
 }
 
+/// A float as Postgres prints it: the shortest digits that read back the
+/// same, in exponent form (`1e+20`, `1.5e-07`) when the exponent is below
+/// -4 or at least the type's precision (15 digits for `float8`, 6 for
+/// `float4`), and `NaN`, `Infinity`, `-Infinity` spelled out.
+pub fn float_text(v: f64, single: bool) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let (scientific, fixed) = if single {
+        (format!("{:e}", v as f32), (v as f32).to_string())
+    } else {
+        (format!("{v:e}"), v.to_string())
+    };
+    let Some((mantissa, exponent)) = scientific.split_once('e') else {
+        return fixed;
+    };
+    let Ok(exponent) = exponent.parse::<i32>() else {
+        return fixed;
+    };
+    let precision = if single { 6 } else { 15 };
+    if v != 0.0 && (exponent < -4 || exponent >= precision) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exponent.abs())
+    } else {
+        fixed
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn floats_print_as_in_postgres() {
+        use super::float_text;
+        // PostgreSQL 15's output for the same values.
+        assert_eq!(float_text(1e20, false), "1e+20");
+        assert_eq!(float_text(1e15, false), "1e+15");
+        assert_eq!(float_text(1e14, false), "100000000000000");
+        assert_eq!(
+            float_text(1.2345678901234568e17, false),
+            "1.2345678901234568e+17"
+        );
+        assert_eq!(float_text(0.0001, false), "0.0001");
+        assert_eq!(float_text(0.00001, false), "1e-05");
+        assert_eq!(float_text(1.5e-7, false), "1.5e-07");
+        assert_eq!(float_text(1e100, false), "1e+100");
+        assert_eq!(float_text(-2.5e-10, true), "-2.5e-10");
+        assert_eq!(float_text(1234567.0, true), "1.234567e+06");
+        assert_eq!(float_text(123456.0, true), "123456");
+        assert_eq!(float_text(0.0, false), "0");
+        assert_eq!(float_text(-0.5, false), "-0.5");
+        assert_eq!(float_text(f64::NEG_INFINITY, false), "-Infinity");
+    }
+
     use super::*;
     use datafusion::arrow::array::{Int32Array, StringArray};
     use datafusion::arrow::datatypes::{Field, Schema};
