@@ -28,6 +28,7 @@ use datafusion::logical_expr::{
     Volatility,
 };
 
+mod age;
 mod arithmetic;
 mod bytea;
 mod decimal_sum;
@@ -53,6 +54,7 @@ pub fn udfs() -> Vec<Arc<ScalarUDF>> {
     all.extend(jsonb::udfs());
     all.extend(similar_to::udfs());
     all.extend(rounding::udfs());
+    all.extend(age::udfs());
     all
 }
 
