@@ -71,33 +71,24 @@ fn widen(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     let LogicalPlan::Aggregate(agg) = &plan else {
         return Ok(Transformed::no(plan));
     };
-    let input_schema = agg.input.schema();
-    let mut changed = false;
-    let mut aggr_expr = Vec::with_capacity(agg.aggr_expr.len());
-    for e in &agg.aggr_expr {
-        let widened = match e {
-            Expr::AggregateFunction(f) => {
-                match decimal_sum_scale(f.func.name(), &f.params.args, input_schema)? {
-                    Some(s) => {
-                        let mut params = f.params.clone();
-                        params.args = vec![wide(&params.args[0], s)];
-                        changed = true;
-                        Expr::AggregateFunction(AggregateFunction {
-                            func: Arc::clone(&f.func),
-                            params,
-                        })
-                        .alias(e.schema_name().to_string())
-                    }
-                    None => e.clone(),
-                }
-            }
-            _ => e.clone(),
+    let widened = widen_sums(&agg.aggr_expr, agg.input.schema(), |e, schema| {
+        let Expr::AggregateFunction(f) = e else {
+            return Ok(None);
         };
-        aggr_expr.push(widened);
-    }
-    if !changed {
+        Ok(
+            decimal_sum_scale(f.func.name(), &f.params.args, schema)?.map(|s| {
+                let mut params = f.params.clone();
+                params.args = vec![wide(&params.args[0], s)];
+                Expr::AggregateFunction(AggregateFunction {
+                    func: Arc::clone(&f.func),
+                    params,
+                })
+            }),
+        )
+    })?;
+    let Some(aggr_expr) = widened else {
         return Ok(Transformed::no(plan));
-    }
+    };
     let wide = Aggregate::try_new(Arc::clone(&agg.input), agg.group_expr.clone(), aggr_expr)?;
     let projection = cast_back(&agg.schema, LogicalPlan::Aggregate(wide))?;
     Ok(Transformed::yes(projection))
@@ -107,32 +98,47 @@ fn widen_window(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     let LogicalPlan::Window(window) = &plan else {
         return Ok(Transformed::no(plan));
     };
-    let input_schema = window.input.schema();
-    let mut changed = false;
-    let mut window_expr = Vec::with_capacity(window.window_expr.len());
-    for e in &window.window_expr {
-        let widened = match e {
-            Expr::WindowFunction(f) => {
-                match decimal_sum_scale(f.fun.name(), &f.params.args, input_schema)? {
-                    Some(s) => {
-                        let mut f = f.as_ref().clone();
-                        f.params.args = vec![wide(&f.params.args[0], s)];
-                        changed = true;
-                        Expr::WindowFunction(Box::new(f)).alias(e.schema_name().to_string())
-                    }
-                    None => e.clone(),
-                }
-            }
-            _ => e.clone(),
+    let widened = widen_sums(&window.window_expr, window.input.schema(), |e, schema| {
+        let Expr::WindowFunction(f) = e else {
+            return Ok(None);
         };
-        window_expr.push(widened);
-    }
-    if !changed {
+        Ok(
+            decimal_sum_scale(f.fun.name(), &f.params.args, schema)?.map(|s| {
+                let mut f = f.as_ref().clone();
+                f.params.args = vec![wide(&f.params.args[0], s)];
+                Expr::WindowFunction(Box::new(f))
+            }),
+        )
+    })?;
+    let Some(window_expr) = widened else {
         return Ok(Transformed::no(plan));
-    }
+    };
     let wide = Window::try_new(window_expr, Arc::clone(&window.input))?;
     let projection = cast_back(&window.schema, LogicalPlan::Window(wide))?;
     Ok(Transformed::yes(projection))
+}
+
+/// `exprs` with each one `widen` gives a wide form of replaced by it,
+/// under the name it had; `None` if there was none.
+fn widen_sums(
+    exprs: &[Expr],
+    schema: &DFSchema,
+    widen: impl Fn(&Expr, &DFSchema) -> Result<Option<Expr>>,
+) -> Result<Option<Vec<Expr>>> {
+    let mut changed = false;
+    let out = exprs
+        .iter()
+        .map(|e| {
+            Ok(match widen(e, schema)? {
+                Some(w) => {
+                    changed = true;
+                    w.alias(e.schema_name().to_string())
+                }
+                None => e.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(changed.then_some(out))
 }
 
 /// `x` as a 76-digit decimal of scale `s`.

@@ -74,24 +74,26 @@ fn whole(x: Expr, t: &DataType) -> Option<Expr> {
 
 fn rewrite(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     let type_of = |x: &Expr| x.get_type(schema as &dyn ExprSchema);
+    // The input of a cast to an integer, rounded.
+    let rounded = |expr: &Expr| type_of(expr).ok().and_then(|t| whole(expr.clone(), &t));
     match e {
         Expr::Cast(Cast { expr, field }) if field.data_type().is_integer() => {
-            match type_of(&expr).ok().and_then(|t| whole((*expr).clone(), &t)) {
-                Some(w) => Ok(Transformed::yes(Expr::Cast(Cast {
+            Ok(match rounded(&expr) {
+                Some(w) => Transformed::yes(Expr::Cast(Cast {
                     expr: Box::new(w),
                     field,
-                }))),
-                None => Ok(Transformed::no(Expr::Cast(Cast { expr, field }))),
-            }
+                })),
+                None => Transformed::no(Expr::Cast(Cast { expr, field })),
+            })
         }
         Expr::TryCast(TryCast { expr, field }) if field.data_type().is_integer() => {
-            match type_of(&expr).ok().and_then(|t| whole((*expr).clone(), &t)) {
-                Some(w) => Ok(Transformed::yes(Expr::TryCast(TryCast {
+            Ok(match rounded(&expr) {
+                Some(w) => Transformed::yes(Expr::TryCast(TryCast {
                     expr: Box::new(w),
                     field,
-                }))),
-                None => Ok(Transformed::no(Expr::TryCast(TryCast { expr, field }))),
-            }
+                })),
+                None => Transformed::no(Expr::TryCast(TryCast { expr, field })),
+            })
         }
         // `round(float8)` with no places is `rint`.
         Expr::ScalarFunction(f)

@@ -52,7 +52,9 @@ pub(super) fn rewrite(query: &mut Query) {
     // `ORDER BY g.g` of a query whose body is the select.
     if top {
         for (rename, whole_row) in renames {
-            let _ = query.order_by.visit(&mut Renamer(&[rename]));
+            if let Some(rename) = rename {
+                let _ = query.order_by.visit(&mut Renamer(&[rename]));
+            }
             if let Some(mut w) = whole_row {
                 let _ = query.order_by.visit(&mut w);
             }
@@ -60,18 +62,18 @@ pub(super) fn rewrite(query: &mut Query) {
     }
 }
 
-type Renames = Vec<((Ident, Ident), Option<WholeRow>)>;
+/// Per rewrite: the qualifier renamed (if any), the whole-row reference.
+type Renames = Vec<(Option<(Ident, Ident)>, Option<WholeRow>)>;
 
 fn rewrite_set_expr(body: &mut SetExpr, renames: &mut Renames) {
     match body {
         SetExpr::Select(select) => {
             while let Some(rename) = rewrite_one(select) {
-                renames.push(rename);
+                renames.push((Some(rename.0), rename.1));
             }
             if let Some(mut w) = sole_whole_row(select) {
                 let _ = select.visit(&mut w);
-                let no_rename = (w.alias.clone(), w.alias.clone());
-                renames.push((no_rename, Some(w)));
+                renames.push((None, Some(w)));
             }
         }
         SetExpr::SetOperation { left, right, .. } => {

@@ -668,6 +668,17 @@ fn step_arg(a: &ArrayRef, i: usize) -> Result<Option<Step>> {
 }
 
 /// A `text[]` argument: an array, or the text of one (`'{a,b}'`).
+/// An optional boolean argument at row `i` (`jsonb_set`'s
+/// `create_if_missing`, `jsonb_insert`'s `insert_after`): `default` when
+/// it is not given, `None` when it is NULL (the call is NULL).
+fn flag_arg(a: Option<&ArrayRef>, i: usize, default: bool) -> Result<Option<bool>> {
+    match a {
+        Some(c) if null_at(c, i) => Ok(None),
+        Some(c) => Ok(Some(text_of(c, i)? == "true")),
+        None => Ok(Some(default)),
+    }
+}
+
 fn texts_arg(a: &ArrayRef, i: usize) -> Result<Option<Vec<String>>> {
     if null_at(a, i) {
         return Ok(None);
@@ -933,10 +944,8 @@ fn row(f: F, a: &[ArrayRef], i: usize) -> Result<Out> {
                 return Ok(Out::Null);
             };
             let new = json!(2);
-            let create = match a.get(3) {
-                Some(c) if null_at(c, i) => return Ok(Out::Null),
-                Some(c) => text_of(c, i)? == "true",
-                None => true,
+            let Some(create) = flag_arg(a.get(3), i, true)? else {
+                return Ok(Out::Null);
             };
             Out::Json(set(j, &path, new, create)?)
         }
@@ -946,10 +955,8 @@ fn row(f: F, a: &[ArrayRef], i: usize) -> Result<Out> {
                 return Ok(Out::Null);
             };
             let new = json!(2);
-            let after = match a.get(3) {
-                Some(c) if null_at(c, i) => return Ok(Out::Null),
-                Some(c) => text_of(c, i)? == "true",
-                None => false,
+            let Some(after) = flag_arg(a.get(3), i, false)? else {
+                return Ok(Out::Null);
             };
             Out::Json(insert(j, &path, new, after)?)
         }
