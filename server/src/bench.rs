@@ -147,7 +147,7 @@ async fn run_nexmark(
     // every 50 events, 1 is a person, 3 auctions, 46 bids).
     let depends = db
         .catalog
-        .by_name(&args.query)
+        .by_name(&crate::stmt::QualifiedName::public(&args.query))
         .map(|e| e.depends_on().to_vec())
         .unwrap_or_default();
     let share: u64 = depends

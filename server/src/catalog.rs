@@ -11,6 +11,7 @@ use storage::meta::MetaStore;
 use storage::table::{ROW_ID_COLUMN, TableDesc};
 
 use crate::error::{Result, ServerError};
+use crate::stmt::{DEFAULT_SCHEMA, QualifiedName};
 use crate::types;
 
 /// A table column.
@@ -51,6 +52,11 @@ pub struct Ingest {
     pub parallelism: usize,
 }
 
+/// Entries written before schemas existed are all in `public`.
+fn default_schema() -> String {
+    DEFAULT_SCHEMA.to_string()
+}
+
 /// One catalog object.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -58,6 +64,9 @@ pub enum Entry {
     Table {
         id: u64,
         name: String,
+        /// The schema it is in.
+        #[serde(default = "default_schema")]
+        schema: String,
         columns: Vec<Column>,
         primary_key: Vec<String>,
         /// Created by `CREATE STREAM`.
@@ -79,6 +88,9 @@ pub enum Entry {
     View {
         id: u64,
         name: String,
+        /// The schema it is in.
+        #[serde(default = "default_schema")]
+        schema: String,
         sql: String,
         depends_on: Vec<u64>,
     },
@@ -87,6 +99,9 @@ pub enum Entry {
     Source {
         id: u64,
         name: String,
+        /// The schema it is in.
+        #[serde(default = "default_schema")]
+        schema: String,
         columns: Vec<Column>,
         #[serde(default)]
         watermark: Option<WatermarkDef>,
@@ -95,6 +110,9 @@ pub enum Entry {
     MaterializedView {
         id: u64,
         name: String,
+        /// The schema it is in.
+        #[serde(default = "default_schema")]
+        schema: String,
         sql: String,
         parallelism: usize,
         chaining: bool,
@@ -117,6 +135,9 @@ pub enum Entry {
     Sink {
         id: u64,
         name: String,
+        /// The schema it is in.
+        #[serde(default = "default_schema")]
+        schema: String,
         sql: String,
         connector: planner::spec::ConnectorSpec,
         /// `primary_key`: the columns that identify a row downstream.
@@ -143,6 +164,7 @@ impl Entry {
         }
     }
 
+    /// Its name in its schema.
     pub fn name(&self) -> &str {
         match self {
             Entry::Table { name, .. }
@@ -150,6 +172,24 @@ impl Entry {
             | Entry::Source { name, .. }
             | Entry::MaterializedView { name, .. }
             | Entry::Sink { name, .. } => name,
+        }
+    }
+
+    pub fn schema(&self) -> &str {
+        match self {
+            Entry::Table { schema, .. }
+            | Entry::View { schema, .. }
+            | Entry::Source { schema, .. }
+            | Entry::MaterializedView { schema, .. }
+            | Entry::Sink { schema, .. } => schema,
+        }
+    }
+
+    /// Its schema and name.
+    pub fn qualified(&self) -> QualifiedName {
+        QualifiedName {
+            schema: self.schema().to_string(),
+            name: self.name().to_string(),
         }
     }
 
@@ -256,6 +296,16 @@ pub fn user_schema(desc: &TableDesc) -> SchemaRef {
 pub struct Catalog {
     meta: Arc<MetaStore>,
     entries: RwLock<BTreeMap<u64, Entry>>,
+    /// The schemas users created, by name.
+    schemas: RwLock<BTreeMap<String, SchemaEntry>>,
+}
+
+/// A schema that a user created (`public` and the system's are not).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SchemaEntry {
+    /// From the catalog's id counter, so that its oid is unique among
+    /// relations' (see `pg_catalog`).
+    pub id: u64,
 }
 
 fn poisoned() -> ServerError {
@@ -276,9 +326,21 @@ impl Catalog {
                 Err(e) => unreadable.push((id, format!("catalog entry {id} is unreadable: {e}"))),
             }
         }
+        let mut schemas = BTreeMap::new();
+        for (name, bytes) in meta.load_schemas()? {
+            // Objects in a schema whose record is unreadable can still be
+            // named and dropped; only the schema is missing.
+            match serde_json::from_slice::<SchemaEntry>(&bytes) {
+                Ok(entry) => {
+                    schemas.insert(name, entry);
+                }
+                Err(error) => tracing::error!(schema = %name, %error, "schema is unreadable"),
+            }
+        }
         let catalog = Self {
             meta,
             entries: RwLock::new(entries),
+            schemas: RwLock::new(schemas),
         };
         Ok((catalog, unreadable))
     }
@@ -299,13 +361,48 @@ impl Catalog {
         self.entries.read().ok()?.get(&id).cloned()
     }
 
-    pub fn by_name(&self, name: &str) -> Option<Entry> {
+    pub fn by_name(&self, name: &QualifiedName) -> Option<Entry> {
         self.entries
             .read()
             .ok()?
             .values()
-            .find(|e| e.name() == name)
+            .find(|e| e.name() == name.name && e.schema() == name.schema)
             .cloned()
+    }
+
+    /// The schemas users created, by name, with `public` (id 0).
+    pub fn schemas(&self) -> Vec<(String, u64)> {
+        let mut out = vec![(DEFAULT_SCHEMA.to_string(), 0)];
+        if let Ok(schemas) = self.schemas.read() {
+            out.extend(schemas.iter().map(|(n, s)| (n.clone(), s.id)));
+        }
+        out
+    }
+
+    /// Whether objects can be created in the schema `name`.
+    pub fn has_schema(&self, name: &str) -> bool {
+        name == DEFAULT_SCHEMA || self.schemas.read().is_ok_and(|s| s.contains_key(name))
+    }
+
+    /// Adds a schema durably.
+    pub fn add_schema(&self, name: &str) -> Result<()> {
+        let entry = SchemaEntry {
+            id: self.allocate_id()?,
+        };
+        let bytes = serde_json::to_vec(&entry).map_err(|e| ServerError::Internal(e.to_string()))?;
+        self.meta.put_schema(name, Some(bytes))?;
+        self.schemas
+            .write()
+            .map_err(|_| poisoned())?
+            .insert(name.to_string(), entry);
+        Ok(())
+    }
+
+    /// Removes a schema durably (its objects must be gone already).
+    pub fn remove_schema(&self, name: &str) -> Result<()> {
+        self.meta.put_schema(name, None)?;
+        self.schemas.write().map_err(|_| poisoned())?.remove(name);
+        Ok(())
     }
 
     /// Adds an entry durably.

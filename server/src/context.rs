@@ -30,7 +30,7 @@ use planner::source::StreamSourceTable;
 use crate::catalog::{Entry, table_desc, user_schema};
 use crate::engine::Database;
 use crate::error::{Result, ServerError};
-use crate::stmt::{self, Stmt};
+use crate::stmt::{self, QualifiedName, Stmt};
 
 /// How the catalog appears to a statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,7 @@ pub(crate) async fn view_schema(db: &Arc<Database>, id: u64, sql: &str) -> Resul
 /// A fresh DataFusion context.
 pub fn new_context() -> SessionContext {
     let mut config = SessionConfig::new()
-        .with_default_catalog_and_schema("weir", "public")
+        .with_default_catalog_and_schema("weir", stmt::DEFAULT_SCHEMA)
         .with_create_default_catalog_and_schema(true)
         .with_target_partitions(2)
         .with_information_schema(false);
@@ -243,13 +243,14 @@ pub async fn plan_statement(ctx: &SessionContext, s: Statement) -> Result<Logica
         .await?)
 }
 
-/// The catalog as a DataFusion schema: providers are made on demand, for
-/// the names a statement actually uses.
+/// One schema of the catalog as a DataFusion schema: providers are made
+/// on demand, for the names a statement actually uses.
 #[derive(Debug)]
 struct CatalogSchema {
     db: Arc<Database>,
     mode: Mode,
     scope: Scope,
+    schema: String,
 }
 
 /// Which catalog objects a query's names may resolve to.
@@ -277,7 +278,7 @@ impl Scope {
     }
 
     /// The entry `name` names in this scope.
-    pub fn lookup(self, db: &Database, name: &str) -> Option<Entry> {
+    pub fn lookup(self, db: &Database, name: &QualifiedName) -> Option<Entry> {
         db.catalog
             .by_name(name)
             .filter(|e| self.before.is_none_or(|b| e.id() < b))
@@ -357,6 +358,7 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
         columns,
         watermark,
         connector,
+        ..
     } = entry
     else {
         return Err(ServerError::Internal(format!(
@@ -470,6 +472,13 @@ fn column_defaults(
 }
 
 impl CatalogSchema {
+    fn qualify(&self, name: &str) -> QualifiedName {
+        QualifiedName {
+            schema: self.schema.clone(),
+            name: name.to_string(),
+        }
+    }
+
     async fn provider(&self, entry: Entry) -> Result<Arc<dyn TableProvider>> {
         let db = &self.db;
         Ok(match &entry {
@@ -509,7 +518,7 @@ impl SchemaProvider for CatalogSchema {
             .catalog
             .all()
             .iter()
-            .filter(|e| !matches!(e, Entry::Sink { .. }))
+            .filter(|e| !matches!(e, Entry::Sink { .. }) && e.schema() == self.schema)
             .map(|e| e.name().to_string())
             .collect()
     }
@@ -518,7 +527,9 @@ impl SchemaProvider for CatalogSchema {
         // `t FOR SYSTEM_TIME AS OF PROCTIME()`: the table, read at its
         // current version by a temporal join.
         if let Some(table) = name.strip_suffix(stmt::CURRENT_VERSION) {
-            let Some(entry @ Entry::Table { .. }) = self.scope.lookup(&self.db, table) else {
+            let Some(entry @ Entry::Table { .. }) =
+                self.scope.lookup(&self.db, &self.qualify(table))
+            else {
                 return Ok(None);
             };
             let provider = table_provider(&self.db, &entry, self.mode)
@@ -532,7 +543,7 @@ impl SchemaProvider for CatalogSchema {
                 None => provider,
             }));
         }
-        let Some(entry) = self.scope.lookup(&self.db, name) else {
+        let Some(entry) = self.scope.lookup(&self.db, &self.qualify(name)) else {
             return Ok(None);
         };
         self.provider(entry)
@@ -542,7 +553,7 @@ impl SchemaProvider for CatalogSchema {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.scope.lookup(&self.db, name).is_some()
+        self.scope.lookup(&self.db, &self.qualify(name)).is_some()
     }
 }
 
@@ -565,15 +576,18 @@ fn context_in(db: &Arc<Database>, mode: Mode, scope: Scope) -> SessionContext {
         }
     }
     if let Some(catalog) = ctx.catalog("weir") {
-        // Replaces the empty default schema.
-        let _ = catalog.register_schema(
-            "public",
-            Arc::new(CatalogSchema {
-                db: db.clone(),
-                mode,
-                scope,
-            }),
-        );
+        // `public` replaces the empty default schema.
+        for (schema, _) in db.catalog.schemas() {
+            let _ = catalog.register_schema(
+                &schema.clone(),
+                Arc::new(CatalogSchema {
+                    db: db.clone(),
+                    mode,
+                    scope,
+                    schema,
+                }),
+            );
+        }
         let _ = catalog.register_schema(
             crate::system::SCHEMA,
             Arc::new(crate::system::SystemSchema { db: db.clone() }),

@@ -19,7 +19,7 @@ use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::roles::{self, Role, Secret};
 use crate::session::Session;
-use crate::stmt::{Stmt, ident};
+use crate::stmt::{QualifiedName, Stmt, ident};
 
 /// The role the session runs as; `None` if it was dropped meanwhile.
 fn current(db: &Database, session: &Session) -> Option<Role> {
@@ -115,24 +115,19 @@ fn reads(db: &Database, role: &Role, statement: &Statement) -> Result<()> {
 /// catalog `role` must hold `SELECT` on, or no relation at all (a `WITH`
 /// query's name, a table function), which the planner answers for.
 fn may_read_name(db: &Database, role: &Role, name: &ObjectName) -> Result<()> {
-    let parts: Vec<String> = name
-        .0
-        .iter()
-        .filter_map(|p| p.as_ident().map(ident))
-        .collect();
-    match parts.as_slice() {
-        [.., schema, _] if schema == "pg_catalog" || schema == "information_schema" => Ok(()),
-        [.., relation] => may_read(db, role, relation),
-        [] => Ok(()),
+    match crate::stmt::object_name(name) {
+        Ok(name) if name.schema == "pg_catalog" || name.schema == "information_schema" => Ok(()),
+        Ok(name) => may_read(db, role, &name),
+        Err(_) => Ok(()),
     }
 }
 
-fn may_read(db: &Database, role: &Role, relation: &str) -> Result<()> {
+fn may_read(db: &Database, role: &Role, relation: &QualifiedName) -> Result<()> {
     match db.catalog.by_name(relation) {
         Some(entry) if !role.select.contains(&entry.id()) => Err(denied(format_args!(
             "for {} {}",
             entry.kind(),
-            entry.name()
+            entry.qualified()
         ))),
         _ => Ok(()),
     }
@@ -315,18 +310,19 @@ pub fn grant(
             .map(|n| relation_id(db, n))
             .collect::<Result<_>>()?,
         Some(GrantObjects::AllTablesInSchema { schemas }) => {
-            for s in schemas {
-                let schema = crate::stmt::object_name(s)?;
-                if schema != "public" {
-                    return Err(ServerError::InvalidSchemaName(format!(
-                        "schema \"{schema}\" does not exist"
-                    )));
-                }
+            let schemas = schemas
+                .iter()
+                .map(crate::stmt::simple_name)
+                .collect::<Result<Vec<_>>>()?;
+            if let Some(missing) = schemas.iter().find(|s| !db.catalog.has_schema(s)) {
+                return Err(ServerError::InvalidSchemaName(format!(
+                    "schema \"{missing}\" does not exist"
+                )));
             }
             db.catalog
                 .all()
                 .iter()
-                .filter(|e| is_relation(e))
+                .filter(|e| is_relation(e) && schemas.iter().any(|s| s == e.schema()))
                 .map(Entry::id)
                 .collect()
         }

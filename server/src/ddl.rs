@@ -3,7 +3,7 @@
 //! chained into a JobGraph and handed to the JobManager, and `CREATE`
 //! returns once the job has backfilled what the tables held.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -26,11 +26,31 @@ use crate::context::{Mode, context, new_context, plan_query};
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::session::Session;
-use crate::stmt::{self, TableOptions, WatermarkClause, apply_pg_names, ident, object_name};
+use crate::stmt::{
+    self, QualifiedName, TableOptions, WatermarkClause, apply_pg_names, ident, object_name,
+};
 use crate::types;
 
-pub(crate) fn already_exists(name: &str) -> ServerError {
+pub(crate) fn already_exists(name: &impl std::fmt::Display) -> ServerError {
     ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
+}
+
+/// Checks that an object can be created as `name`: its schema exists and
+/// is not one of the system's.
+pub(crate) fn check_new_name(db: &Database, name: &QualifiedName) -> Result<()> {
+    if db.catalog.has_schema(&name.schema) {
+        Ok(())
+    } else if crate::pg_catalog::is_system_schema(&name.schema) {
+        Err(ServerError::InsufficientPrivilege(format!(
+            "permission denied to create \"{}.{}\": schema {} is the system's",
+            name.schema, name.name, name.schema
+        )))
+    } else {
+        Err(ServerError::InvalidSchemaName(format!(
+            "schema \"{}\" does not exist",
+            name.schema
+        )))
+    }
 }
 
 /// `CREATE TABLE` and `CREATE STREAM`.
@@ -55,6 +75,7 @@ pub async fn create_table(
     if ct.external || ct.temporary {
         return Err(ServerError::unsupported("EXTERNAL and TEMPORARY tables"));
     }
+    check_new_name(db, &name)?;
     if db.catalog.by_name(&name).is_some() {
         if ct.if_not_exists {
             return Ok(QueryResult::command(tag));
@@ -168,12 +189,18 @@ pub async fn create_table(
         return create_source(db, name, columns, watermark, connector).await;
     }
     if let Some(connector) = options.connector {
-        crate::ingest::check(&name, &connector, &primary_key, options.append_only)?;
+        crate::ingest::check(
+            &name.to_string(),
+            &connector,
+            &primary_key,
+            options.append_only,
+        )?;
         return create_connector_table(
             db,
             Entry::Table {
                 id: 0,
-                name,
+                name: name.name,
+                schema: name.schema,
                 columns,
                 primary_key,
                 stream: options.stream,
@@ -196,13 +223,19 @@ pub async fn create_table(
                     "late_rows needs a watermark on an append-only table or stream (\"{name}\")"
                 )));
             }
+            // In the table's schema.
+            let late = QualifiedName {
+                schema: name.schema.clone(),
+                name: late,
+            };
             if db.catalog.by_name(&late).is_some() {
                 return Err(already_exists(&late));
             }
             // The late rows' stream: the same columns, no watermark.
             let entry = Entry::Table {
                 id: db.catalog.allocate_id()?,
-                name: late,
+                name: late.name,
+                schema: late.schema,
                 columns: columns.clone(),
                 primary_key: vec![],
                 stream: true,
@@ -217,7 +250,8 @@ pub async fn create_table(
     };
     let entry = Entry::Table {
         id: db.catalog.allocate_id()?,
-        name,
+        name: name.name,
+        schema: name.schema,
         columns,
         primary_key,
         stream: options.stream,
@@ -247,9 +281,9 @@ async fn create_connector_table(
     mut entry: Entry,
     tag: &str,
 ) -> Result<QueryResult> {
+    let owner = entry.qualified();
     let Entry::Table {
         id,
-        name,
         columns,
         ingest: Some(ingest),
         ..
@@ -261,7 +295,7 @@ async fn create_connector_table(
     executor::connectors::source(&ingest.connector, &crate::catalog::source_schema(columns)?)?
         .splits()
         .await?;
-    let dead_letters = crate::dead_letters::resolve(db, name, &mut ingest.connector)?;
+    let dead_letters = crate::dead_letters::resolve(db, &owner, &mut ingest.connector)?;
     *id = db.catalog.allocate_id()?;
     let desc = table_desc(&entry)?;
     db.catalog.add(entry.clone())?;
@@ -280,7 +314,7 @@ async fn create_connector_table(
 /// against what it can read before anything is written.
 async fn create_source(
     db: &Arc<Database>,
-    name: String,
+    name: QualifiedName,
     columns: Vec<Column>,
     watermark: Option<WatermarkDef>,
     mut connector: planner::spec::ConnectorSpec,
@@ -306,7 +340,8 @@ async fn create_source(
     let dead_letters = crate::dead_letters::resolve(db, &name, &mut connector)?;
     let entry = Entry::Source {
         id: db.catalog.allocate_id()?,
-        name,
+        name: name.name,
+        schema: name.schema,
         columns,
         watermark,
         connector,
@@ -488,9 +523,17 @@ pub(crate) fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
     let _ = s.visit(&mut windows);
     let (refs, _) =
         datafusion::sql::resolve::resolve_table_references(&DfStatement::Statement(s), true)?;
-    let mut names: Vec<String> = refs
+    let mut names: Vec<QualifiedName> = refs
         .iter()
-        .map(|r| r.table().to_string())
+        .map(|r| QualifiedName {
+            schema: r.schema().unwrap_or(stmt::DEFAULT_SCHEMA).to_string(),
+            // A temporal join reads the table itself.
+            name: r
+                .table()
+                .strip_suffix(stmt::CURRENT_VERSION)
+                .unwrap_or(r.table())
+                .to_string(),
+        })
         .filter(|n| !windows.functions.contains(n) || windows.relations.contains(n))
         .collect();
     names.extend(windows.tables);
@@ -507,9 +550,9 @@ pub(crate) fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
 /// called, and the names used as plain relations.
 #[derive(Default)]
 struct WindowTables {
-    tables: Vec<String>,
-    functions: BTreeSet<String>,
-    relations: BTreeSet<String>,
+    tables: Vec<QualifiedName>,
+    functions: BTreeSet<QualifiedName>,
+    relations: BTreeSet<QualifiedName>,
 }
 
 impl Visitor for WindowTables {
@@ -523,14 +566,18 @@ impl Visitor for WindowTables {
                 ..
             } => {
                 if let Ok(n) = object_name(name)
-                    && crate::windows::FUNCTIONS.contains(&n.as_str())
+                    && crate::windows::FUNCTIONS.contains(&n.name.as_str())
                 {
-                    if let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Identifier(
-                        table,
-                    )))) = args.args.first()
-                    {
-                        self.tables.push(ident(table));
-                    }
+                    let table = match args.args.first() {
+                        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Identifier(
+                            table,
+                        )))) => Some(QualifiedName::public(ident(table))),
+                        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(
+                            SqlExpr::CompoundIdentifier(parts),
+                        ))) => object_name(&ObjectName::from(parts.clone())).ok(),
+                        _ => None,
+                    };
+                    self.tables.extend(table);
                     self.functions.insert(n);
                 }
             }
@@ -729,6 +776,7 @@ pub async fn create_view(
     if cv.or_replace || cv.or_alter {
         return Err(ServerError::unsupported("CREATE OR REPLACE VIEW"));
     }
+    check_new_name(db, &name)?;
     if db.catalog.by_name(&name).is_some() {
         if cv.if_not_exists {
             return Ok(QueryResult::command(tag));
@@ -753,7 +801,8 @@ pub async fn create_view(
         }
         db.catalog.add(Entry::View {
             id,
-            name,
+            name: name.name,
+            schema: name.schema,
             sql,
             depends_on,
         })?;
@@ -766,7 +815,8 @@ pub async fn create_view(
     let graph = job_graph(db, &sql, id, &options).await?;
     let entry = Entry::MaterializedView {
         id,
-        name,
+        name: name.name,
+        schema: name.schema,
         sql,
         parallelism: options.parallelism,
         chaining: options.chaining,
@@ -810,7 +860,7 @@ pub(crate) async fn start_job(db: &Arc<Database>, entry: Entry, graph: JobGraph)
 /// resumes, each new subtask restoring the key groups it now owns.
 pub async fn set_parallelism(
     db: &Arc<Database>,
-    view: &str,
+    view: &QualifiedName,
     parallelism: u64,
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
@@ -888,44 +938,108 @@ fn kind_of(t: &ObjectType) -> Result<&'static str> {
     })
 }
 
-/// `CREATE SCHEMA [IF NOT EXISTS] name`: Weir keeps every object in
-/// `public`, so only the schemas there are can be named, with `IF NOT
-/// EXISTS` (as migration tools and dbt send it) or for `42P06`.
-pub fn create_schema(
+/// `CREATE SCHEMA [IF NOT EXISTS] name`.
+pub async fn create_schema(
+    db: &Arc<Database>,
     name: &datafusion::sql::sqlparser::ast::SchemaName,
     if_not_exists: bool,
 ) -> Result<QueryResult> {
     use datafusion::sql::sqlparser::ast::SchemaName;
+    let _ddl = db.ddl_lock.lock().await;
     let SchemaName::Simple(name) = name else {
         return Err(ServerError::unsupported("CREATE SCHEMA … AUTHORIZATION"));
     };
-    let name = object_name(name)?;
-    if !crate::pg_catalog::schema_exists(&name) {
-        return Err(ServerError::unsupported(format!(
-            "CREATE SCHEMA other than public ({name}; every object is in public)"
-        )));
-    }
-    if !if_not_exists {
+    let name = stmt::simple_name(name)?;
+    if db.catalog.has_schema(&name) || crate::pg_catalog::is_system_schema(&name) {
+        if if_not_exists {
+            return Ok(QueryResult::command("CREATE SCHEMA"));
+        }
         return Err(ServerError::DuplicateSchema(format!(
             "schema \"{name}\" already exists"
         )));
     }
+    if name.starts_with("pg_") {
+        return Err(ServerError::ReservedName(format!(
+            "unacceptable schema name \"{name}\": the prefix \"pg_\" is reserved for system \
+             schemas"
+        )));
+    }
+    db.catalog.add_schema(&name)?;
     Ok(QueryResult::command("CREATE SCHEMA"))
 }
 
-/// `DROP SCHEMA [IF EXISTS] name, …`: only a schema that does not exist
-/// can be named, with `IF EXISTS`; the schemas there are stay.
-pub fn drop_schema(if_exists: bool, names: &[ObjectName]) -> Result<QueryResult> {
+/// `DROP SCHEMA [IF EXISTS] name, … [CASCADE | RESTRICT]`: with `CASCADE`
+/// the schemas' objects go too, and every object elsewhere that depends
+/// on them.
+pub async fn drop_schema(
+    db: &Arc<Database>,
+    if_exists: bool,
+    names: &[ObjectName],
+    cascade: bool,
+) -> Result<QueryResult> {
+    let _ddl = db.ddl_lock.lock().await;
+    let names = names
+        .iter()
+        .map(stmt::simple_name)
+        .collect::<Result<Vec<_>>>()?;
+    // Check everything before dropping anything.
+    let mut schemas = Vec::new();
     for name in names {
-        let name = object_name(name)?;
-        if crate::pg_catalog::schema_exists(&name) {
-            return Err(ServerError::unsupported(format!("DROP SCHEMA {name}")));
+        if name == stmt::DEFAULT_SCHEMA {
+            return Err(ServerError::unsupported(format!(
+                "DROP SCHEMA {name} (unqualified names are always in {name})"
+            )));
         }
-        if !if_exists {
+        if crate::pg_catalog::is_system_schema(&name) {
+            return Err(ServerError::DependentObjects(format!(
+                "cannot drop schema {name} because it is required by the database system"
+            )));
+        }
+        if !db.catalog.has_schema(&name) {
+            if if_exists {
+                continue;
+            }
             return Err(ServerError::InvalidSchemaName(format!(
                 "schema \"{name}\" does not exist"
             )));
         }
+        schemas.push(name);
+    }
+    let all = db.catalog.all();
+    let members: Vec<&Entry> = all
+        .iter()
+        .filter(|e| schemas.iter().any(|s| s == e.schema()))
+        .collect();
+    if let Some(first) = members.first()
+        && !cascade
+    {
+        let list: Vec<String> = members
+            .iter()
+            .map(|e| format!("{} {}", e.kind(), e.qualified()))
+            .collect();
+        return Err(ServerError::DependentObjects(format!(
+            "cannot drop schema {} because other objects depend on it ({} in it); use DROP \
+             SCHEMA … CASCADE to drop them too",
+            first.schema(),
+            list.join(", ")
+        )));
+    }
+    let mut targets: BTreeMap<u64, Entry> = BTreeMap::new();
+    for entry in members {
+        targets.extend(
+            db.catalog
+                .dependents(entry.id())
+                .into_iter()
+                .map(|d| (d.id(), d)),
+        );
+        targets.insert(entry.id(), entry.clone());
+    }
+    // Later objects depend on earlier ones: drop them first.
+    for entry in targets.values().rev() {
+        drop_entry(db, entry).await?;
+    }
+    for name in schemas {
+        db.catalog.remove_schema(&name)?;
     }
     Ok(QueryResult::command("DROP SCHEMA"))
 }
@@ -947,7 +1061,7 @@ pub async fn drop_objects(
     db: &Arc<Database>,
     kind: &str,
     if_exists: bool,
-    names: &[String],
+    names: &[QualifiedName],
     cascade: bool,
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
@@ -963,6 +1077,12 @@ pub async fn drop_objects(
         let Some(entry) = db.catalog.by_name(name) else {
             if if_exists {
                 continue;
+            }
+            if !db.catalog.has_schema(&name.schema) {
+                return Err(ServerError::InvalidSchemaName(format!(
+                    "schema \"{}\" does not exist",
+                    name.schema
+                )));
             }
             return Err(ServerError::UndefinedTable(format!(
                 "{kind} \"{name}\" does not exist"
@@ -981,7 +1101,7 @@ pub async fn drop_objects(
         if !others.is_empty() && !cascade {
             let list: Vec<String> = others
                 .iter()
-                .map(|d| format!("{} {}", d.kind(), d.name()))
+                .map(|d| format!("{} {}", d.kind(), d.qualified()))
                 .collect();
             return Err(ServerError::DependentObjects(format!(
                 "cannot drop {kind} {name} because other objects depend on it ({} depends on it); \

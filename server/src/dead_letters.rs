@@ -19,20 +19,26 @@ use planner::spec::ConnectorSpec;
 use crate::catalog::{Column, Entry};
 use crate::engine::Database;
 use crate::error::{Result, ServerError};
+use crate::stmt::QualifiedName;
 use crate::types;
 
-/// The table a source's `dead_letter_table` names, checked, or created if
-/// there is none; its id is put in `connector`. Returns the id of a table
+/// The table a source's `dead_letter_table` names (in the source's
+/// schema), checked, or created if there is none; its id is put in
+/// `connector`. Returns the id of a table
 /// it created, for the caller to drop if the statement fails after all.
 pub(crate) fn resolve(
     db: &Database,
-    source: &str,
+    source: &QualifiedName,
     connector: &mut ConnectorSpec,
 ) -> Result<Option<u64>> {
     let Some(name) = connector.encode_options.get(DEAD_LETTER_TABLE).cloned() else {
         return Ok(None);
     };
-    if name == source {
+    let name = QualifiedName {
+        schema: source.schema.clone(),
+        name,
+    };
+    if &name == source {
         return Err(crate::ddl::already_exists(&name));
     }
     if !decodes_records(&connector.connector) {
@@ -49,7 +55,8 @@ pub(crate) fn resolve(
     }
     let entry = Entry::Table {
         id: db.catalog.allocate_id()?,
-        name,
+        name: name.name,
+        schema: name.schema,
         columns: DEAD_LETTER_COLUMNS
             .iter()
             .map(|(name, sql_type)| Column {

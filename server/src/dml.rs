@@ -23,9 +23,9 @@ use crate::catalog::{Entry, table_desc};
 use crate::context::{Mode, context, plan_statement};
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
-use crate::stmt::{ident, object_name};
+use crate::stmt::{QualifiedName, ident, object_name};
 
-fn target(db: &Database, name: &str, verb: &str) -> Result<TableDesc> {
+fn target(db: &Database, name: &QualifiedName, verb: &str) -> Result<TableDesc> {
     match db.catalog.by_name(name) {
         Some(Entry::Table {
             append_only: true,
@@ -183,7 +183,7 @@ const COPY_ROWS: &str = "weir_copy.rows";
 /// checked, in one durable write.
 pub async fn copy_in(
     db: &Arc<Database>,
-    table: &str,
+    table: &QualifiedName,
     columns: &[String],
     rows: &[Vec<Option<String>>],
 ) -> Result<usize> {
@@ -215,7 +215,7 @@ pub async fn copy_in(
         .join(", ");
     let sql = format!(
         "INSERT INTO {} ({list}) SELECT {list} FROM {COPY_ROWS}",
-        quote(table)
+        table.to_sql()
     );
     let Some(crate::stmt::Stmt::Sql(stmt)) = crate::stmt::parse(&sql)?.pop() else {
         return Err(ServerError::Internal(format!("not an INSERT: {sql}")));
@@ -230,7 +230,7 @@ pub async fn copy_in(
 }
 
 /// Whether `COPY table FROM STDIN` may write into `table`.
-pub fn copy_target(db: &Database, table: &str) -> Result<()> {
+pub fn copy_target(db: &Database, table: &QualifiedName) -> Result<()> {
     target(db, table, "copy to").map(|_| ())
 }
 
@@ -303,7 +303,7 @@ async fn insert_with(
         } else {
             part_columns
                 .iter()
-                .map(|c| object_name(c).unwrap_or_else(|_| c.to_string()))
+                .map(|c| object_name(c).map_or_else(|_| c.to_string(), |n| n.name))
                 .collect()
         };
         let produced = collect(&ctx, dml.input.as_ref().clone())
@@ -531,14 +531,17 @@ fn replace_default_keywords(
     };
     let Some(Entry::Table {
         columns: declared, ..
-    }) = db.catalog.by_name(&desc.name)
+    }) = db.catalog.get(desc.id)
     else {
         return Ok(());
     };
     let names: Vec<String> = if columns.is_empty() {
         declared.iter().map(|c| c.name.clone()).collect()
     } else {
-        columns.iter().map(object_name).collect::<Result<_>>()?
+        columns
+            .iter()
+            .map(|c| object_name(c).map(|n| n.name))
+            .collect::<Result<_>>()?
     };
     // Each position's column type, for the string literals whose text
     // DataFusion would misread (see `literals`).
@@ -595,7 +598,7 @@ fn name_source_columns(source: &mut datafusion::sql::sqlparser::ast::Query) {
     }
 }
 
-fn single_table(t: &TableWithJoins, verb: &str) -> Result<String> {
+fn single_table(t: &TableWithJoins, verb: &str) -> Result<QualifiedName> {
     if !t.joins.is_empty() {
         return Err(ServerError::unsupported(format!("{verb} with joins")));
     }

@@ -53,7 +53,7 @@ pub enum QueryResult {
     /// `COPY t FROM STDIN`: the front end is to gather the client's data
     /// and hand it to [`crate::dml::copy_in`].
     CopyIn {
-        table: String,
+        table: crate::stmt::QualifiedName,
         columns: Vec<String>,
         options: crate::copy::CopyOptions,
     },
@@ -252,7 +252,7 @@ impl Database {
             if let Err(e) = restored {
                 db.restore_errors.record(
                     entry.id(),
-                    Some(entry.name()),
+                    Some(&entry.qualified().to_string()),
                     entry.kind(),
                     e.to_string(),
                 );
@@ -336,14 +336,14 @@ impl Database {
                 ddl::set_parallelism(self, &view, parallelism).await
             }
             Stmt::CreateSavepoint { name, view } => {
-                savepoint::create(self, &name, view.as_deref()).await
+                savepoint::create(self, &name, view.as_ref()).await
             }
             Stmt::DropSavepoint { name, if_exists } => {
                 savepoint::drop(self, &name, if_exists).await
             }
             Stmt::ShowSavepoints => savepoint::show(self),
             Stmt::RestoreSavepoint { name, view } => {
-                savepoint::restore(self, &name, view.as_deref()).await
+                savepoint::restore(self, &name, view.as_ref()).await
             }
             Stmt::EmitOnWindowClose(s) => match *s {
                 Statement::CreateView(cv) if cv.materialized => {
@@ -477,13 +477,14 @@ impl Database {
                 schema_name,
                 if_not_exists,
                 ..
-            } => ddl::create_schema(&schema_name, if_not_exists),
+            } => ddl::create_schema(self, &schema_name, if_not_exists).await,
             Statement::Drop {
                 object_type: datafusion::sql::sqlparser::ast::ObjectType::Schema,
                 if_exists,
                 names,
+                cascade,
                 ..
-            } => ddl::drop_schema(if_exists, &names),
+            } => ddl::drop_schema(self, if_exists, &names, cascade).await,
             Statement::Drop {
                 object_type,
                 if_exists,
@@ -678,7 +679,7 @@ impl Database {
                 let (kind, name) = self
                     .catalog
                     .get(job)
-                    .map(|e| (e.kind(), e.name().to_string()))
+                    .map(|e| (e.kind(), e.qualified().to_string()))
                     .unwrap_or_else(|| ("job", job.to_string()));
                 ServerError::job_failed(kind, &name, &error)
             }

@@ -60,6 +60,9 @@ pub enum ServerError {
     DuplicateSchema(String),
     #[error("{0}")]
     InvalidName(String),
+    /// A name reserved for the system's objects (`pg_…` schemas).
+    #[error("{0}")]
+    ReservedName(String),
     /// A checkpoint file failed its checksum.
     #[error("{0}")]
     DataCorrupted(String),
@@ -168,6 +171,7 @@ impl ServerError {
             ServerError::DuplicateName(_) => "42710",
             ServerError::DuplicateSchema(_) => "42P06",
             ServerError::InvalidName(_) => "42602",
+            ServerError::ReservedName(_) => "42939",
             ServerError::DataCorrupted(_) => "XX001",
             ServerError::Io(_) => "58030",
             ServerError::ConnectionFailure(_) => "08001",
@@ -318,12 +322,10 @@ fn classify_plan(m: &str) -> ServerError {
         ServerError::CannotCoerce(m.to_string())
     } else if lower.contains("table") && lower.contains("not found") {
         // DataFusion: "table 'weir.public.t' not found"; Postgres names the
-        // relation alone.
-        let name = m
-            .split('\'')
-            .nth(1)
-            .and_then(|q| q.rsplit('.').next())
-            .unwrap_or(m);
+        // relation as written: `t`, or `s.t` in another schema.
+        let full = m.split('\'').nth(1).unwrap_or(m);
+        let in_database = full.strip_prefix("weir.").unwrap_or(full);
+        let name = in_database.strip_prefix("public.").unwrap_or(in_database);
         ServerError::UndefinedTable(format!("relation \"{name}\" does not exist"))
     } else if any(&[
         "non-boolean predicate",

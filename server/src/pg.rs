@@ -325,7 +325,7 @@ pub struct Connection {
 /// A `COPY … FROM STDIN` waiting for the client's `CopyDone`.
 #[derive(Debug)]
 struct PendingCopy {
-    table: String,
+    table: crate::stmt::QualifiedName,
     columns: Vec<String>,
     /// The number of columns each line holds.
     width: usize,

@@ -117,7 +117,7 @@ pub fn show_objects(db: &Arc<Database>, kind: &str) -> Result<QueryResult> {
         .all()
         .into_iter()
         .filter(|e| e.kind() == kind)
-        .map(|e| e.name().to_string())
+        .map(|e| e.qualified().to_string())
         .collect();
     names.sort();
     QueryResult::text("Name", names)
@@ -129,12 +129,15 @@ pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
         .catalog
         .all()
         .into_iter()
-        .filter_map(|e| match e {
-            crate::catalog::Entry::Source {
-                name, connector, ..
-            } => {
-                let (format, options) = connector_text(&connector);
-                Some(vec![name, connector.connector.clone(), format, options])
+        .filter_map(|e| match &e {
+            crate::catalog::Entry::Source { connector, .. } => {
+                let (format, options) = connector_text(connector);
+                Some(vec![
+                    e.qualified().to_string(),
+                    connector.connector.clone(),
+                    format,
+                    options,
+                ])
             }
             _ => None,
         })
@@ -177,7 +180,7 @@ pub fn show_jobs(db: &Arc<Database>) -> Result<QueryResult> {
             let view = db
                 .catalog
                 .get(j.job)
-                .map(|e| e.name().to_string())
+                .map(|e| e.qualified().to_string())
                 .unwrap_or_default();
             let subtasks: Vec<String> = j
                 .subtasks

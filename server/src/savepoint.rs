@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::catalog::Entry;
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
+use crate::stmt::QualifiedName;
 
 /// Savepoint names are directory names in checkpoint storage.
 fn check_name(name: &str) -> Result<()> {
@@ -31,7 +32,7 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 /// The job of materialized view `view`.
-fn view_job(db: &Database, view: &str) -> Result<u64> {
+fn view_job(db: &Database, view: &QualifiedName) -> Result<u64> {
     match db.catalog.by_name(view) {
         Some(Entry::MaterializedView { id, .. }) => Ok(id),
         Some(_) => Err(ServerError::WrongObjectType(format!(
@@ -44,7 +45,11 @@ fn view_job(db: &Database, view: &str) -> Result<u64> {
 }
 
 /// `CREATE SAVEPOINT`: of one view's job, or of every view's.
-pub async fn create(db: &Arc<Database>, name: &str, view: Option<&str>) -> Result<QueryResult> {
+pub async fn create(
+    db: &Arc<Database>,
+    name: &str,
+    view: Option<&QualifiedName>,
+) -> Result<QueryResult> {
     check_name(name)?;
     let _ddl = db.ddl_lock.lock().await;
     let jobs: Vec<u64> = match view {
@@ -92,7 +97,7 @@ pub fn show(db: &Arc<Database>) -> Result<QueryResult> {
                 .map(|j| {
                     db.catalog
                         .get(j.job)
-                        .map(|e| e.name().to_string())
+                        .map(|e| e.qualified().to_string())
                         .unwrap_or_else(|| format!("(dropped view {})", j.job))
                 })
                 .collect();
@@ -112,7 +117,11 @@ pub fn show(db: &Arc<Database>) -> Result<QueryResult> {
 
 /// `RESTORE MATERIALIZED VIEW v FROM SAVEPOINT s` / `RESTORE DATABASE FROM
 /// SAVEPOINT s` (every view the savepoint holds that still exists).
-pub async fn restore(db: &Arc<Database>, name: &str, view: Option<&str>) -> Result<QueryResult> {
+pub async fn restore(
+    db: &Arc<Database>,
+    name: &str,
+    view: Option<&QualifiedName>,
+) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let jobs = match view {
         Some(v) => Some(vec![view_job(db, v)?]),

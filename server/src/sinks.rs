@@ -13,19 +13,20 @@ use crate::ddl::{JobOptions, already_exists, check_query, dependencies, job_grap
 use crate::engine::{Database, QueryResult};
 use crate::error::Result;
 use crate::session::Session;
-use crate::stmt::apply_pg_names;
+use crate::stmt::{QualifiedName, apply_pg_names};
 
 /// `CREATE SINK name FROM v | AS query WITH (…) [FORMAT … ENCODE …]`.
 pub async fn create(
     db: &Arc<Database>,
     session: &Session,
-    name: String,
+    name: QualifiedName,
     if_not_exists: bool,
     mut query: Query,
     mut connector: ConnectorSpec,
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let tag = QueryResult::command("CREATE SINK");
+    crate::ddl::check_new_name(db, &name)?;
     if db.catalog.by_name(&name).is_some() {
         if if_not_exists {
             return Ok(tag);
@@ -44,7 +45,7 @@ pub async fn create(
     let id = db.catalog.allocate_id()?;
     let mut options = JobOptions::of_session(session, false);
     options.sink = Some(planner::SinkTarget {
-        name: name.clone(),
+        name: name.to_string(),
         connector: connector.clone(),
         key: key.clone(),
     });
@@ -61,7 +62,8 @@ pub async fn create(
     }
     let entry = Entry::Sink {
         id,
-        name,
+        name: name.name,
+        schema: name.schema,
         sql,
         connector,
         key,
@@ -83,9 +85,8 @@ pub fn show(db: &Arc<Database>) -> Result<QueryResult> {
         .catalog
         .all()
         .into_iter()
-        .filter_map(|e| match e {
+        .filter_map(|e| match e.clone() {
             Entry::Sink {
-                name,
                 connector,
                 key,
                 sql,
@@ -101,7 +102,7 @@ pub fn show(db: &Arc<Database>) -> Result<QueryResult> {
                     };
                 }
                 Some(vec![
-                    name,
+                    e.qualified().to_string(),
                     connector.connector.clone(),
                     format,
                     options,

@@ -31,13 +31,13 @@ pub enum Stmt {
     /// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM [=|TO] n`:
     /// rescale the view's or the sink's job.
     SetParallelism {
-        view: String,
+        view: QualifiedName,
         parallelism: u64,
     },
     /// `CREATE SAVEPOINT name [FOR MATERIALIZED VIEW v]`.
     CreateSavepoint {
         name: String,
-        view: Option<String>,
+        view: Option<QualifiedName>,
     },
     /// `DROP SAVEPOINT [IF EXISTS] name`.
     DropSavepoint {
@@ -49,7 +49,7 @@ pub enum Stmt {
     /// `None`, `RESTORE DATABASE FROM SAVEPOINT name`.
     RestoreSavepoint {
         name: String,
-        view: Option<String>,
+        view: Option<QualifiedName>,
     },
     /// `CREATE MATERIALIZED VIEW … EMIT ON WINDOW CLOSE` (or its EXPLAIN),
     /// the clause taken off: the view's windows are emitted once, final,
@@ -59,14 +59,14 @@ pub enum Stmt {
     ShowSources,
     /// `DROP SOURCE [IF EXISTS] name [CASCADE | RESTRICT]`.
     DropSource {
-        name: String,
+        name: QualifiedName,
         if_exists: bool,
         cascade: bool,
     },
     /// `CREATE SINK [IF NOT EXISTS] name FROM relation | AS query WITH (…)
     /// [FORMAT … ENCODE …]` (RisingWave's syntax).
     CreateSink {
-        name: String,
+        name: QualifiedName,
         if_not_exists: bool,
         /// The query whose changes the sink writes (`FROM v`: `SELECT *
         /// FROM v`).
@@ -77,7 +77,7 @@ pub enum Stmt {
     ShowSinks,
     /// `DROP SINK [IF EXISTS] name [CASCADE | RESTRICT]`.
     DropSink {
-        name: String,
+        name: QualifiedName,
         if_exists: bool,
         cascade: bool,
     },
@@ -118,7 +118,7 @@ pub enum Stmt {
 /// `SUBSCRIBE [TO] view [SINCE epoch] [WITH (progress [= true])]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscribe {
-    pub view: String,
+    pub view: QualifiedName,
     /// Resume: the changes of the epochs after this one, without a
     /// snapshot. `None`: the view's rows first, then its changes.
     pub since: Option<u64>,
@@ -191,7 +191,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         } else if is_word(&a, "create") && is_word(&b, "savepoint") {
             parser.next_token();
             parser.next_token();
-            let name = object_name(&parser.parse_object_name(false)?)?;
+            let name = simple_name(&parser.parse_object_name(false)?)?;
             let view = if is_word(&parser.peek_token().token, "for") {
                 parser.next_token();
                 expect_words(&mut parser, &["materialized", "view"])?;
@@ -204,7 +204,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             parser.next_token();
             parser.next_token();
             let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
-            let name = object_name(&parser.parse_object_name(false)?)?;
+            let name = simple_name(&parser.parse_object_name(false)?)?;
             Stmt::DropSavepoint { name, if_exists }
         } else if is_word(&a, "show") && is_word(&b, "savepoints") {
             parser.next_token();
@@ -220,7 +220,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
                 Some(object_name(&parser.parse_object_name(false)?)?)
             };
             expect_words(&mut parser, &["from", "savepoint"])?;
-            let name = object_name(&parser.parse_object_name(false)?)?;
+            let name = simple_name(&parser.parse_object_name(false)?)?;
             Stmt::RestoreSavepoint { name, view }
         } else if is_word(&a, "create")
             && (is_word(&b, "table") || is_word(&b, "stream") || is_word(&b, "source"))
@@ -1289,25 +1289,87 @@ fn corresponding(sql: &str) -> Result<()> {
     Ok(())
 }
 
-/// The lower-cased (unless quoted) last part of an object name.
-pub fn object_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<String> {
-    let parts: Vec<&Ident> = name.0.iter().filter_map(|p| p.as_ident()).collect();
-    let normalize = |i: &Ident| {
-        if i.quote_style.is_some() {
-            i.value.clone()
-        } else {
-            i.value.to_lowercase()
+/// The schema unqualified names are in. `search_path` may name only paths
+/// that begin with it (see `settings.rs`), so an unqualified name always
+/// means the same object, in a statement and in a view's stored query.
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// A catalog object's name: its schema and its name there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QualifiedName {
+    pub schema: String,
+    pub name: String,
+}
+
+impl QualifiedName {
+    /// `name` in the default schema.
+    pub fn public(name: impl Into<String>) -> Self {
+        QualifiedName {
+            schema: DEFAULT_SCHEMA.to_string(),
+            name: name.into(),
         }
-    };
+    }
+
+    /// As SQL: both parts quoted, for statements Weir writes itself.
+    pub fn to_sql(&self) -> String {
+        let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        format!("{}.{}", quote(&self.schema), quote(&self.name))
+    }
+}
+
+/// As Postgres's messages write a name: `s.t`, or `t` in `public`.
+impl std::fmt::Display for QualifiedName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.schema == DEFAULT_SCHEMA {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}.{}", self.schema, self.name)
+        }
+    }
+}
+
+/// An identifier as Postgres folds it: lower-cased unless quoted.
+fn fold(i: &Ident) -> String {
+    if i.quote_style.is_some() {
+        i.value.clone()
+    } else {
+        i.value.to_lowercase()
+    }
+}
+
+/// A catalog object's name, `name`, `schema.name` or `weir.schema.name`;
+/// unqualified names are in [`DEFAULT_SCHEMA`].
+pub fn object_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<QualifiedName> {
+    let parts: Vec<&Ident> = name.0.iter().filter_map(|p| p.as_ident()).collect();
     match parts.as_slice() {
-        [n] => Ok(normalize(n)),
-        [schema, n] | [_, schema, n] if normalize(schema) == "public" => Ok(normalize(n)),
-        [schema, _] | [_, schema, _] => Err(ServerError::InvalidSchemaName(format!(
-            "schema \"{}\" does not exist",
-            normalize(schema)
+        [n] => Ok(QualifiedName::public(fold(n))),
+        [schema, n] => Ok(QualifiedName {
+            schema: fold(schema),
+            name: fold(n),
+        }),
+        [database, schema, n] if fold(database) == "weir" => Ok(QualifiedName {
+            schema: fold(schema),
+            name: fold(n),
+        }),
+        [_, _, _] => Err(ServerError::unsupported(format!(
+            "cross-database references ({name}; the one database is weir)"
         ))),
         _ => Err(ServerError::Syntax(format!(
-            "improper qualified name: {name}"
+            "improper qualified name (too many dotted names): {name}"
+        ))),
+    }
+}
+
+/// The name of something that lives outside schemas (a schema itself, a
+/// savepoint): one identifier.
+pub fn simple_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<String> {
+    match name.0.as_slice() {
+        [part] => part
+            .as_ident()
+            .map(fold)
+            .ok_or_else(|| ServerError::Syntax(format!("improper name: {name}"))),
+        _ => Err(ServerError::Syntax(format!(
+            "improper name: {name} (it takes no schema)"
         ))),
     }
 }
@@ -1430,6 +1492,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn object_names_are_qualified_as_postgres_folds_them() {
+        let name = |sql: &str| {
+            let parsed = Parser::new(&PostgreSqlDialect {})
+                .try_with_sql(sql)
+                .and_then(|mut p| p.parse_object_name(false))
+                .expect("a name");
+            object_name(&parsed)
+        };
+        let q = |schema: &str, name: &str| QualifiedName {
+            schema: schema.into(),
+            name: name.into(),
+        };
+        assert_eq!(name("T").unwrap(), q("public", "t"));
+        assert_eq!(name("S.\"T\"").unwrap(), q("s", "T"));
+        assert_eq!(name("weir.s.t").unwrap(), q("s", "t"));
+        assert!(matches!(
+            name("other.s.t"),
+            Err(ServerError::Unsupported(_))
+        ));
+        assert!(matches!(name("a.b.c.d"), Err(ServerError::Syntax(_))));
+        assert_eq!(q("public", "t").to_string(), "t");
+        assert_eq!(q("s", "t").to_string(), "s.t");
+        assert_eq!(q("s", "a\"b").to_sql(), "\"s\".\"a\"\"b\"");
+    }
+
+    #[test]
     fn streams_watermarks_and_append_only_tables() {
         let stmts = parse(
             "CREATE STREAM s (ts timestamp, v int, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND); \
@@ -1468,8 +1556,12 @@ mod tests {
         assert!(matches!(stmts[2], Stmt::ShowMaterializedViews));
         assert!(matches!(stmts[3], Stmt::ShowJobs));
         let stmts = parse("ALTER MATERIALIZED VIEW v SET PARALLELISM = 4; alter materialized view public.W set parallelism to 1").unwrap();
-        assert!(matches!(&stmts[0], Stmt::SetParallelism { view, parallelism: 4 } if view == "v"));
-        assert!(matches!(&stmts[1], Stmt::SetParallelism { view, parallelism: 1 } if view == "w"));
+        assert!(
+            matches!(&stmts[0], Stmt::SetParallelism { view, parallelism: 4 } if *view == QualifiedName::public("v"))
+        );
+        assert!(
+            matches!(&stmts[1], Stmt::SetParallelism { view, parallelism: 1 } if *view == QualifiedName::public("w"))
+        );
         assert!(parse("ALTER MATERIALIZED VIEW v RENAME TO w").is_err());
         let stmts = parse(
             "CREATE SAVEPOINT s1; CREATE SAVEPOINT s2 FOR MATERIALIZED VIEW v; \
@@ -1478,7 +1570,9 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(&stmts[0], Stmt::CreateSavepoint { name, view: None } if name == "s1"));
-        assert!(matches!(&stmts[1], Stmt::CreateSavepoint { view: Some(v), .. } if v == "v"));
+        assert!(
+            matches!(&stmts[1], Stmt::CreateSavepoint { view: Some(v), .. } if *v == QualifiedName::public("v"))
+        );
         assert!(matches!(
             &stmts[2],
             Stmt::DropSavepoint {
@@ -1488,7 +1582,7 @@ mod tests {
         ));
         assert!(matches!(&stmts[3], Stmt::ShowSavepoints));
         assert!(
-            matches!(&stmts[4], Stmt::RestoreSavepoint { name, view: Some(v) } if name == "s2" && v == "v")
+            matches!(&stmts[4], Stmt::RestoreSavepoint { name, view: Some(v) } if name == "s2" && *v == QualifiedName::public("v"))
         );
         assert!(matches!(
             &stmts[5],
@@ -1552,7 +1646,7 @@ mod tests {
         )
         .unwrap();
         let v = |since, progress| Subscribe {
-            view: "v".into(),
+            view: QualifiedName::public("v"),
             since,
             progress,
         };

@@ -101,7 +101,7 @@ impl Subscription {
         );
         let mut sub = Self {
             db: db.clone(),
-            view: s.view.clone(),
+            view: s.view.to_string(),
             job: id,
             changelog_table: planner::view_changelog_table(id),
             retain_history_ms,

@@ -102,7 +102,7 @@ fn table(columns: Vec<(&str, Col)>) -> DfResult<Arc<dyn TableProvider>> {
 
 impl SystemSchema {
     fn view_name(&self, job: u64) -> Option<String> {
-        self.db.catalog.get(job).map(|e| e.name().to_string())
+        self.db.catalog.get(job).map(|e| e.qualified().to_string())
     }
 
     fn task_managers(&self) -> DfResult<Arc<dyn TableProvider>> {
@@ -379,9 +379,9 @@ impl SystemSchema {
         )]));
         let (mut view, mut window_end, mut rows) = (vec![], vec![], vec![]);
         for entry in self.db.catalog.all() {
+            let name = entry.qualified().to_string();
             let crate::catalog::Entry::MaterializedView {
                 id,
-                name,
                 emit_on_window_close: true,
                 ..
             } = entry
@@ -427,7 +427,7 @@ impl SystemSchema {
     /// (each counted once, across restarts).
     fn source_errors(&self) -> DfResult<Arc<dyn TableProvider>> {
         let jobs = &self.db.cluster.job_manager;
-        let name = |id: u64| self.db.catalog.get(id).map(|e| e.name().to_string());
+        let name = |id: u64| self.db.catalog.get(id).map(|e| e.qualified().to_string());
         let (mut job, mut view, mut source, mut skipped, mut error, mut at, mut dead) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         for j in jobs.jobs() {

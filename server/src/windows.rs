@@ -39,6 +39,7 @@ use crate::catalog::Entry;
 use crate::context::{Mode, Scope, source_provider, table_provider};
 use crate::engine::Database;
 use crate::error::ServerError;
+use crate::stmt::QualifiedName;
 
 /// Windows longer than this many branches (HOP's size / slide, CUMULATE's
 /// size / step) are refused: each branch reads the table once.
@@ -163,6 +164,23 @@ fn interval(us: i64) -> Expr {
     lit(ScalarValue::new_interval_mdn(0, 0, us * 1_000))
 }
 
+/// The table argument of `function`, `t` or `schema.t`.
+fn table_name(function: &str, usage: &str, e: &Expr) -> DfResult<QualifiedName> {
+    match e {
+        Expr::Column(c) => Ok(QualifiedName {
+            schema: c
+                .relation
+                .as_ref()
+                .map_or(crate::stmt::DEFAULT_SCHEMA, |r| r.table())
+                .to_string(),
+            name: c.name.clone(),
+        }),
+        _ => Err(error(ServerError::Syntax(format!(
+            "{function}: expected a name, not {e}; usage: {usage}"
+        )))),
+    }
+}
+
 fn name(kind: Kind, e: &Expr) -> DfResult<String> {
     match e {
         Expr::Column(c) => Ok(c.name.clone()),
@@ -181,7 +199,7 @@ fn window_source(
     mode: Mode,
     scope: Scope,
     function: &str,
-    table: &str,
+    table: &QualifiedName,
     time: &str,
 ) -> DfResult<(
     Arc<dyn TableProvider>,
@@ -241,7 +259,7 @@ impl WindowFunction {
                 kind.usage()
             ))));
         }
-        let table = name(kind, &args[0])?;
+        let table = table_name(kind.name(), kind.usage(), &args[0])?;
         let time = name(kind, &args[1])?;
         let (step, size) = match kind {
             Kind::Tumble => {
@@ -281,7 +299,8 @@ impl WindowFunction {
         let origin = lit(ScalarValue::TimestampMicrosecond(Some(offset), None));
         let ts = col(&time);
         let columns: Vec<Expr> = schema.fields().iter().map(|f| col(f.name())).collect();
-        let scan = || LogicalPlanBuilder::scan(&table, provider_as_source(provider.clone()), None);
+        let scan =
+            || LogicalPlanBuilder::scan(&table.name, provider_as_source(provider.clone()), None);
         // One branch per window a row falls in.
         let mut branches = Vec::new();
         for i in 0..windows {
@@ -375,7 +394,7 @@ impl SessionWindow {
                 )))),
             }
         };
-        let table = session_name(&args[0])?;
+        let table = table_name("SESSION", SESSION_USAGE, &args[0])?;
         let time = session_name(&args[1])?;
         let gap = match &args[2] {
             Expr::Literal(ScalarValue::IntervalMonthDayNano(Some(i)), _) if i.months != 0 => {
@@ -415,8 +434,9 @@ impl SessionWindow {
             .order_by(by_time.clone())
             .build()?
             .alias("__session_prev");
-        let plan = LogicalPlanBuilder::scan(&table, provider_as_source(provider.clone()), None)?
-            .window(vec![prev])?;
+        let plan =
+            LogicalPlanBuilder::scan(&table.name, provider_as_source(provider.clone()), None)?
+                .window(vec![prev])?;
         // 2. Whether the row starts a session.
         let starts = when(
             col("__session_prev")
@@ -495,7 +515,7 @@ fn add_window_end(select: &mut Select) {
     let fixed_end = select.from.iter().any(|t| {
         matches!(&t.relation, TableFactor::Table { name, args: Some(_), .. }
             if crate::stmt::object_name(name)
-                .is_ok_and(|n| n == "tumble" || n == "hop"))
+                .is_ok_and(|n| n.name == "tumble" || n.name == "hop"))
     });
     let GroupByExpr::Expressions(keys, _) = &mut select.group_by else {
         return;

@@ -19,7 +19,10 @@ async fn sql(db: &Arc<Database>, session: &mut Session, text: &str) {
 }
 
 fn table_id(db: &Database, name: &str) -> u64 {
-    match db.catalog.by_name(name) {
+    match db
+        .catalog
+        .by_name(&server::stmt::QualifiedName::public(name))
+    {
         Some(Entry::Table { id, .. }) => id,
         _ => panic!("no table {name}"),
     }

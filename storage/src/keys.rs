@@ -6,6 +6,7 @@
 //! * `C id` → catalog entry (JSON)
 //! * `I name` → id counters
 //! * `A name` → a role: its attributes, password secret and grants (JSON)
+//! * `N name` → a schema users created (JSON)
 //! * `R table row-key` → a table row
 //! * `L table seq` → a table change-log entry (Arrow IPC)
 //! * `S table` → the table's last log sequence number and next hidden row id
@@ -18,6 +19,7 @@
 pub const CATALOG: u8 = b'C';
 pub const COUNTER: u8 = b'I';
 pub const ROLE: u8 = b'A';
+pub const SCHEMA: u8 = b'N';
 pub const TABLE_ROW: u8 = b'R';
 pub const TABLE_LOG: u8 = b'L';
 pub const TABLE_ROW_ID: u8 = b'S';

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::Mutex;
 
-use crate::keys::{self, CATALOG, COUNTER, ROLE};
+use crate::keys::{self, CATALOG, COUNTER, ROLE, SCHEMA};
 use crate::{KvStore, Result, StorageError};
 
 /// Durable catalog entries (opaque bytes to this crate) and id counters.
@@ -58,22 +58,41 @@ impl MetaStore {
 
     /// Every role, by name (opaque bytes to this crate).
     pub fn load_roles(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.load_named(ROLE, "role")
+    }
+
+    /// Writes a role, or with `None` deletes it, durably.
+    pub fn put_role(&self, name: &str, role: Option<Vec<u8>>) -> Result<()> {
+        self.put_named(ROLE, name, role)
+    }
+
+    /// Every schema that users created, by name (opaque bytes to this crate).
+    pub fn load_schemas(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.load_named(SCHEMA, "schema")
+    }
+
+    /// Writes a schema, or with `None` deletes it, durably.
+    pub fn put_schema(&self, name: &str, schema: Option<Vec<u8>>) -> Result<()> {
+        self.put_named(SCHEMA, name, schema)
+    }
+
+    /// Every `tag name` key's name and value.
+    fn load_named(&self, tag: u8, what: &str) -> Result<Vec<(String, Vec<u8>)>> {
         self.kv
-            .scan(&[ROLE], &[ROLE + 1], usize::MAX)?
+            .scan(&[tag], &[tag + 1], usize::MAX)?
             .into_iter()
             .map(|(k, v)| {
                 let name = String::from_utf8(k[1..].to_vec())
-                    .map_err(|_| StorageError::Corrupt("role name is not UTF-8".into()))?;
+                    .map_err(|_| StorageError::Corrupt(format!("{what} name is not UTF-8")))?;
                 Ok((name, v))
             })
             .collect()
     }
 
-    /// Writes a role, or with `None` deletes it, durably.
-    pub fn put_role(&self, name: &str, role: Option<Vec<u8>>) -> Result<()> {
-        let mut key = vec![ROLE];
+    fn put_named(&self, tag: u8, name: &str, value: Option<Vec<u8>>) -> Result<()> {
+        let mut key = vec![tag];
         key.extend_from_slice(name.as_bytes());
-        self.kv.write([(key, role)], true)
+        self.kv.write([(key, value)], true)
     }
 
     /// Allocates `n` consecutive ids from the counter `name`; returns the first.

@@ -33,9 +33,9 @@ pub(super) struct Names {
     by_name: HashMap<(String, String), i32>,
     /// A view's query, by oid.
     definitions: HashMap<i32, String>,
-    /// A primary key's index or constraint oid → its table's key columns and
-    /// name.
-    keys: HashMap<i32, (String, Vec<String>)>,
+    /// A primary key's index or constraint oid → its table's schema and
+    /// name, and key columns.
+    keys: HashMap<i32, (String, String, Vec<String>)>,
 }
 
 impl Names {
@@ -69,13 +69,13 @@ impl Names {
                 Entry::MaterializedView { .. } => "m",
                 Entry::Source { .. } | Entry::Sink { .. } => "f",
             };
-            add(oid, "public", e.name(), kind);
+            add(oid, e.schema(), e.name(), kind);
             if let Entry::Table { primary_key, .. } = e
                 && !primary_key.is_empty()
             {
                 add(
                     index_oid(e.id()),
-                    "public",
+                    e.schema(),
                     &format!("{}_pkey", e.name()),
                     "i",
                 );
@@ -89,12 +89,14 @@ impl Names {
                     names.definitions.insert(oid, sql);
                 }
                 Entry::Table {
-                    name, primary_key, ..
+                    name,
+                    schema,
+                    primary_key,
+                    ..
                 } if !primary_key.is_empty() => {
-                    names
-                        .keys
-                        .insert(index_oid(id), (name.clone(), primary_key.clone()));
-                    names.keys.insert(constraint_oid(id), (name, primary_key));
+                    let key = (schema, name, primary_key);
+                    names.keys.insert(index_oid(id), key.clone());
+                    names.keys.insert(constraint_oid(id), key);
                 }
                 _ => {}
             }
@@ -856,12 +858,12 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         let out = (0..rows)
             .map(|i| {
                 let oid = (!oids.is_null(i)).then(|| oids.value(i))?;
-                let (table, key) = n.keys.get(&oid)?;
+                let (schema, table, key) = n.keys.get(&oid)?;
                 match (!columns.is_null(i)).then(|| columns.value(i)) {
                     Some(c) if c > 0 => {
                         key.get(c as usize - 1).map(|k| crate::stmt::quote_ident(k))
                     }
-                    _ => Some(super::tables::key_index_def("public", table, key)),
+                    _ => Some(super::tables::key_index_def(schema, table, key)),
                 }
             })
             .collect::<StringArray>();
@@ -893,7 +895,7 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
     }));
     let n = names.clone();
     fns.push(by_oid_text("pg_get_constraintdef", 1..=2, move |o| {
-        let (_, key) = n.keys.get(&o?)?;
+        let (_, _, key) = n.keys.get(&o?)?;
         Some(super::tables::key_constraint_def(key))
     }));
     // The reg* conversions the rewrite turns `::regclass` (and kin) into:
@@ -1058,10 +1060,8 @@ fn reg_convert(
                         .map(|t| t.oid)
                         .or_else(|| name.parse().ok())
                 }
-                "regnamespace" => NAMESPACES
-                    .iter()
-                    .find(|(_, ns)| *ns == v.trim())
-                    .map(|(o, _)| *o)
+                "regnamespace" => s
+                    .namespace_oid(v.trim().trim_matches('"'))
                     .or_else(|| v.trim().parse().ok()),
                 "regrole" => s
                     .roles
@@ -1101,10 +1101,11 @@ fn reg_convert(
                 o.map(|o| match kind {
                     _ if o == 0 => "-".to_string(),
                     "regtype" => types::format_type(o, -1).unwrap_or_else(|| o.to_string()),
-                    "regnamespace" => NAMESPACES
+                    "regnamespace" => s
+                        .namespaces
                         .iter()
                         .find(|(oid, _)| *oid == o)
-                        .map_or_else(|| o.to_string(), |(_, n)| n.to_string()),
+                        .map_or_else(|| o.to_string(), |(_, n)| crate::stmt::quote_ident(n)),
                     "regrole" => s
                         .roles
                         .iter()

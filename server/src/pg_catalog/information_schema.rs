@@ -103,10 +103,10 @@ fn rows(
     let mut out = Vec::new();
     match name {
         "schemata" => {
-            for (_, ns) in NAMESPACES {
+            for (_, ns) in &session.namespaces {
                 out.push(r(vec![
                     ("catalog_name", db()),
-                    ("schema_name", (*ns).into()),
+                    ("schema_name", ns.as_str().into()),
                     ("schema_owner", user()),
                 ]));
             }
@@ -129,7 +129,7 @@ fn rows(
                 };
                 out.push(r(vec![
                     ("table_catalog", db()),
-                    ("table_schema", rel.schema.into()),
+                    ("table_schema", rel.schema.as_str().into()),
                     ("table_name", rel.name.as_str().into()),
                     ("table_type", table_type.into()),
                     ("is_insertable_into", yes(rel.relkind == "r")),
@@ -141,7 +141,7 @@ fn rows(
             for rel in rels.iter().filter(|r| r.relkind == "v") {
                 out.push(r(vec![
                     ("table_catalog", db()),
-                    ("table_schema", rel.schema.into()),
+                    ("table_schema", rel.schema.as_str().into()),
                     ("table_name", rel.name.as_str().into()),
                     ("view_definition", rel.definition.clone().into()),
                     ("check_option", "NONE".into()),
@@ -164,10 +164,10 @@ fn rows(
             for rel in rels.iter().filter(|r| !r.primary_key.is_empty()) {
                 out.push(r(vec![
                     ("constraint_catalog", db()),
-                    ("constraint_schema", rel.schema.into()),
+                    ("constraint_schema", rel.schema.as_str().into()),
                     ("constraint_name", rel.key_name().into()),
                     ("table_catalog", db()),
-                    ("table_schema", rel.schema.into()),
+                    ("table_schema", rel.schema.as_str().into()),
                     ("table_name", rel.name.as_str().into()),
                     ("constraint_type", "PRIMARY KEY".into()),
                     ("is_deferrable", yes(false)),
@@ -182,10 +182,10 @@ fn rows(
                 for (n, c) in rel.key_columns().into_iter().enumerate() {
                     let mut values = vec![
                         ("constraint_catalog", db()),
-                        ("constraint_schema", rel.schema.into()),
+                        ("constraint_schema", rel.schema.as_str().into()),
                         ("constraint_name", rel.key_name().into()),
                         ("table_catalog", db()),
-                        ("table_schema", rel.schema.into()),
+                        ("table_schema", rel.schema.as_str().into()),
                         ("table_name", rel.name.as_str().into()),
                         ("column_name", c.into()),
                     ];
@@ -208,7 +208,7 @@ fn rows(
                         ("grantor", user()),
                         ("grantee", user()),
                         ("table_catalog", db()),
-                        ("table_schema", rel.schema.into()),
+                        ("table_schema", rel.schema.as_str().into()),
                         ("table_name", rel.name.as_str().into()),
                         ("privilege_type", (*p).into()),
                         ("is_grantable", yes(true)),
@@ -270,7 +270,7 @@ fn column_values<'a>(
     let _ = session;
     vec![
         ("table_catalog", db.clone()),
-        ("table_schema", rel.schema.into()),
+        ("table_schema", rel.schema.as_str().into()),
         ("table_name", rel.name.as_str().into()),
         ("column_name", c.name.as_str().into()),
         ("ordinal_position", V::I(i as i64 + 1)),

@@ -29,10 +29,12 @@ pub mod rewrite;
 mod tables;
 mod types;
 
-/// Whether `name` is a schema there is (the rows of `pg_namespace`):
-/// every object is in `public`; the others are the system's.
-pub fn schema_exists(name: &str) -> bool {
-    tables::NAMESPACES.iter().any(|(_, n)| *n == name)
+/// Whether `name` is one of the system's schemas (`pg_catalog`,
+/// `information_schema`, `weir_catalog`), where users create nothing.
+pub fn is_system_schema(name: &str) -> bool {
+    tables::NAMESPACES
+        .iter()
+        .any(|(oid, n)| *n == name && *oid != PUBLIC_OID)
 }
 
 use std::sync::Arc;
@@ -90,6 +92,8 @@ pub struct SessionInfo {
     pub set_by_query: Arc<std::sync::Mutex<Vec<(String, String)>>>,
     /// Every role, as the statement began.
     pub roles: Vec<crate::roles::Role>,
+    /// Every schema, `(oid, name)`: the system's, then users'.
+    pub namespaces: Vec<(i32, String)>,
 }
 
 impl SessionInfo {
@@ -113,7 +117,16 @@ impl SessionInfo {
             backend_pid: session.backend_pid,
             set_by_query: Default::default(),
             roles: Vec::new(),
+            namespaces: Vec::new(),
         }
+    }
+
+    /// The oid of the schema `name`.
+    pub fn namespace_oid(&self, name: &str) -> Option<i32> {
+        self.namespaces
+            .iter()
+            .find(|(_, n)| n == name)
+            .map(|(oid, _)| *oid)
     }
 
     /// The role of the session, if it still exists.
@@ -134,6 +147,17 @@ impl SessionInfo {
 /// statement's context.
 pub fn register(ctx: &SessionContext, db: &Arc<Database>, mut session: SessionInfo) {
     session.roles = db.roles.all();
+    session.namespaces = NAMESPACES
+        .iter()
+        .map(|(oid, n)| (*oid, n.to_string()))
+        .chain(
+            db.catalog
+                .schemas()
+                .into_iter()
+                .filter(|(n, _)| n != crate::stmt::DEFAULT_SCHEMA)
+                .map(|(n, id)| (relation_oid(id), n)),
+        )
+        .collect();
     let session = Arc::new(session);
     if let Some(catalog) = ctx.catalog("weir") {
         let _ = catalog.register_schema(

@@ -409,7 +409,7 @@ pub(super) struct Relation {
     pub id: u64,
     pub oid: i32,
     pub name: String,
-    pub schema: &'static str,
+    pub schema: String,
     pub namespace: i32,
     /// `r`, `v`, `m` or `f`.
     pub relkind: &'static str,
@@ -448,6 +448,11 @@ impl Relation {
 /// listed without columns.
 pub(super) async fn relations(db: &Arc<Database>) -> Vec<Relation> {
     let mut out = Vec::new();
+    let schemas = db.catalog.schemas();
+    let namespace = |schema: &str| match schemas.iter().find(|(n, _)| n == schema) {
+        Some((_, id)) if schema != crate::stmt::DEFAULT_SCHEMA => relation_oid(*id),
+        _ => PUBLIC_OID,
+    };
     let mut entries = db.catalog.all();
     entries.sort_by_key(|e| e.id());
     for entry in entries {
@@ -504,8 +509,8 @@ pub(super) async fn relations(db: &Arc<Database>) -> Vec<Relation> {
             id: entry.id(),
             oid: relation_oid(entry.id()),
             name: entry.name().to_string(),
-            schema: "public",
-            namespace: PUBLIC_OID,
+            schema: entry.schema().to_string(),
+            namespace: namespace(entry.schema()),
             relkind,
             columns,
             primary_key,
@@ -569,27 +574,28 @@ fn kind_oid(kind: Kind) -> i32 {
 /// `\d pg_class` find them. The other catalogs (`pg_tables`,
 /// `information_schema.tables`, …) list Weir's own relations only.
 pub(super) fn system_relations() -> Vec<Relation> {
-    let relation = |oid, name: &str, schema, namespace, relkind, cols: &[(&str, Kind)]| Relation {
-        id: 0,
-        oid,
-        name: name.to_string(),
-        schema,
-        namespace,
-        relkind,
-        columns: cols
-            .iter()
-            .map(|(name, kind)| Attribute {
-                name: name.to_string(),
-                type_oid: kind_oid(*kind),
-                typmod: -1,
-                not_null: false,
-                default: None,
-            })
-            .collect(),
-        primary_key: Vec::new(),
-        definition: None,
-        connector: None,
-    };
+    let relation =
+        |oid, name: &str, schema: &str, namespace, relkind, cols: &[(&str, Kind)]| Relation {
+            id: 0,
+            oid,
+            name: name.to_string(),
+            schema: schema.to_string(),
+            namespace,
+            relkind,
+            columns: cols
+                .iter()
+                .map(|(name, kind)| Attribute {
+                    name: name.to_string(),
+                    type_oid: kind_oid(*kind),
+                    typmod: -1,
+                    not_null: false,
+                    default: None,
+                })
+                .collect(),
+            primary_key: Vec::new(),
+            definition: None,
+            connector: None,
+        };
     let catalog = TABLE_NAMES.iter().enumerate().filter_map(|(i, t)| {
         let relkind = if SYSTEM_VIEWS.contains(t) { "v" } else { "r" };
         let cols = columns_of(PG_CATALOG, t)?;
@@ -676,12 +682,13 @@ pub(super) async fn build(
                 ("amtype", "i".into()),
             ]),
         ],
-        "pg_namespace" => NAMESPACES
+        "pg_namespace" => session
+            .namespaces
             .iter()
             .map(|(oid, n)| {
                 r(vec![
                     ("oid", (*oid).into()),
-                    ("nspname", (*n).into()),
+                    ("nspname", n.as_str().into()),
                     ("nspowner", owner()),
                 ])
             })
@@ -1223,7 +1230,7 @@ async fn relation_rows(
         "pg_tables" => {
             for rel in rels.iter().filter(|r| r.relkind == "r") {
                 rows.push(r(vec![
-                    ("schemaname", rel.schema.into()),
+                    ("schemaname", rel.schema.as_str().into()),
                     ("tablename", rel.name.as_str().into()),
                     ("tableowner", user()),
                     ("hasindexes", (!rel.primary_key.is_empty()).into()),
@@ -1236,7 +1243,7 @@ async fn relation_rows(
         "pg_views" => {
             for rel in rels.iter().filter(|r| r.relkind == "v") {
                 rows.push(r(vec![
-                    ("schemaname", rel.schema.into()),
+                    ("schemaname", rel.schema.as_str().into()),
                     ("viewname", rel.name.as_str().into()),
                     ("viewowner", user()),
                     ("definition", rel.definition.clone().into()),
@@ -1246,7 +1253,7 @@ async fn relation_rows(
         "pg_matviews" => {
             for rel in rels.iter().filter(|r| r.relkind == "m") {
                 rows.push(r(vec![
-                    ("schemaname", rel.schema.into()),
+                    ("schemaname", rel.schema.as_str().into()),
                     ("matviewname", rel.name.as_str().into()),
                     ("matviewowner", user()),
                     ("hasindexes", false.into()),
@@ -1258,7 +1265,7 @@ async fn relation_rows(
         "pg_indexes" => {
             for rel in rels.iter().filter(|r| !r.primary_key.is_empty()) {
                 rows.push(r(vec![
-                    ("schemaname", rel.schema.into()),
+                    ("schemaname", rel.schema.as_str().into()),
                     ("tablename", rel.name.as_str().into()),
                     ("indexname", rel.key_name().into()),
                     ("indexdef", index_def(rel).into()),
@@ -1280,7 +1287,7 @@ async fn relation_rows(
             for rel in rels.iter().filter(|r| matches!(r.relkind, "r" | "m")) {
                 rows.push(r(vec![
                     ("relid", rel.oid.into()),
-                    ("schemaname", rel.schema.into()),
+                    ("schemaname", rel.schema.as_str().into()),
                     ("relname", rel.name.as_str().into()),
                 ]));
             }
@@ -1296,14 +1303,15 @@ async fn relation_rows(
 
 /// `pg_get_indexdef` of a primary key's index.
 pub(super) fn index_def(rel: &Relation) -> String {
-    key_index_def(rel.schema, &rel.name, &rel.key_columns())
+    key_index_def(&rel.schema, &rel.name, &rel.key_columns())
 }
 
 /// The definition of the unique index of `table`'s primary key `key`.
 pub(super) fn key_index_def(schema: &str, table: &str, key: &[String]) -> String {
     format!(
-        "CREATE UNIQUE INDEX {} ON {schema}.{} USING btree ({})",
+        "CREATE UNIQUE INDEX {} ON {}.{} USING btree ({})",
         crate::stmt::quote_ident(&format!("{table}_pkey")),
+        crate::stmt::quote_ident(schema),
         crate::stmt::quote_ident(table),
         quoted_list(key)
     )

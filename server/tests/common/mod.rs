@@ -383,9 +383,10 @@ pub fn view_definition(sql: &str) -> Option<(String, String)> {
         .strip_prefix("if not exists")
         .unwrap_or(rest)
         .trim_start();
+    // `v`, or `schema.v`.
     let name: String = rest
         .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.')
         .collect();
     rest = rest[name.len()..].trim_start();
     if rest.starts_with('(') {
