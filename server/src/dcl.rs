@@ -48,7 +48,7 @@ pub fn check(db: &Database, session: &Session, stmt: &Stmt) -> Result<()> {
         | Stmt::Fetch { .. }
         | Stmt::Close { .. } => return Ok(()),
         Stmt::Subscribe { subscribe, .. } | Stmt::DeclareSubscribe { subscribe, .. } => {
-            return may_read(db, &role, &subscribe.view);
+            return may_read(db, &role, &crate::stmt::object_name(&subscribe.view)?);
         }
         Stmt::Sql(s) => s.as_ref(),
         _ => return Err(superuser_only(&role)),

@@ -20,7 +20,7 @@ use crate::catalog::{Catalog, Entry, table_desc};
 use crate::cursor::Cursor;
 use crate::error::{Result, ServerError};
 use crate::session::Session;
-use crate::stmt::Stmt;
+use crate::stmt::{Stmt, object_name};
 use crate::subscribe::Subscription;
 use crate::{ddl, dml, query, savepoint};
 
@@ -278,11 +278,22 @@ impl Database {
     }
 
     /// Runs one statement.
+    /// Qualifies `stmt`'s unqualified names by the session's
+    /// `search_path` (see [`crate::search_path`]).
+    pub fn qualify(&self, session: &Session, stmt: &mut Stmt) -> Result<()> {
+        let path = crate::search_path::SearchPath::of(session, &self.catalog);
+        if path.is_default() {
+            return Ok(());
+        }
+        path.qualify(&self.catalog, stmt)
+    }
+
     pub async fn execute(
         self: &Arc<Self>,
         session: &mut Session,
-        stmt: Stmt,
+        mut stmt: Stmt,
     ) -> Result<QueryResult> {
+        self.qualify(session, &mut stmt)?;
         crate::dcl::check(self, session, &stmt)?;
         if !stoppable(&stmt) {
             // Not written to be dropped half way: it runs to its end once
@@ -321,21 +332,31 @@ impl Database {
                 if_not_exists,
                 query,
                 connector,
-            } => crate::sinks::create(self, session, name, if_not_exists, *query, connector).await,
+            } => {
+                let name = object_name(&name)?;
+                crate::sinks::create(self, session, name, if_not_exists, *query, connector).await
+            }
             Stmt::DropSink {
                 name,
                 if_exists,
                 cascade,
-            } => ddl::drop_objects(self, "sink", if_exists, &[name], cascade).await,
+            } => {
+                let names = [object_name(&name)?];
+                ddl::drop_objects(self, "sink", if_exists, &names, cascade).await
+            }
             Stmt::DropSource {
                 name,
                 if_exists,
                 cascade,
-            } => ddl::drop_objects(self, "source", if_exists, &[name], cascade).await,
+            } => {
+                let names = [object_name(&name)?];
+                ddl::drop_objects(self, "source", if_exists, &names, cascade).await
+            }
             Stmt::SetParallelism { view, parallelism } => {
-                ddl::set_parallelism(self, &view, parallelism).await
+                ddl::set_parallelism(self, &object_name(&view)?, parallelism).await
             }
             Stmt::CreateSavepoint { name, view } => {
+                let view = view.as_ref().map(object_name).transpose()?;
                 savepoint::create(self, &name, view.as_ref()).await
             }
             Stmt::DropSavepoint { name, if_exists } => {
@@ -343,6 +364,7 @@ impl Database {
             }
             Stmt::ShowSavepoints => savepoint::show(self),
             Stmt::RestoreSavepoint { name, view } => {
+                let view = view.as_ref().map(object_name).transpose()?;
                 savepoint::restore(self, &name, view.as_ref()).await
             }
             Stmt::EmitOnWindowClose(s) => match *s {

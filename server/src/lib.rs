@@ -28,6 +28,7 @@ pub mod proctime;
 pub mod query;
 pub mod roles;
 pub mod savepoint;
+pub mod search_path;
 pub mod session;
 pub mod settings;
 pub mod sinks;

@@ -91,6 +91,8 @@ impl Parser {
         };
         let mut param_types = Vec::new();
         let mut schema = None;
+        let mut stmt = stmt;
+        self.db.qualify(&*self.session.lock().await, &mut stmt)?;
         match &stmt {
             Stmt::Subscribe {
                 subscribe,

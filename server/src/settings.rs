@@ -80,7 +80,7 @@ static PARAMS: &[Param] = &[
     reported("server_encoding", "UTF8", Check::ReadOnly),
     reported("server_version", crate::SERVER_VERSION, Check::ReadOnly),
     p("server_version_num", SERVER_VERSION_NUM, Check::ReadOnly),
-    p("search_path", "\"$user\", public", Check::With(search_path)),
+    p("search_path", "\"$user\", public", Check::Any),
     p("extra_float_digits", "1", Check::With(extra_float_digits)),
     p("statement_timeout", "0", Check::Millis),
     p("lock_timeout", "0", Check::Millis),
@@ -256,34 +256,6 @@ fn client_encoding(v: &str) -> Result<String> {
         _ => Err(ServerError::unsupported(format!(
             "client_encoding {v} (Weir speaks UTF8 only)"
         ))),
-    }
-}
-
-/// A path whose first schema for unqualified names is `public` (`"$user"`
-/// and `pg_catalog` before it are fine: Weir has no schema per user, and
-/// `pg_catalog` holds no user object), or an empty one. Weir resolves
-/// unqualified names in `public` always, also in views' stored queries, so
-/// another first schema would change what a name means.
-fn search_path(v: &str) -> Result<String> {
-    let first = v
-        .split(',')
-        .map(|p| p.trim())
-        .map(
-            |p| match p.strip_prefix('"').and_then(|p| p.strip_suffix('"')) {
-                Some(quoted) => quoted.replace("\"\"", "\""),
-                None => p.to_lowercase(),
-            },
-        )
-        .find(|p| !p.is_empty() && p != "$user" && p != "pg_catalog");
-    match first {
-        Some(schema) if schema != crate::stmt::DEFAULT_SCHEMA => {
-            Err(ServerError::unsupported(format!(
-                "search_path beginning with schema {schema} (unqualified names always mean \
-                 {default} in Weir: qualify them, as {schema}.name, or put {default} first)",
-                default = crate::stmt::DEFAULT_SCHEMA
-            )))
-        }
-        _ => Ok(v.to_string()),
     }
 }
 

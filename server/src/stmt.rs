@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr as SqlExpr, Ident, Query, SelectItem, SetExpr, Statement, Value, visit_expressions,
-    visit_expressions_mut,
+    Expr as SqlExpr, Ident, ObjectName, Query, SelectItem, SetExpr, Statement, Value,
+    visit_expressions, visit_expressions_mut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
@@ -31,13 +31,13 @@ pub enum Stmt {
     /// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM [=|TO] n`:
     /// rescale the view's or the sink's job.
     SetParallelism {
-        view: QualifiedName,
+        view: ObjectName,
         parallelism: u64,
     },
     /// `CREATE SAVEPOINT name [FOR MATERIALIZED VIEW v]`.
     CreateSavepoint {
         name: String,
-        view: Option<QualifiedName>,
+        view: Option<ObjectName>,
     },
     /// `DROP SAVEPOINT [IF EXISTS] name`.
     DropSavepoint {
@@ -49,7 +49,7 @@ pub enum Stmt {
     /// `None`, `RESTORE DATABASE FROM SAVEPOINT name`.
     RestoreSavepoint {
         name: String,
-        view: Option<QualifiedName>,
+        view: Option<ObjectName>,
     },
     /// `CREATE MATERIALIZED VIEW … EMIT ON WINDOW CLOSE` (or its EXPLAIN),
     /// the clause taken off: the view's windows are emitted once, final,
@@ -59,14 +59,14 @@ pub enum Stmt {
     ShowSources,
     /// `DROP SOURCE [IF EXISTS] name [CASCADE | RESTRICT]`.
     DropSource {
-        name: QualifiedName,
+        name: ObjectName,
         if_exists: bool,
         cascade: bool,
     },
     /// `CREATE SINK [IF NOT EXISTS] name FROM relation | AS query WITH (…)
     /// [FORMAT … ENCODE …]` (RisingWave's syntax).
     CreateSink {
-        name: QualifiedName,
+        name: ObjectName,
         if_not_exists: bool,
         /// The query whose changes the sink writes (`FROM v`: `SELECT *
         /// FROM v`).
@@ -77,7 +77,7 @@ pub enum Stmt {
     ShowSinks,
     /// `DROP SINK [IF EXISTS] name [CASCADE | RESTRICT]`.
     DropSink {
-        name: QualifiedName,
+        name: ObjectName,
         if_exists: bool,
         cascade: bool,
     },
@@ -118,7 +118,7 @@ pub enum Stmt {
 /// `SUBSCRIBE [TO] view [SINCE epoch] [WITH (progress [= true])]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscribe {
-    pub view: QualifiedName,
+    pub view: ObjectName,
     /// Resume: the changes of the epochs after this one, without a
     /// snapshot. `None`: the view's rows first, then its changes.
     pub since: Option<u64>,
@@ -157,7 +157,7 @@ fn is_word(t: &Token, word: &str) -> bool {
 /// Parses a query string into its statements.
 pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let dialect = PostgreSqlDialect {};
-    corresponding(sql)?;
+    unparsed_features(sql)?;
     let mut parser = Parser::new(&dialect).try_with_sql(sql)?;
     let mut out = Vec::new();
     loop {
@@ -195,7 +195,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             let view = if is_word(&parser.peek_token().token, "for") {
                 parser.next_token();
                 expect_words(&mut parser, &["materialized", "view"])?;
-                Some(object_name(&parser.parse_object_name(false)?)?)
+                Some(relation_name(parser.parse_object_name(false)?)?)
             } else {
                 None
             };
@@ -217,7 +217,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
                 None
             } else {
                 expect_words(&mut parser, &["materialized", "view"])?;
-                Some(object_name(&parser.parse_object_name(false)?)?)
+                Some(relation_name(parser.parse_object_name(false)?)?)
             };
             expect_words(&mut parser, &["from", "savepoint"])?;
             let name = simple_name(&parser.parse_object_name(false)?)?;
@@ -240,7 +240,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             parser.next_token();
             parser.next_token();
             let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
-            let name = object_name(&parser.parse_object_name(false)?)?;
+            let name = relation_name(parser.parse_object_name(false)?)?;
             let cascade = parser.parse_keyword(Keyword::CASCADE);
             if !cascade {
                 let _ = parser.parse_keyword(Keyword::RESTRICT);
@@ -663,7 +663,7 @@ fn create_sink(parser: &mut Parser<'_>) -> Result<Stmt> {
     parser.next_token();
     parser.next_token();
     let if_not_exists = parser.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
-    let name = object_name(&parser.parse_object_name(false)?)?;
+    let name = relation_name(parser.parse_object_name(false)?)?;
     let from = parser.next_token().token;
     let mut tokens = statement_tokens(parser);
     let connector = source_clauses(&mut tokens, "CREATE SINK")?;
@@ -821,7 +821,7 @@ fn subscribe(parser: &mut Parser<'_>) -> Result<Subscribe> {
             "SUBSCRIBE to a query (subscribe to a materialized view)",
         ));
     }
-    let view = object_name(&parser.parse_object_name(false)?)?;
+    let view = relation_name(parser.parse_object_name(false)?)?;
     let mut since = None;
     if is_word(&parser.peek_token().token, "since") {
         parser.next_token();
@@ -1036,7 +1036,7 @@ fn expect_words(parser: &mut Parser<'_>, words: &[&str]) -> Result<()> {
 
 /// The rest of `ALTER MATERIALIZED VIEW`: `name SET PARALLELISM [=|TO] n`.
 fn set_parallelism(parser: &mut Parser<'_>, statement: &str) -> Result<Stmt> {
-    let view = object_name(&parser.parse_object_name(false)?)?;
+    let view = relation_name(parser.parse_object_name(false)?)?;
     let set = parser.next_token().token;
     let what = parser.next_token().token;
     if !is_word(&set, "set") || !is_word(&what, "parallelism") {
@@ -1251,10 +1251,12 @@ fn distinct_names(body: &mut SetExpr) -> Option<Vec<String>> {
     Some(names)
 }
 
-/// `UNION | INTERSECT | EXCEPT [ALL | DISTINCT] CORRESPONDING [BY (…)]`,
-/// which the parser does not know: `0A000`, not a syntax error.
-fn corresponding(sql: &str) -> Result<()> {
-    if !sql.to_ascii_lowercase().contains("corresponding") {
+/// Postgres syntax the parser does not know, refused as `0A000` rather
+/// than as a syntax error: `UNION | INTERSECT | EXCEPT [ALL | DISTINCT]
+/// CORRESPONDING [BY (…)]` and `BETWEEN [A]SYMMETRIC`.
+fn unparsed_features(sql: &str) -> Result<()> {
+    let lower = sql.to_ascii_lowercase();
+    if !lower.contains("corresponding") && !lower.contains("symmetric") {
         return Ok(());
     }
     let Ok(tokens) =
@@ -1272,17 +1274,21 @@ fn corresponding(sql: &str) -> Result<()> {
             .iter()
             .any(|w| is_word(t, w))
     };
-    for (i, t) in words.iter().enumerate() {
-        if !is_word(t, "corresponding") || i == 0 {
-            continue;
-        }
+    for (i, t) in words.iter().enumerate().skip(1) {
         let before = words[i - 1];
-        let quantified = (is_word(before, "all") || is_word(before, "distinct"))
-            && i >= 2
-            && set_op(words[i - 2]);
-        if set_op(before) || quantified {
+        if is_word(t, "corresponding") {
+            let quantified = (is_word(before, "all") || is_word(before, "distinct"))
+                && i >= 2
+                && set_op(words[i - 2]);
+            if set_op(before) || quantified {
+                return Err(ServerError::unsupported(
+                    "UNION | INTERSECT | EXCEPT … CORRESPONDING (name the columns in each SELECT)",
+                ));
+            }
+        }
+        if (is_word(t, "symmetric") || is_word(t, "asymmetric")) && is_word(before, "between") {
             return Err(ServerError::unsupported(
-                "UNION | INTERSECT | EXCEPT … CORRESPONDING (name the columns in each SELECT)",
+                "BETWEEN SYMMETRIC (write x BETWEEN a AND b OR x BETWEEN b AND a)",
             ));
         }
     }
@@ -1358,6 +1364,13 @@ pub fn object_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result
             "improper qualified name (too many dotted names): {name}"
         ))),
     }
+}
+
+/// A parsed object name, checked for its form (see [`object_name`]) and
+/// kept as written, for `search_path` to qualify when the statement runs.
+fn relation_name(name: ObjectName) -> Result<ObjectName> {
+    object_name(&name)?;
+    Ok(name)
 }
 
 /// The name of something that lives outside schemas (a schema itself, a
@@ -1557,10 +1570,10 @@ mod tests {
         assert!(matches!(stmts[3], Stmt::ShowJobs));
         let stmts = parse("ALTER MATERIALIZED VIEW v SET PARALLELISM = 4; alter materialized view public.W set parallelism to 1").unwrap();
         assert!(
-            matches!(&stmts[0], Stmt::SetParallelism { view, parallelism: 4 } if *view == QualifiedName::public("v"))
+            matches!(&stmts[0], Stmt::SetParallelism { view, parallelism: 4 } if object_name(view).unwrap() == QualifiedName::public("v"))
         );
         assert!(
-            matches!(&stmts[1], Stmt::SetParallelism { view, parallelism: 1 } if *view == QualifiedName::public("w"))
+            matches!(&stmts[1], Stmt::SetParallelism { view, parallelism: 1 } if object_name(view).unwrap() == QualifiedName::public("w"))
         );
         assert!(parse("ALTER MATERIALIZED VIEW v RENAME TO w").is_err());
         let stmts = parse(
@@ -1571,7 +1584,7 @@ mod tests {
         .unwrap();
         assert!(matches!(&stmts[0], Stmt::CreateSavepoint { name, view: None } if name == "s1"));
         assert!(
-            matches!(&stmts[1], Stmt::CreateSavepoint { view: Some(v), .. } if *v == QualifiedName::public("v"))
+            matches!(&stmts[1], Stmt::CreateSavepoint { view: Some(v), .. } if object_name(v).unwrap() == QualifiedName::public("v"))
         );
         assert!(matches!(
             &stmts[2],
@@ -1582,7 +1595,7 @@ mod tests {
         ));
         assert!(matches!(&stmts[3], Stmt::ShowSavepoints));
         assert!(
-            matches!(&stmts[4], Stmt::RestoreSavepoint { name, view: Some(v) } if name == "s2" && *v == QualifiedName::public("v"))
+            matches!(&stmts[4], Stmt::RestoreSavepoint { name, view: Some(v) } if name == "s2" && object_name(v).unwrap() == QualifiedName::public("v"))
         );
         assert!(matches!(
             &stmts[5],
@@ -1646,7 +1659,7 @@ mod tests {
         )
         .unwrap();
         let v = |since, progress| Subscribe {
-            view: QualifiedName::public("v"),
+            view: ObjectName::from(vec![Ident::new("v")]),
             since,
             progress,
         };

@@ -66,8 +66,9 @@ impl std::fmt::Debug for Subscription {
 
 impl Subscription {
     pub async fn open(db: &Arc<Database>, s: &stmt::Subscribe) -> Result<Self> {
-        let entry = db.catalog.by_name(&s.view).ok_or_else(|| {
-            ServerError::UndefinedTable(format!("relation \"{}\" does not exist", s.view))
+        let view = stmt::object_name(&s.view)?;
+        let entry = db.catalog.by_name(&view).ok_or_else(|| {
+            ServerError::UndefinedTable(format!("relation \"{view}\" does not exist"))
         })?;
         let Entry::MaterializedView {
             id,
@@ -78,14 +79,14 @@ impl Subscription {
         else {
             return Err(ServerError::WrongObjectType(format!(
                 "\"{}\" is a {}: SUBSCRIBE follows materialized views",
-                s.view,
+                view,
                 entry.kind()
             )));
         };
         if retain_history_ms == 0 {
             return Err(ServerError::NotInPrerequisiteState(format!(
                 "materialized view \"{}\" keeps no changes to subscribe to (retain_history = 'off')",
-                s.view
+                view
             )));
         }
         let view_schema = crate::context::view_schema(db, id, &sql).await?;
@@ -101,7 +102,7 @@ impl Subscription {
         );
         let mut sub = Self {
             db: db.clone(),
-            view: s.view.to_string(),
+            view: view.to_string(),
             job: id,
             changelog_table: planner::view_changelog_table(id),
             retain_history_ms,

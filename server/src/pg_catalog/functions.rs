@@ -306,6 +306,18 @@ fn texts(args: &[ArrayRef], i: usize, rows: usize) -> DfResult<StringArray> {
     }
 }
 
+/// Text as a string literal, as Postgres's `quote_literal` writes it:
+/// quotes doubled, and with a backslash, backslashes doubled in an `E''`
+/// string.
+fn quote_literal(v: &str) -> String {
+    let quoted = v.replace('\'', "''");
+    if v.contains('\\') {
+        format!("E'{}'", quoted.replace('\\', "\\\\"))
+    } else {
+        format!("'{quoted}'")
+    }
+}
+
 fn utf8(_: &[DataType]) -> DfResult<DataType> {
     Ok(DataType::Utf8)
 }
@@ -362,11 +374,7 @@ fn pg_format<'a>(fmt: &str, arg: impl Fn(usize) -> DfResult<Option<&'a str>>) ->
                 }
             },
             Some('L') => match value {
-                Some(v) => {
-                    out.push('\'');
-                    out.push_str(&v.replace('\'', "''"));
-                    out.push('\'');
-                }
+                Some(v) => out.push_str(&quote_literal(v)),
                 None => out.push_str("NULL"),
             },
             other => {
@@ -586,6 +594,23 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
                     .collect::<StringArray>(),
             ))
         }),
+        udf("quote_literal", 1..=1, utf8, |args, rows| {
+            let t = texts(args, 0, rows)?;
+            Ok(Arc::new(
+                t.iter()
+                    .map(|v| v.map(quote_literal))
+                    .collect::<StringArray>(),
+            ))
+        }),
+        // As `quote_literal`, but NULL is the text `NULL`.
+        udf("quote_nullable", 1..=1, utf8, |args, rows| {
+            let t = texts(args, 0, rows)?;
+            Ok(Arc::new(
+                t.iter()
+                    .map(|v| Some(v.map_or_else(|| "NULL".to_string(), quote_literal)))
+                    .collect::<StringArray>(),
+            ))
+        }),
         udf("quote_ident", 1..=1, utf8, |args, rows| {
             let t = texts(args, 0, rows)?;
             Ok(Arc::new(
@@ -751,12 +776,7 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
         let first = s
             .search_path
             .iter()
-            .find(|p| {
-                *p == "public"
-                    || *p == "pg_catalog"
-                    || *p == "information_schema"
-                    || *p == crate::system::SCHEMA
-            })
+            .find(|p| s.namespace_oid(p).is_some())
             .cloned();
         Ok(Arc::new(StringArray::from(vec![first; rows])))
     }));
@@ -783,7 +803,11 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
                 if implicit.value(i) && !s.search_path.iter().any(|p| p == "pg_catalog") {
                     b.values().append_value("pg_catalog");
                 }
-                for p in &s.search_path {
+                for p in s
+                    .search_path
+                    .iter()
+                    .filter(|p| s.namespace_oid(p).is_some())
+                {
                     b.values().append_value(p);
                 }
                 b.append(true);
@@ -831,8 +855,15 @@ pub(super) fn register(ctx: &SessionContext, db: &Arc<Database>, session: &Arc<S
                 oids.iter()
                     .map(|o| {
                         o.map(|o| {
-                            n.by_oid.get(&o).is_some_and(|(schema, _, _)| {
-                                schema == "pg_catalog" || s.search_path.contains(schema)
+                            // Visible: the first relation of its name along
+                            // the path (pg_catalog first).
+                            n.by_oid.get(&o).is_some_and(|(schema, name, _)| {
+                                std::iter::once("pg_catalog")
+                                    .chain(s.search_path.iter().map(String::as_str))
+                                    .find(|p| {
+                                        n.by_name.contains_key(&(p.to_string(), name.clone()))
+                                    })
+                                    == Some(schema.as_str())
                             })
                         })
                     })

@@ -103,9 +103,15 @@ impl SessionInfo {
             .iter()
             .find(|(k, _)| k == "search_path")
             .map(|(_, v)| {
-                v.split(',')
-                    .map(|s| s.trim().trim_matches('"').to_string())
-                    .filter(|s| !s.is_empty() && s != "$user")
+                crate::search_path::split(v)
+                    .into_iter()
+                    .map(|s| {
+                        if s == "$user" {
+                            session.user.clone()
+                        } else {
+                            s
+                        }
+                    })
                     .collect()
             })
             .unwrap_or_else(|| vec!["public".to_string()]);
