@@ -277,6 +277,23 @@ impl From<DataFusionError> for ServerError {
             DataFusionError::SQL(p, _) => ServerError::from(p.as_ref().clone()),
             DataFusionError::ArrowError(a, _) => from_arrow(a),
             DataFusionError::SchemaError(s, _) => match s.as_ref() {
+                // DataFusion pulls a correlated subquery up into a join
+                // one level at a time; a column of a query further out is
+                // then missing from the join it made (`__correlated_sq_n`).
+                SchemaError::FieldNotFound {
+                    field,
+                    valid_fields,
+                } if valid_fields.iter().any(|c| {
+                    c.relation
+                        .as_ref()
+                        .is_some_and(|r| r.table().starts_with("__correlated_sq"))
+                }) =>
+                {
+                    ServerError::Unsupported(format!(
+                        "a correlated subquery that refers to a column of a query two or more \
+                         levels out ({field})"
+                    ))
+                }
                 SchemaError::FieldNotFound { .. } => {
                     ServerError::UndefinedColumn(strip(&root.to_string()))
                 }
@@ -371,6 +388,14 @@ fn feature(m: &str) -> String {
     }
     if let Some(t) = f.strip_prefix("Unsupported SQL type ") {
         return format!("type {t}");
+    }
+    // A subquery left in the plan: DataFusion could not turn it into a join.
+    if let Some(e) = f.strip_prefix("Physical plan does not support logical expression ") {
+        let kind = e.split('(').next().unwrap_or(e);
+        return format!(
+            "a correlated subquery that cannot be turned into a join ({kind}: for example, one \
+             whose join ON condition refers to an outer column)"
+        );
     }
     f.strip_prefix("Unsupported ").unwrap_or(f).to_string()
 }
@@ -541,6 +566,12 @@ mod tests {
             ),
             ("Unsupported SQL type JSONB", "type JSONB is not supported"),
             ("LATERAL joins", "LATERAL joins is not supported"),
+            (
+                "Physical plan does not support logical expression ScalarSubquery(<subquery>) is \
+                 not supported",
+                "a correlated subquery that cannot be turned into a join (ScalarSubquery: for \
+                 example, one whose join ON condition refers to an outer column) is not supported",
+            ),
         ] {
             let e: ServerError = DataFusionError::NotImplemented(datafusion.to_string()).into();
             assert_eq!(e.to_string(), ours);

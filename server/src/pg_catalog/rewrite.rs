@@ -290,6 +290,21 @@ impl VisitorMut for Rewriter {
     }
 }
 
+/// The type `localtimestamp` or `localtime` (as a name, or as the
+/// argument-less function sqlparser may read) stands for.
+fn local_time(expr: &Expr) -> Option<&'static str> {
+    let name = match expr {
+        Expr::Identifier(i) if i.quote_style.is_none() => i.value.to_lowercase(),
+        Expr::Function(f) if matches!(f.args, FunctionArguments::None) => unqualified(&f.name)?,
+        _ => return None,
+    };
+    match name.as_str() {
+        "localtimestamp" => Some("TIMESTAMP"),
+        "localtime" => Some("TIME"),
+        _ => None,
+    }
+}
+
 /// SQL's `current_user`, spelled as it parses back (without parentheses).
 fn current_user() -> Expr {
     match call("current_user", vec![]) {
@@ -1025,6 +1040,11 @@ fn array_of(t: SqlType) -> SqlType {
 fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
     if let Some(e) = jsonb_call(expr) {
         return Ok(Some(e));
+    }
+    // SQL's `localtimestamp` and `localtime`: the statement's time without
+    // a time zone (Weir's zone is UTC).
+    if let Some(to) = local_time(expr) {
+        return Ok(parse(&format!("CAST(now() AS {to})"), |p| p.parse_expr()));
     }
     Ok(Some(match expr {
         // A bare `user` is SQL's `current_user` (a column of that name
