@@ -41,6 +41,7 @@ pub fn check(db: &Database, session: &Session, stmt: &Stmt) -> Result<()> {
         Stmt::Flush
         | Stmt::ShowMaterializedViews
         | Stmt::ShowViews
+        | Stmt::ShowCreateView { .. }
         | Stmt::ShowJobs
         | Stmt::ShowSources
         | Stmt::ShowSinks
@@ -67,6 +68,7 @@ pub fn check(db: &Database, session: &Session, stmt: &Stmt) -> Result<()> {
         Statement::ShowVariable { .. }
         | Statement::ShowVariables { .. }
         | Statement::ShowTables { .. }
+        | Statement::ShowSchemas { .. }
         | Statement::Set(_)
         | Statement::Reset(_)
         | Statement::StartTransaction { .. }

@@ -738,6 +738,41 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
 }
 
 /// `DELETE FROM t [WHERE …]`.
+/// `TRUNCATE [TABLE] t, …`: every row of each table deleted as `DELETE
+/// FROM t` deletes them, so that views see the rows go. Weir has no
+/// sequences and no foreign keys, so `RESTART IDENTITY` and `CASCADE`
+/// change nothing more.
+pub async fn truncate(
+    db: &Arc<Database>,
+    truncate: datafusion::sql::sqlparser::ast::Truncate,
+) -> Result<QueryResult> {
+    if truncate.partitions.is_some() || truncate.on_cluster.is_some() {
+        return Err(ServerError::unsupported(
+            "TRUNCATE … PARTITION | ON CLUSTER",
+        ));
+    }
+    let names = truncate
+        .table_names
+        .iter()
+        .map(|t| object_name(&t.name))
+        .collect::<Result<Vec<_>>>()?;
+    // Every table checked before any is emptied.
+    for name in &names {
+        target(db, name, "truncate")?;
+    }
+    for name in names {
+        let sql = format!("DELETE FROM {}", name.to_sql());
+        let Some(crate::stmt::Stmt::Sql(stmt)) = crate::stmt::parse(&sql)?.pop() else {
+            return Err(ServerError::Internal(format!("not a DELETE: {sql}")));
+        };
+        let Statement::Delete(d) = *stmt else {
+            return Err(ServerError::Internal(format!("not a DELETE: {sql}")));
+        };
+        delete(db, d).await?;
+    }
+    Ok(QueryResult::command("TRUNCATE TABLE"))
+}
+
 pub async fn delete(db: &Arc<Database>, delete: Delete) -> Result<QueryResult> {
     if !delete.tables.is_empty()
         || delete.using.is_some()

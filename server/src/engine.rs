@@ -278,6 +278,15 @@ impl Database {
     }
 
     /// Runs one statement.
+    /// With `implicit_flush` on, a write returns once every view has its
+    /// rows (see `FLUSH`).
+    pub async fn flush_if_implicit(&self, session: &Session) -> Result<()> {
+        if session.get("implicit_flush").is_ok_and(|v| v == "on") {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
     /// Qualifies `stmt`'s unqualified names by the session's
     /// `search_path` (see [`crate::search_path`]).
     pub fn qualify(&self, session: &Session, stmt: &mut Stmt) -> Result<()> {
@@ -324,6 +333,9 @@ impl Database {
             }
             Stmt::ShowMaterializedViews => query::show_objects(self, "materialized view"),
             Stmt::ShowViews => query::show_objects(self, "view"),
+            Stmt::ShowCreateView { name, materialized } => {
+                query::show_create_view(self, &object_name(&name)?, materialized)
+            }
             Stmt::ShowJobs => query::show_jobs(self),
             Stmt::ShowSources => query::show_sources(self),
             Stmt::ShowSinks => crate::sinks::show(self),
@@ -488,9 +500,26 @@ impl Database {
                     })
                 }
             },
-            Statement::Insert(insert) => dml::insert(self, insert).await,
-            Statement::Update(update) => dml::update(self, update).await,
-            Statement::Delete(delete) => dml::delete(self, delete).await,
+            Statement::Insert(insert) => {
+                let done = dml::insert(self, insert).await?;
+                self.flush_if_implicit(session).await?;
+                Ok(done)
+            }
+            Statement::Update(update) => {
+                let done = dml::update(self, update).await?;
+                self.flush_if_implicit(session).await?;
+                Ok(done)
+            }
+            Statement::Delete(delete) => {
+                let done = dml::delete(self, delete).await?;
+                self.flush_if_implicit(session).await?;
+                Ok(done)
+            }
+            Statement::Truncate(truncate) => {
+                let done = dml::truncate(self, truncate).await?;
+                self.flush_if_implicit(session).await?;
+                Ok(done)
+            }
             Statement::CreateTable(ct) => {
                 ddl::create_table(self, session, ct, Default::default()).await
             }
@@ -554,7 +583,12 @@ impl Database {
                     leading_words(&other.to_string())
                 ))),
             },
-            Statement::ShowTables { .. } => query::show_objects(self, "table"),
+            Statement::ShowTables { show_options, .. } => query::show_tables(self, &show_options),
+            Statement::ShowSchemas { show_options, .. }
+                if show_options.show_in.is_none() && show_options.filter_position.is_none() =>
+            {
+                query::show_schemas(self)
+            }
             Statement::ShowVariable { variable } => {
                 let words = variable.iter().map(|i| i.value.clone()).collect::<Vec<_>>();
                 // `SHOW TRANSACTION ISOLATION LEVEL` and `SHOW TIME ZONE`
@@ -782,6 +816,7 @@ fn stoppable(stmt: &Stmt) -> bool {
                 | Statement::Explain { .. }
                 | Statement::ShowVariable { .. }
                 | Statement::ShowTables { .. }
+                | Statement::ShowSchemas { .. }
                 | Statement::Declare { .. }
                 | Statement::Copy { .. }
                 | Statement::CreateView(_)
@@ -792,6 +827,7 @@ fn stoppable(stmt: &Stmt) -> bool {
         | Stmt::Checkpoint
         | Stmt::ShowMaterializedViews
         | Stmt::ShowViews
+        | Stmt::ShowCreateView { .. }
         | Stmt::ShowJobs
         | Stmt::ShowSources
         | Stmt::ShowSinks
@@ -821,6 +857,7 @@ fn writes(stmt: &Stmt) -> Option<&'static str> {
             Statement::Copy { to: false, .. } => "COPY FROM",
             Statement::Update(_) => "UPDATE",
             Statement::Delete(_) => "DELETE",
+            Statement::Truncate(_) => "TRUNCATE",
             Statement::CreateTable(_) => "CREATE TABLE",
             Statement::CreateView(_) => "CREATE VIEW",
             Statement::Drop { .. } => "DROP",

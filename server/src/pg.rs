@@ -1338,6 +1338,9 @@ impl CopyHandler for Connection {
                 crate::dml::copy_in(&db, &copy.table, &copy.columns, &rows).await
             })
             .await?;
+        self.db
+            .flush_if_implicit(&*self.session.lock().await)
+            .await?;
         client
             .send(PgWireBackendMessage::CommandComplete(
                 Tag::new("COPY").with_rows(n).into(),

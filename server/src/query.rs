@@ -10,7 +10,7 @@ use datafusion::sql::sqlparser::ast::{Query, Statement};
 
 use crate::context::{Mode, context, plan_statement};
 use crate::engine::{Database, QueryResult};
-use crate::error::Result;
+use crate::error::{Result, ServerError};
 use crate::session::Session;
 use crate::stmt::apply_pg_names;
 
@@ -110,7 +110,131 @@ pub async fn explain(db: &Arc<Database>, session: &Session, mut q: Query) -> Res
     Ok(QueryResult::Rows { schema, batches })
 }
 
-/// `SHOW TABLES`, `SHOW VIEWS`, `SHOW MATERIALIZED VIEWS`.
+/// `SHOW TABLES [FROM | IN schema] [LIKE 'pattern']`: with a schema, its
+/// tables by their names there; without, every table (named `s.t` outside
+/// `public`, as `SHOW MATERIALIZED VIEWS` names views).
+pub fn show_tables(
+    db: &Arc<Database>,
+    options: &datafusion::sql::sqlparser::ast::ShowStatementOptions,
+) -> Result<QueryResult> {
+    use datafusion::sql::sqlparser::ast::{ShowStatementFilter, ShowStatementFilterPosition};
+    if options.starts_with.is_some() || options.limit.is_some() {
+        return Err(ServerError::unsupported(
+            "SHOW TABLES … STARTS WITH | LIMIT",
+        ));
+    }
+    let schema = match options
+        .show_in
+        .as_ref()
+        .and_then(|i| i.parent_name.as_ref())
+    {
+        Some(name) => {
+            let schema = match name.0.as_slice() {
+                [_, _] => crate::stmt::object_name(name)?.name,
+                _ => crate::stmt::simple_name(name)?,
+            };
+            if !db.catalog.has_schema(&schema) {
+                return Err(ServerError::InvalidSchemaName(format!(
+                    "schema \"{schema}\" does not exist"
+                )));
+            }
+            Some(schema)
+        }
+        None => None,
+    };
+    let mut names: Vec<String> = db
+        .catalog
+        .all()
+        .into_iter()
+        .filter(|e| e.kind() == "table")
+        .filter_map(|e| match &schema {
+            Some(s) if s == e.schema() => Some(e.name().to_string()),
+            Some(_) => None,
+            None => Some(e.qualified().to_string()),
+        })
+        .collect();
+    names.sort();
+    let pattern = match &options.filter_position {
+        None => None,
+        Some(ShowStatementFilterPosition::Infix(f) | ShowStatementFilterPosition::Suffix(f)) => {
+            match f {
+                ShowStatementFilter::Like(p) => Some((p.clone(), false)),
+                ShowStatementFilter::ILike(p) => Some((p.clone(), true)),
+                other => {
+                    return Err(ServerError::unsupported(format!(
+                        "SHOW TABLES {other} (LIKE 'pattern' filters)"
+                    )));
+                }
+            }
+        }
+    };
+    if let Some((pattern, insensitive)) = pattern {
+        use datafusion::arrow::array::{Scalar, StringArray};
+        use datafusion::arrow::compute::kernels::comparison::{ilike, like};
+        let all = StringArray::from(names.clone());
+        let pattern = Scalar::new(StringArray::from(vec![pattern]));
+        let keep = if insensitive {
+            ilike(&all, &pattern)
+        } else {
+            like(&all, &pattern)
+        }
+        .map_err(|e| ServerError::InvalidParameter(e.to_string()))?;
+        names = names
+            .into_iter()
+            .zip(keep.iter())
+            .filter_map(|(n, k)| k.unwrap_or(false).then_some(n))
+            .collect();
+    }
+    QueryResult::text("Name", names)
+}
+
+/// `SHOW CREATE [MATERIALIZED] VIEW name`: its name and the statement
+/// that creates it, from the query the catalog keeps (names qualified).
+pub fn show_create_view(
+    db: &Arc<Database>,
+    name: &crate::stmt::QualifiedName,
+    materialized: bool,
+) -> Result<QueryResult> {
+    use crate::catalog::Entry;
+    let kind = if materialized {
+        "materialized view"
+    } else {
+        "view"
+    };
+    let sql = match db.catalog.by_name(name) {
+        Some(Entry::View { sql, .. }) if !materialized => sql,
+        Some(Entry::MaterializedView { sql, .. }) if materialized => sql,
+        Some(other) => {
+            return Err(ServerError::WrongObjectType(format!(
+                "\"{name}\" is a {}, not a {kind}",
+                other.kind()
+            )));
+        }
+        None => {
+            return Err(ServerError::UndefinedTable(format!(
+                "{kind} \"{name}\" does not exist"
+            )));
+        }
+    };
+    let create = format!("CREATE {} {} AS {sql}", kind.to_uppercase(), name.to_sql());
+    QueryResult::texts(
+        &["Name", "Create Sql"],
+        vec![vec![name.to_string(), create]],
+    )
+}
+
+/// `SHOW SCHEMAS`: every schema, the system's and users'.
+pub fn show_schemas(db: &Arc<Database>) -> Result<QueryResult> {
+    let mut names: Vec<String> = ["pg_catalog", "information_schema", crate::system::SCHEMA]
+        .into_iter()
+        .map(String::from)
+        .chain(db.catalog.schemas().into_iter().map(|(n, _)| n))
+        .collect();
+    names.sort();
+    QueryResult::text("Name", names)
+}
+
+/// `SHOW VIEWS`, `SHOW MATERIALIZED VIEWS`.
 pub fn show_objects(db: &Arc<Database>, kind: &str) -> Result<QueryResult> {
     let mut names: Vec<String> = db
         .catalog

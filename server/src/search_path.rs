@@ -116,6 +116,7 @@ impl SearchPath {
                 view: Some(view), ..
             }
             | Stmt::DropSource { name: view, .. }
+            | Stmt::ShowCreateView { name: view, .. }
             | Stmt::DropSink { name: view, .. }
             | Stmt::Subscribe {
                 subscribe: stmt::Subscribe { view, .. },
@@ -175,6 +176,10 @@ impl Qualifier<'_> {
                 source: CopySource::Table { table_name, .. },
                 ..
             } => self.existing(table_name),
+            Statement::Truncate(t) => t
+                .table_names
+                .iter_mut()
+                .for_each(|t| self.existing(&mut t.name)),
             Statement::Grant(Grant {
                 objects: Some(GrantObjects::Tables(names) | GrantObjects::Views(names)),
                 ..

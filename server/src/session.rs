@@ -60,7 +60,7 @@ impl Session {
 
     /// `RESET name`: the value the session started with.
     pub fn reset(&mut self, name: &str) -> Result<()> {
-        let name = name.to_lowercase();
+        let name = crate::settings::canonical_name(name);
         match name.as_str() {
             "streaming_parallelism" => self.streaming_parallelism = self.default_parallelism,
             "streaming_chaining" => self.streaming_chaining = true,
@@ -118,7 +118,7 @@ impl Session {
 
     /// `SET name = value`.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
-        let name = name.to_lowercase();
+        let name = crate::settings::canonical_name(name);
         match name.as_str() {
             "streaming_parallelism" => {
                 let p: usize = value.parse().ok().filter(|p| (1..=128).contains(p)).ok_or_else(|| {
@@ -160,7 +160,7 @@ impl Session {
 
     /// `SHOW name`.
     pub fn get(&self, name: &str) -> Result<String> {
-        let name = name.to_lowercase();
+        let name = crate::settings::canonical_name(name);
         match name.as_str() {
             "streaming_parallelism" => Ok(self.streaming_parallelism.to_string()),
             "streaming_chaining" => Ok(if self.streaming_chaining { "on" } else { "off" }.into()),

@@ -95,6 +95,9 @@ static PARAMS: &[Param] = &[
         "serializable",
         Check::OneOf(ISOLATION),
     ),
+    // Each INSERT, UPDATE, DELETE and COPY returns once its rows are in
+    // every view, as if FLUSH followed it (RisingWave's `implicit_flush`).
+    p("implicit_flush", "off", Check::Bool),
     p("transaction_read_only", "off", Check::Bool),
     p("default_transaction_read_only", "off", Check::Bool),
     p("bytea_output", "hex", Check::OneOf(&["hex"])),
@@ -145,6 +148,16 @@ static PARAMS: &[Param] = &[
         Check::OneOf(&["content", "document"]),
     ),
 ];
+
+/// A parameter's name as Weir keeps it: lower case, and RisingWave's
+/// spelling `rw_implicit_flush` taken as `implicit_flush`.
+pub fn canonical_name(name: &str) -> String {
+    let name = name.to_lowercase();
+    match name.as_str() {
+        "rw_implicit_flush" => "implicit_flush".to_string(),
+        _ => name,
+    }
+}
 
 fn find(name: &str) -> Option<&'static Param> {
     PARAMS.iter().find(|p| p.name.eq_ignore_ascii_case(name))

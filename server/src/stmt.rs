@@ -27,6 +27,12 @@ pub enum Stmt {
     Checkpoint,
     ShowMaterializedViews,
     ShowViews,
+    /// `SHOW CREATE [MATERIALIZED] VIEW name`: the statement that would
+    /// create the view again.
+    ShowCreateView {
+        name: ObjectName,
+        materialized: bool,
+    },
     ShowJobs,
     /// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM [=|TO] n`:
     /// rescale the view's or the sink's job.
@@ -172,6 +178,19 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         } else if is_word(&a, "checkpoint") && matches!(b, Token::SemiColon | Token::EOF) {
             parser.next_token();
             Stmt::Checkpoint
+        } else if is_word(&a, "show")
+            && is_word(&b, "create")
+            && (is_word(&c, "view") || is_word(&c, "materialized"))
+        {
+            parser.next_token();
+            parser.next_token();
+            let materialized = is_word(&c, "materialized");
+            if materialized {
+                parser.next_token();
+            }
+            expect_words(&mut parser, &["view"])?;
+            let name = relation_name(parser.parse_object_name(false)?)?;
+            Stmt::ShowCreateView { name, materialized }
         } else if is_word(&a, "show") && is_word(&b, "materialized") && is_word(&c, "views") {
             for _ in 0..3 {
                 parser.next_token();

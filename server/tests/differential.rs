@@ -33,6 +33,8 @@ fn for_postgres(sql: &str) -> Option<String> {
         "checkpoint",
         "set streaming_",
         "set checkpoint_mode",
+        "set implicit_flush",
+        "set rw_implicit_flush",
         "create savepoint",
         "drop savepoint",
         "create sink",
