@@ -53,9 +53,15 @@ impl RowCodec {
 
     /// One byte string per row of `columns`.
     pub fn encode(&self, columns: &[ArrayRef]) -> Result<Vec<Vec<u8>>> {
+        self.encode_rows(columns, columns.first().map_or(0, |c| c.len()))
+    }
+
+    /// As [`Self::encode`], for `rows` rows: a codec of no columns (the
+    /// key of a join without equalities) gives each row empty bytes, and
+    /// there is no column to count the rows by.
+    pub fn encode_rows(&self, columns: &[ArrayRef], rows: usize) -> Result<Vec<Vec<u8>>> {
         if self.types.is_empty() {
-            let n = columns.first().map(|c| c.len()).unwrap_or(0);
-            return Ok(vec![Vec::new(); n]);
+            return Ok(vec![Vec::new(); rows]);
         }
         let rows = self.converter.convert_columns(columns)?;
         Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())

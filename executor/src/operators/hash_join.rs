@@ -638,8 +638,8 @@ impl Operator for HashJoin {
             }
         }
         let key_groups = expr::key_groups(&keys, n)?;
-        let key_bytes = self.key_codec.encode(&keys)?;
-        let rows = self.row_codecs[side].encode(data.columns())?;
+        let key_bytes = self.key_codec.encode_rows(&keys, n)?;
+        let rows = self.row_codecs[side].encode_rows(data.columns(), n)?;
 
         let mut emitted: Vec<Out> = Vec::new();
         let mut stored = Vec::new();

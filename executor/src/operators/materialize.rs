@@ -76,7 +76,7 @@ impl Operator for Materialize {
     fn process_batch(&mut self, _input: usize, chunk: Chunk, _out: &mut Collector) -> Result<()> {
         let data = chunk.data();
         let key_groups = expr::key_groups(data.columns(), chunk.num_rows())?;
-        let encoded = self.codec.encode(data.columns())?;
+        let encoded = self.codec.encode_rows(data.columns(), chunk.num_rows())?;
         for (r, row) in encoded.into_iter().enumerate() {
             let sign = chunk.op(r).sign();
             let entry = self.rows.entry(row.clone()).or_insert((key_groups[r], 0));

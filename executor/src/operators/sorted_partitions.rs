@@ -143,7 +143,7 @@ impl SortedPartitions {
             self.sort_codec
                 .encode(&expr::evaluate(&self.order_by, data)?)?
         };
-        let rows = self.row_codec.encode(data.columns())?;
+        let rows = self.row_codec.encode_rows(data.columns(), n)?;
         Ok(Keyed {
             partitions,
             key_groups,

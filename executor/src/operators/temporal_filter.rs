@@ -193,7 +193,7 @@ impl Operator for TemporalFilter {
         let data = chunk.data();
         let now = processing_time_us();
         let intervals = self.intervals(data)?;
-        let rows = self.codec.encode(data.columns())?;
+        let rows = self.codec.encode_rows(data.columns(), chunk.num_rows())?;
         let key_groups = expr::key_groups(data.columns(), chunk.num_rows())?;
         let mut passed = vec![false; chunk.num_rows()];
         for (r, row) in rows.into_iter().enumerate() {
