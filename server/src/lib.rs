@@ -5,6 +5,7 @@
 pub mod activity;
 pub mod auth;
 pub mod bench;
+pub mod between_symmetric;
 pub mod catalog;
 pub mod context;
 pub mod control;

@@ -163,6 +163,8 @@ fn is_word(t: &Token, word: &str) -> bool {
 /// Parses a query string into its statements.
 pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let dialect = PostgreSqlDialect {};
+    let marked = crate::between_symmetric::mark(sql)?;
+    let sql = marked.as_deref().unwrap_or(sql);
     unparsed_features(sql)?;
     let mut parser = Parser::new(&dialect).try_with_sql(sql)?;
     let mut out = Vec::new();
@@ -357,10 +359,14 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
         match &mut stmt {
             Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
+                crate::between_symmetric::rewrite(s.as_mut());
                 crate::literals::normalize(s)?;
                 crate::fetch_first::rewrite(s)?;
             }
-            Stmt::CreateSink { query, .. } => crate::fetch_first::rewrite_query(query)?,
+            Stmt::CreateSink { query, .. } => {
+                crate::between_symmetric::rewrite(query.as_mut());
+                crate::fetch_first::rewrite_query(query)?
+            }
             _ => {}
         }
         out.push(stmt);
@@ -1270,12 +1276,11 @@ fn distinct_names(body: &mut SetExpr) -> Option<Vec<String>> {
     Some(names)
 }
 
-/// Postgres syntax the parser does not know, refused as `0A000` rather
-/// than as a syntax error: `UNION | INTERSECT | EXCEPT [ALL | DISTINCT]
-/// CORRESPONDING [BY (…)]` and `BETWEEN [A]SYMMETRIC`.
+/// Syntax the parser does not know, refused as `0A000` rather than as a
+/// syntax error: `UNION | INTERSECT | EXCEPT [ALL | DISTINCT]
+/// CORRESPONDING [BY (…)]`.
 fn unparsed_features(sql: &str) -> Result<()> {
-    let lower = sql.to_ascii_lowercase();
-    if !lower.contains("corresponding") && !lower.contains("symmetric") {
+    if !sql.to_ascii_lowercase().contains("corresponding") {
         return Ok(());
     }
     let Ok(tokens) =
@@ -1305,18 +1310,13 @@ fn unparsed_features(sql: &str) -> Result<()> {
                 ));
             }
         }
-        if (is_word(t, "symmetric") || is_word(t, "asymmetric")) && is_word(before, "between") {
-            return Err(ServerError::unsupported(
-                "BETWEEN SYMMETRIC (write x BETWEEN a AND b OR x BETWEEN b AND a)",
-            ));
-        }
     }
     Ok(())
 }
 
-/// The schema unqualified names are in. `search_path` may name only paths
-/// that begin with it (see `settings.rs`), so an unqualified name always
-/// means the same object, in a statement and in a view's stored query.
+/// The schema an unqualified name means once `search_path` has qualified
+/// the names it finds (`crate::search_path`): the default path's, and
+/// where DataFusion looks for any name left unqualified.
 pub const DEFAULT_SCHEMA: &str = "public";
 
 /// A catalog object's name: its schema and its name there.

@@ -120,6 +120,73 @@ async fn hostile_names_survive_a_restart() {
     .expect("drop them all");
 }
 
+/// Schemas named like window functions and keywords, views in them found
+/// through `search_path`, a restart, and a DROP SCHEMA CASCADE that
+/// reaches into another schema. Expected rows are worked out by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_schema_names_survive_a_restart() {
+    let mut server = Server::start();
+    let c = server.client().await;
+    c.batch_execute(
+        "CREATE SCHEMA hop;
+         CREATE SCHEMA \"select\";
+         CREATE TABLE hop.clicks (id int, ts timestamp);
+         INSERT INTO hop.clicks VALUES (1, '2020-04-15 12:02:00'), (2, '2020-04-15 12:07:00');
+         CREATE MATERIALIZED VIEW hop.tumble AS SELECT window_start, count(*) AS n FROM TUMBLE(hop.clicks, ts, INTERVAL '5' MINUTE) GROUP BY window_start;
+         CREATE TABLE \"select\".\"from\" (x int);
+         INSERT INTO \"select\".\"from\" VALUES (3), (4);
+         SET search_path = \"select\", hop, public;
+         CREATE MATERIALIZED VIEW \"where\" AS SELECT sum(x) AS s FROM \"from\";
+         CREATE MATERIALIZED VIEW pairs AS SELECT count(*) AS n FROM clicks JOIN \"from\" ON true;
+         FLUSH;",
+    )
+    .await
+    .expect("hostile schema names are names like any other");
+    let expected = [
+        (
+            "SELECT * FROM hop.tumble ORDER BY 1",
+            "2020-04-15 12:00:00,1|2020-04-15 12:05:00,1",
+        ),
+        ("SELECT * FROM \"select\".\"where\"", "7"),
+        ("SELECT * FROM \"select\".pairs", "4"),
+    ];
+    async fn check(c: &tokio_postgres::Client, expected: &[(&str, &str)]) {
+        for (sql, want) in expected {
+            let got: Vec<String> = rows(c, sql).await.iter().map(|r| r.join(",")).collect();
+            assert_eq!(got.join("|"), *want, "{sql}");
+        }
+        assert_eq!(
+            one(c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
+            "0"
+        );
+    }
+    check(&c, &expected).await;
+    drop(c);
+    server.crash_and_restart();
+    // A new session has the default path: the views' stored queries name
+    // their schemas.
+    let c = server.client().await;
+    c.batch_execute("INSERT INTO \"select\".\"from\" VALUES (5); FLUSH")
+        .await
+        .expect("write after restart");
+    let expected_after = [
+        expected[0],
+        ("SELECT * FROM \"select\".\"where\"", "12"),
+        ("SELECT * FROM \"select\".pairs", "6"),
+    ];
+    check(&c, &expected_after).await;
+    // pairs reads hop.clicks: it goes with hop.
+    c.batch_execute("DROP SCHEMA hop CASCADE")
+        .await
+        .expect("drop schema hop");
+    expect_error(&c, "SELECT * FROM \"select\".pairs", "42P01", "pairs").await;
+    assert_eq!(one(&c, "SELECT * FROM \"select\".\"where\"").await, "12");
+    c.batch_execute("DROP SCHEMA \"select\" CASCADE")
+        .await
+        .expect("drop schema select");
+    assert_eq!(one(&c, "SELECT count(*) FROM weir_catalog.jobs").await, "0");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_whose_input_is_gone_does_not_stop_the_server() {
     let mut server = Server::start();
