@@ -278,6 +278,13 @@ impl Database {
     }
 
     /// Runs one statement.
+    /// A write's result, once `implicit_flush` is satisfied.
+    async fn written(&self, session: &Session, done: Result<QueryResult>) -> Result<QueryResult> {
+        let done = done?;
+        self.flush_if_implicit(session).await?;
+        Ok(done)
+    }
+
     /// With `implicit_flush` on, a write returns once every view has its
     /// rows (see `FLUSH`).
     pub async fn flush_if_implicit(&self, session: &Session) -> Result<()> {
@@ -501,24 +508,17 @@ impl Database {
                 }
             },
             Statement::Insert(insert) => {
-                let done = dml::insert(self, insert).await?;
-                self.flush_if_implicit(session).await?;
-                Ok(done)
+                self.written(session, dml::insert(self, insert).await).await
             }
             Statement::Update(update) => {
-                let done = dml::update(self, update).await?;
-                self.flush_if_implicit(session).await?;
-                Ok(done)
+                self.written(session, dml::update(self, update).await).await
             }
             Statement::Delete(delete) => {
-                let done = dml::delete(self, delete).await?;
-                self.flush_if_implicit(session).await?;
-                Ok(done)
+                self.written(session, dml::delete(self, delete).await).await
             }
             Statement::Truncate(truncate) => {
-                let done = dml::truncate(self, truncate).await?;
-                self.flush_if_implicit(session).await?;
-                Ok(done)
+                self.written(session, dml::truncate(self, truncate).await)
+                    .await
             }
             Statement::CreateTable(ct) => {
                 ddl::create_table(self, session, ct, Default::default()).await

@@ -54,6 +54,19 @@ async fn running(c: &tokio_postgres::Client, prefix: &str) -> String {
     }
 }
 
+/// Each query gives its rows (columns joined by `,`, rows by `|`), and no
+/// catalog object was set aside at restore.
+async fn check_restored(c: &tokio_postgres::Client, expected: &[(&str, &str)]) {
+    for (sql, want) in expected {
+        let got: Vec<String> = rows(c, sql).await.iter().map(|r| r.join(",")).collect();
+        assert_eq!(got.join("|"), *want, "{sql}");
+    }
+    assert_eq!(
+        one(c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
+        "0"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_names_survive_a_restart() {
     let mut server = Server::start();
@@ -95,22 +108,12 @@ async fn hostile_names_survive_a_restart() {
         ("SELECT count(*) FROM \"order\"", "3"),
         ("SELECT count(*) FROM weir_catalog.jobs", "5"),
     ];
-    async fn check(c: &tokio_postgres::Client, expected: &[(&str, &str)]) {
-        for (sql, want) in expected {
-            let got: Vec<String> = rows(c, sql).await.iter().map(|r| r.join(",")).collect();
-            assert_eq!(got.join("|"), *want, "{sql}");
-        }
-        assert_eq!(
-            one(c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
-            "0"
-        );
-    }
-    check(&c, &expected).await;
+    check_restored(&c, &expected).await;
     drop(c);
     server.crash_and_restart();
     let c = server.client().await;
     c.batch_execute("FLUSH").await.expect("flush after restart");
-    check(&c, &expected).await;
+    check_restored(&c, &expected).await;
     c.batch_execute(
         "DROP MATERIALIZED VIEW \"order\", hop, cumulate, session, \"from\";
          DROP VIEW tumble, \"table\";
@@ -150,17 +153,7 @@ async fn hostile_schema_names_survive_a_restart() {
         ("SELECT * FROM \"select\".\"where\"", "7"),
         ("SELECT * FROM \"select\".pairs", "4"),
     ];
-    async fn check(c: &tokio_postgres::Client, expected: &[(&str, &str)]) {
-        for (sql, want) in expected {
-            let got: Vec<String> = rows(c, sql).await.iter().map(|r| r.join(",")).collect();
-            assert_eq!(got.join("|"), *want, "{sql}");
-        }
-        assert_eq!(
-            one(c, "SELECT count(*) FROM weir_catalog.restore_errors").await,
-            "0"
-        );
-    }
-    check(&c, &expected).await;
+    check_restored(&c, &expected).await;
     drop(c);
     server.crash_and_restart();
     // A new session has the default path: the views' stored queries name
@@ -174,7 +167,7 @@ async fn hostile_schema_names_survive_a_restart() {
         ("SELECT * FROM \"select\".\"where\"", "12"),
         ("SELECT * FROM \"select\".pairs", "6"),
     ];
-    check(&c, &expected_after).await;
+    check_restored(&c, &expected_after).await;
     // pairs reads hop.clicks: it goes with hop.
     c.batch_execute("DROP SCHEMA hop CASCADE")
         .await

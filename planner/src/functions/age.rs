@@ -119,38 +119,31 @@ fn age(a: NaiveDateTime, b: NaiveDateTime) -> IntervalMonthDayNano {
     let mut day = field(i64::from(a.day()), i64::from(b.day()));
     let mut mon = field(i64::from(a.month()), i64::from(b.month()));
     let mut year = field(i64::from(a.year()), i64::from(b.year()));
-    while micros < 0 {
-        micros += 1_000_000;
-        sec -= 1;
-    }
-    while sec < 0 {
-        sec += 60;
-        min -= 1;
-    }
-    while min < 0 {
-        min += 60;
-        hour -= 1;
-    }
-    while hour < 0 {
-        hour += 24;
-        day -= 1;
-    }
+    borrow(&mut micros, &mut sec, 1_000_000);
+    borrow(&mut sec, &mut min, 60);
+    borrow(&mut min, &mut hour, 60);
+    borrow(&mut hour, &mut day, 24);
     // A month borrowed has the length of the earlier date's month.
     let earlier = if a < b { a } else { b };
     while day < 0 {
         day += days_in_month(earlier.year(), earlier.month());
         mon -= 1;
     }
-    while mon < 0 {
-        mon += 12;
-        year -= 1;
-    }
+    borrow(&mut mon, &mut year, 12);
     let nanos = (((hour * 60 + min) * 60 + sec) * 1_000_000 + micros) * 1000;
     IntervalMonthDayNano::new(
         (sign * (year * 12 + mon)) as i32,
         (sign * day) as i32,
         sign * nanos,
     )
+}
+
+/// Carries a negative field from the next larger one, `base` at a time.
+fn borrow(field: &mut i64, larger: &mut i64, base: i64) {
+    while *field < 0 {
+        *field += base;
+        *larger -= 1;
+    }
 }
 
 #[cfg(test)]
