@@ -236,7 +236,8 @@ pub async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> 
 }
 
 /// Plans any statement DataFusion knows.
-pub async fn plan_statement(ctx: &SessionContext, s: Statement) -> Result<LogicalPlan> {
+pub async fn plan_statement(ctx: &SessionContext, mut s: Statement) -> Result<LogicalPlan> {
+    crate::corresponding::resolve(ctx, &mut s).await?;
     Ok(ctx
         .state()
         .statement_to_plan(DfStatement::Statement(Box::new(s)))

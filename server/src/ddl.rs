@@ -478,9 +478,10 @@ fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef
 }
 
 /// The view's query text, with Postgres column names and the optional
-/// column list applied.
-pub(crate) fn view_sql(cv: &CreateView) -> Result<String> {
+/// column list applied, and its `CORRESPONDING`s written out.
+pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<String> {
     let mut q = cv.query.clone();
+    crate::corresponding::resolve_query(&context(db, Mode::Batch), &mut q).await?;
     apply_pg_names(&mut q);
     if cv.columns.is_empty() {
         return Ok(q.to_string());
@@ -783,7 +784,7 @@ pub async fn create_view(
         }
         return Err(already_exists(&name));
     }
-    let sql = view_sql(&cv)?;
+    let sql = view_sql(db, &cv).await?;
     check_query(db, &sql).await?;
     let depends_on = dependencies(db, &sql)?;
     let id = db.catalog.allocate_id()?;
@@ -914,7 +915,7 @@ pub async fn explain_view(
     cv: CreateView,
     emit_on_window_close: bool,
 ) -> Result<QueryResult> {
-    let sql = view_sql(&cv)?;
+    let sql = view_sql(db, &cv).await?;
     let id = db.catalog.allocate_id()?;
     let options = JobOptions::of_session(session, emit_on_window_close);
     let graph = job_graph(db, &sql, id, &options).await?;

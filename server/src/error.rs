@@ -335,7 +335,17 @@ fn strip(m: &str) -> String {
 fn classify_plan(m: &str) -> ServerError {
     let lower = m.to_lowercase();
     let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
-    if lower.starts_with("cannot cast type") {
+    if let Some(at) =
+        m.strip_prefix("Accessing outer reference columns is not allowed in the plan: ")
+    {
+        // DataFusion could not pull the outer column out of the subquery:
+        // it sits where no filter can move it from (an outer join's ON).
+        ServerError::Unsupported(format!(
+            "a correlated subquery that cannot be turned into a join (outer column in {}: for \
+             example, in the ON condition of an outer join inside the subquery)",
+            at.lines().next().unwrap_or(at).trim()
+        ))
+    } else if lower.starts_with("cannot cast type") {
         ServerError::CannotCoerce(m.to_string())
     } else if lower.contains("table") && lower.contains("not found") {
         // DataFusion: "table 'weir.public.t' not found"; Postgres names the

@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod context;
 pub mod control;
 pub mod copy;
+pub mod corresponding;
 pub mod cursor;
 pub mod dcl;
 pub mod ddl;

@@ -114,10 +114,14 @@ impl Parser {
         if let Stmt::Sql(s) = &stmt {
             let names = stmt::placeholders(s);
             let mut names_seen = None;
+            let ctx = {
+                let session = self.session.lock().await;
+                crate::query::query_context(&self.db, &session)
+            };
             let planned = match s.as_ref() {
                 Statement::Query(q) => {
                     let mut q = q.clone();
-                    names_seen = crate::query::prepare(&mut q)?;
+                    names_seen = crate::query::prepare(&ctx, &mut q).await?;
                     Some(Statement::Query(q))
                 }
                 Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_)
@@ -132,10 +136,6 @@ impl Parser {
             if let Some(mut planned) = planned {
                 params::declare_types(&mut planned, client_types)?;
                 let is_query = matches!(planned, Statement::Query(_));
-                let ctx = {
-                    let session = self.session.lock().await;
-                    crate::query::query_context(&self.db, &session)
-                };
                 match plan_statement(&ctx, planned).await {
                     Ok(plan) => {
                         if is_query {

@@ -20,11 +20,11 @@ pub async fn select(
     session: &mut Session,
     mut q: Query,
 ) -> Result<QueryResult> {
-    let names = prepare(&mut q)?;
     let info = crate::pg_catalog::SessionInfo::of(session);
     let set_by_query = info.set_by_query.clone();
     let ctx = context(db, Mode::Batch);
     crate::pg_catalog::register(&ctx, db, info);
+    let names = prepare(&ctx, &mut q).await?;
     let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
     let schema = renamed(plan.schema().inner(), names.as_deref());
     let batches = ctx
@@ -46,8 +46,11 @@ pub async fn select(
 /// rewritten, its columns named as Postgres names them where DataFusion
 /// can use those names. Returns the names the client is to see, which the
 /// result's schema takes after planning (see [`renamed`]): they are of
-/// what the client wrote, before the rewrite, and may repeat.
-pub fn prepare(q: &mut Query) -> Result<Option<Vec<String>>> {
+/// what the client wrote, before the rewrite, and may repeat. A
+/// `CORRESPONDING` is written out first (it needs `ctx`), as it decides
+/// which columns there are.
+pub async fn prepare(ctx: &SessionContext, q: &mut Query) -> Result<Option<Vec<String>>> {
+    crate::corresponding::resolve_query(ctx, q).await?;
     let names = crate::stmt::output_names(q);
     apply_pg_names(q);
     crate::pg_catalog::rewrite::rewrite(q)?;
@@ -101,8 +104,8 @@ pub fn query_context(db: &Arc<Database>, session: &Session) -> SessionContext {
 
 /// `EXPLAIN SELECT …`: DataFusion's logical and physical plans.
 pub async fn explain(db: &Arc<Database>, session: &Session, mut q: Query) -> Result<QueryResult> {
-    prepare(&mut q)?;
     let ctx = query_context(db, session);
+    prepare(&ctx, &mut q).await?;
     let sql = format!("EXPLAIN {q}");
     let df = ctx.sql(&sql).await?;
     let schema = df.schema().inner().clone();

@@ -165,7 +165,8 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let dialect = PostgreSqlDialect {};
     let marked = crate::between_symmetric::mark(sql)?;
     let sql = marked.as_deref().unwrap_or(sql);
-    unparsed_features(sql)?;
+    let corresponding = crate::corresponding::mark(sql)?;
+    let sql = corresponding.as_deref().unwrap_or(sql);
     let mut parser = Parser::new(&dialect).try_with_sql(sql)?;
     let mut out = Vec::new();
     loop {
@@ -356,6 +357,17 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
                 crate::depth::discard(*s);
             }
             return Err(e);
+        }
+        if corresponding.is_some() {
+            match &mut stmt {
+                Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
+                    crate::corresponding::apply_lists(s.as_mut())?
+                }
+                Stmt::CreateSink { query, .. } => {
+                    crate::corresponding::apply_lists(query.as_mut())?
+                }
+                _ => {}
+            }
         }
         match &mut stmt {
             Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
@@ -1274,44 +1286,6 @@ fn distinct_names(body: &mut SetExpr) -> Option<Vec<String>> {
         };
     }
     Some(names)
-}
-
-/// Syntax the parser does not know, refused as `0A000` rather than as a
-/// syntax error: `UNION | INTERSECT | EXCEPT [ALL | DISTINCT]
-/// CORRESPONDING [BY (…)]`.
-fn unparsed_features(sql: &str) -> Result<()> {
-    if !sql.to_ascii_lowercase().contains("corresponding") {
-        return Ok(());
-    }
-    let Ok(tokens) =
-        datafusion::sql::sqlparser::tokenizer::Tokenizer::new(&PostgreSqlDialect {}, sql)
-            .tokenize()
-    else {
-        return Ok(());
-    };
-    let words: Vec<&Token> = tokens
-        .iter()
-        .filter(|t| !matches!(t, Token::Whitespace(_)))
-        .collect();
-    let set_op = |t: &Token| {
-        ["union", "intersect", "except"]
-            .iter()
-            .any(|w| is_word(t, w))
-    };
-    for (i, t) in words.iter().enumerate().skip(1) {
-        let before = words[i - 1];
-        if is_word(t, "corresponding") {
-            let quantified = (is_word(before, "all") || is_word(before, "distinct"))
-                && i >= 2
-                && set_op(words[i - 2]);
-            if set_op(before) || quantified {
-                return Err(ServerError::unsupported(
-                    "UNION | INTERSECT | EXCEPT … CORRESPONDING (name the columns in each SELECT)",
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The schema an unqualified name means once `search_path` has qualified
