@@ -557,7 +557,11 @@ pub async fn resolve(ctx: &SessionContext, stmt: &mut Statement) -> Result<()> {
         return Ok(());
     }
     while let Some((left, right)) = first_plain(stmt)? {
-        let names = shared(&names(ctx, left).await?, &names(ctx, right).await?)?;
+        // Boxed: planning's futures are large, and every statement's
+        // future would otherwise carry room for them.
+        let left = Box::pin(names(ctx, left)).await?;
+        let right = Box::pin(names(ctx, right)).await?;
+        let names = shared(&left, &right)?;
         let mut done = false;
         each_query(stmt, &mut |q, _| {
             each_by_name(&mut q.body, &mut |op| {
@@ -578,7 +582,7 @@ pub async fn resolve_query(ctx: &SessionContext, q: &mut Query) -> Result<()> {
         return Ok(());
     }
     let mut stmt = Statement::Query(Box::new(q.clone()));
-    resolve(ctx, &mut stmt).await?;
+    Box::pin(resolve(ctx, &mut stmt)).await?;
     if let Statement::Query(resolved) = stmt {
         *q = *resolved;
     }
