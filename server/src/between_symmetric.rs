@@ -28,7 +28,7 @@ fn keyword(t: &Token, word: &str) -> bool {
 
 /// `sql` with its `BETWEEN [A]SYMMETRIC`s marked, or `None` if it has none.
 pub fn mark(sql: &str) -> Result<Option<String>> {
-    if !sql.to_ascii_lowercase().contains("symmetric") {
+    if !crate::stmt::mentions(sql, "symmetric") {
         return Ok(None);
     }
     let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {

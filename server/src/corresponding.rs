@@ -60,8 +60,7 @@ fn follows_set_op(words: &[&Token], k: usize) -> bool {
 /// `sql` with each `CORRESPONDING [BY (…)]` written as `BY NAME` and its
 /// right side marked (see the module's docs); `None` if `sql` has none.
 pub fn mark(sql: &str) -> Result<Option<String>> {
-    let lower = sql.to_ascii_lowercase();
-    if !lower.contains("corresponding") && !lower.contains("name") {
+    if !crate::stmt::mentions(sql, "corresponding") {
         return Ok(None);
     }
     let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
@@ -75,14 +74,6 @@ pub fn mark(sql: &str) -> Result<Option<String>> {
     // Replacements of `tokens[from..to]`, in order.
     let mut edits: Vec<(usize, usize, Vec<Token>)> = Vec::new();
     for k in 0..words.len() {
-        if word(words[k], "by")
-            && follows_set_op(&words, k)
-            && words.get(k + 1).is_some_and(|t| word(t, "name"))
-        {
-            return Err(ServerError::unsupported(
-                "UNION | INTERSECT | EXCEPT … BY NAME (write CORRESPONDING)",
-            ));
-        }
         if !(word(words[k], "corresponding") && follows_set_op(&words, k)) {
             continue;
         }
@@ -199,7 +190,10 @@ fn by_list(words: &[&Token], k: usize) -> Result<(Vec<String>, usize)> {
         }
         match words.get(k + 1) {
             Some(Token::Comma) => k += 2,
-            Some(Token::RParen) => return Ok((names, k + 2)),
+            Some(Token::RParen) => {
+                unique(&names, "CORRESPONDING BY")?;
+                return Ok((names, k + 2));
+            }
             _ => return Err(err()),
         }
     }
@@ -336,7 +330,10 @@ fn in_scope(scope: &[Option<With>]) -> Vec<Cte> {
 
 /// Takes the markers out of `node` and rewrites every operation with a
 /// `BY` list; refuses a `BY NAME` that [`mark`] did not write.
-pub fn apply_lists<N: VisitMut>(node: &mut N) -> Result<()> {
+pub fn apply_lists<N: Visit + VisitMut>(node: &mut N) -> Result<()> {
+    if !has_by_name(node) {
+        return Ok(());
+    }
     // Each operation's marker, in the order the second pass meets them,
     // taken out before anything is rewritten (a rewritten side's first
     // `SELECT` is no longer the one that holds the marker).
@@ -361,12 +358,6 @@ pub fn apply_lists<N: VisitMut>(node: &mut N) -> Result<()> {
     each_query(node, &mut |q, _| {
         each_by_name(&mut q.body, &mut |op| {
             if let Some(Some(list)) = found.next() {
-                let mut seen = std::collections::HashSet::new();
-                if let Some(d) = list.iter().find(|n| !seen.insert(*n)) {
-                    return Err(ServerError::DuplicateColumn(format!(
-                        "column \"{d}\" appears twice in CORRESPONDING BY"
-                    )));
-                }
                 pair(op, &list)?;
             }
             Ok(())
@@ -434,11 +425,18 @@ fn no_duplicates(side: &SetExpr) -> Result<()> {
     };
     let mut q = side_query(&SetExpr::Select(Box::new(select.clone())), &[])?;
     crate::stmt::apply_pg_names(&mut q);
-    let names = crate::stmt::output_names(&q).unwrap_or_default();
+    unique(
+        &crate::stmt::output_names(&q).unwrap_or_default(),
+        "a side of CORRESPONDING",
+    )
+}
+
+/// Refuses `names` if one repeats: `42701` naming it and `place`.
+fn unique(names: &[String], place: &str) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     match names.iter().find(|n| !seen.insert(*n)) {
         Some(d) => Err(ServerError::DuplicateColumn(format!(
-            "column \"{d}\" appears twice in a side of CORRESPONDING"
+            "column \"{d}\" appears twice in {place}"
         ))),
         None => Ok(()),
     }
@@ -463,7 +461,7 @@ fn name_side(side: &mut SetExpr) {
 
 /// The first plain `CORRESPONDING` of `stmt` (inner first): its two
 /// sides, each as a query of its own.
-fn first_plain(stmt: &mut Statement) -> Result<Option<(Query, Query)>> {
+fn first_plain<N: VisitMut>(stmt: &mut N) -> Result<Option<(Query, Query)>> {
     let mut first = None;
     each_query(stmt, &mut |q, ctes| {
         each_by_name(&mut q.body, &mut |op| {
@@ -502,14 +500,8 @@ async fn names(ctx: &SessionContext, q: Query) -> Result<Vec<String>> {
 /// The columns a plain `CORRESPONDING` keeps: those of `left` that
 /// `right` also names, in `left`'s order.
 fn shared(left: &[String], right: &[String]) -> Result<Vec<String>> {
-    for side in [left, right] {
-        let mut seen = std::collections::HashSet::new();
-        if let Some(d) = side.iter().find(|n| !seen.insert(*n)) {
-            return Err(ServerError::DuplicateColumn(format!(
-                "column \"{d}\" appears twice in a side of CORRESPONDING"
-            )));
-        }
-    }
+    unique(left, "a side of CORRESPONDING")?;
+    unique(right, "a side of CORRESPONDING")?;
     let names: Vec<String> = left.iter().filter(|n| right.contains(n)).cloned().collect();
     if names.is_empty() {
         return Err(ServerError::Syntax(format!(
@@ -523,7 +515,7 @@ fn shared(left: &[String], right: &[String]) -> Result<Vec<String>> {
 
 /// Whether `node` has a `BY NAME` operation anywhere (most statements
 /// have none, and are not cloned or walked again).
-fn has_by_name<N: Visit>(node: &N) -> bool {
+pub fn has_by_name<N: Visit>(node: &N) -> bool {
     struct Find;
     impl Visitor for Find {
         type Break = ();
@@ -552,7 +544,7 @@ fn has_by_name<N: Visit>(node: &N) -> bool {
 /// Rewrites every plain `CORRESPONDING` of `stmt` (a `BY NAME` left after
 /// [`apply_lists`]) into the positional operation over the columns its
 /// sides share, planning the sides in `ctx`.
-pub async fn resolve(ctx: &SessionContext, stmt: &mut Statement) -> Result<()> {
+pub async fn resolve<N: Visit + VisitMut>(ctx: &SessionContext, stmt: &mut N) -> Result<()> {
     if !has_by_name(stmt) {
         return Ok(());
     }
@@ -572,19 +564,6 @@ pub async fn resolve(ctx: &SessionContext, stmt: &mut Statement) -> Result<()> {
                 Ok(())
             })
         })?;
-    }
-    Ok(())
-}
-
-/// [`resolve`] for a query.
-pub async fn resolve_query(ctx: &SessionContext, q: &mut Query) -> Result<()> {
-    if !has_by_name(q) {
-        return Ok(());
-    }
-    let mut stmt = Statement::Query(Box::new(q.clone()));
-    Box::pin(resolve(ctx, &mut stmt)).await?;
-    if let Statement::Query(resolved) = stmt {
-        *q = *resolved;
     }
     Ok(())
 }
@@ -630,7 +609,7 @@ mod tests {
 
     #[test]
     fn by_name_written_by_hand_and_other_right_sides_are_refused() {
-        assert!(mark("SELECT 1 AS a UNION BY NAME SELECT 2 AS a").is_err());
+        assert!(crate::stmt::parse("SELECT 1 AS a UNION BY NAME SELECT 2 AS a").is_err());
         assert!(mark("SELECT 1 AS a UNION CORRESPONDING VALUES (1)").is_err());
         assert!(
             parsed("SELECT 1 AS a UNION CORRESPONDING (SELECT DISTINCT ON (b, c) 1 AS a, 2 AS b)")

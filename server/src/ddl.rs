@@ -481,7 +481,7 @@ fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef
 /// column list applied, and its `CORRESPONDING`s written out.
 pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<String> {
     let mut q = cv.query.clone();
-    crate::corresponding::resolve_query(&context(db, Mode::Batch), &mut q).await?;
+    write_out_corresponding(db, &mut q).await?;
     apply_pg_names(&mut q);
     if cv.columns.is_empty() {
         return Ok(q.to_string());
@@ -495,6 +495,19 @@ pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<Stri
         "SELECT * FROM ({q}) AS __view({})",
         cols.join(", ")
     ))
+}
+
+/// Writes out `q`'s plain `CORRESPONDING`s (see `crate::corresponding`),
+/// as views and sinks store their queries; the context their sides are
+/// planned in is made only for a query that has one.
+pub(crate) async fn write_out_corresponding(
+    db: &Arc<Database>,
+    q: &mut datafusion::sql::sqlparser::ast::Query,
+) -> Result<()> {
+    if crate::corresponding::has_by_name(q) {
+        crate::corresponding::resolve(&context(db, Mode::Batch), q).await?;
+    }
+    Ok(())
 }
 
 /// Plans `sql` once as a query: names, types and columns are checked, and

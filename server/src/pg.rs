@@ -114,16 +114,8 @@ impl Parser {
         if let Stmt::Sql(s) = &stmt {
             let names = stmt::placeholders(s);
             let mut names_seen = None;
-            let ctx = {
-                let session = self.session.lock().await;
-                crate::query::query_context(&self.db, &session)
-            };
             let planned = match s.as_ref() {
-                Statement::Query(q) => {
-                    let mut q = q.clone();
-                    names_seen = crate::query::prepare(&ctx, &mut q).await?;
-                    Some(Statement::Query(q))
-                }
+                Statement::Query(_) => Some(s.as_ref().clone()),
                 Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_)
                     if !names.is_empty() =>
                 {
@@ -134,6 +126,13 @@ impl Parser {
             let mut inferred = HashMap::new();
             let cast = params::cast_types(s);
             if let Some(mut planned) = planned {
+                let ctx = {
+                    let session = self.session.lock().await;
+                    crate::query::query_context(&self.db, &session)
+                };
+                if let Statement::Query(q) = &mut planned {
+                    names_seen = crate::query::prepare(&ctx, q).await?;
+                }
                 params::declare_types(&mut planned, client_types)?;
                 let is_query = matches!(planned, Statement::Query(_));
                 match plan_statement(&ctx, planned).await {

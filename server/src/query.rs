@@ -50,7 +50,7 @@ pub async fn select(
 /// `CORRESPONDING` is written out first (it needs `ctx`), as it decides
 /// which columns there are.
 pub async fn prepare(ctx: &SessionContext, q: &mut Query) -> Result<Option<Vec<String>>> {
-    crate::corresponding::resolve_query(ctx, q).await?;
+    crate::corresponding::resolve(ctx, q).await?;
     let names = crate::stmt::output_names(q);
     apply_pg_names(q);
     crate::pg_catalog::rewrite::rewrite(q)?;

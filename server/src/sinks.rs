@@ -33,11 +33,7 @@ pub async fn create(
         }
         return Err(already_exists(&name));
     }
-    crate::corresponding::resolve_query(
-        &crate::context::context(db, crate::context::Mode::Batch),
-        &mut query,
-    )
-    .await?;
+    crate::ddl::write_out_corresponding(db, &mut query).await?;
     apply_pg_names(&mut query);
     let sql = query.to_string();
     check_query(db, &sql).await?;

@@ -160,6 +160,15 @@ fn is_word(t: &Token, word: &str) -> bool {
     matches!(t, Token::Word(w) if w.value.eq_ignore_ascii_case(word))
 }
 
+/// Whether `sql` holds `word` in any case: a cheap test, without a copy of
+/// the statement, that lets most statements skip a rewrite that would
+/// tokenize them again.
+pub(crate) fn mentions(sql: &str, word: &str) -> bool {
+    sql.as_bytes()
+        .windows(word.len())
+        .any(|w| w.eq_ignore_ascii_case(word.as_bytes()))
+}
+
 /// Parses a query string into its statements.
 pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let dialect = PostgreSqlDialect {};
@@ -167,6 +176,12 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let sql = marked.as_deref().unwrap_or(sql);
     let corresponding = crate::corresponding::mark(sql)?;
     let sql = corresponding.as_deref().unwrap_or(sql);
+    // A `BY NAME` that no `CORRESPONDING` wrote is refused after parsing.
+    let by_name_possible = corresponding.is_some()
+        || (mentions(sql, "name")
+            && ["union", "intersect", "except"]
+                .iter()
+                .any(|w| mentions(sql, w)));
     let mut parser = Parser::new(&dialect).try_with_sql(sql)?;
     let mut out = Vec::new();
     loop {
@@ -358,7 +373,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
             }
             return Err(e);
         }
-        if corresponding.is_some() {
+        if by_name_possible {
             match &mut stmt {
                 Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
                     crate::corresponding::apply_lists(s.as_mut())?
