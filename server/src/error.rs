@@ -25,6 +25,10 @@ pub enum ServerError {
     DependentObjects(String),
     #[error("{0} is not supported")]
     Unsupported(String),
+    /// A value that an operation is not defined on, told in Postgres's
+    /// words (`cannot convert NaN to integer`).
+    #[error("{0}")]
+    UnsupportedValue(String),
     #[error("{0}")]
     DatatypeMismatch(String),
     #[error("{0}")]
@@ -153,7 +157,7 @@ impl ServerError {
             ServerError::DuplicateObject(_) => "42P07",
             ServerError::DuplicateColumn(_) => "42701",
             ServerError::DependentObjects(_) => "2BP01",
-            ServerError::Unsupported(_) => "0A000",
+            ServerError::Unsupported(_) | ServerError::UnsupportedValue(_) => "0A000",
             ServerError::DatatypeMismatch(_) => "42804",
             ServerError::InvalidTableDefinition(_) => "42P16",
             ServerError::InvalidObjectDefinition(_) => "42P17",
@@ -302,6 +306,9 @@ impl From<DataFusionError> for ServerError {
                 }
                 _ => ServerError::DuplicateColumn(strip(&root.to_string())),
             },
+            DataFusionError::NotImplemented(m) if m.starts_with("cannot convert ") => {
+                ServerError::UnsupportedValue(m.clone())
+            }
             DataFusionError::NotImplemented(m) => ServerError::Unsupported(feature(m)),
             DataFusionError::Plan(m) => classify_plan(m),
             DataFusionError::Execution(m) => classify_execution(m),
@@ -410,6 +417,9 @@ fn feature(m: &str) -> String {
     f.strip_prefix("Unsupported ").unwrap_or(f).to_string()
 }
 
+/// How DataFusion's `NotImplemented` error reads, lower-cased.
+const NOT_IMPLEMENTED: &str = "this feature is not implemented: ";
+
 fn classify_execution(m: &str) -> ServerError {
     let lower = m.to_lowercase();
     if planner::functions::is_invalid_parameter(m) {
@@ -418,6 +428,11 @@ fn classify_execution(m: &str) -> ServerError {
         ServerError::StatementTooComplex(m.to_string())
     } else if lower.contains("divide by zero") || lower.contains("division by zero") {
         ServerError::DivisionByZero
+    } else if let Some(at) = lower.find(NOT_IMPLEMENTED) {
+        // `at` is in the lower-cased text: the same place in `m` where
+        // lower-casing kept every length (ASCII), else all of `m`.
+        let rest = m.get(at + NOT_IMPLEMENTED.len()..).unwrap_or(m);
+        ServerError::UnsupportedValue(rest.to_string())
     } else if lower.contains("overflow") || lower.contains("out of range") {
         ServerError::NumericOutOfRange(m.to_string())
     } else if lower.contains("cast")
@@ -494,10 +509,12 @@ impl ServerError {
     /// task's (division by zero, a bad cast, a record that cannot be
     /// decoded), whichever path brought it to the client.
     fn task_error(message: String, error: &str) -> Self {
+        let message = message.replacen("This feature is not implemented: ", "", 1);
         match classify_execution(error) {
             ServerError::DivisionByZero => ServerError::DivisionByZero,
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
             ServerError::InvalidText(_) => ServerError::InvalidText(message),
+            ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
             _ => ServerError::Internal(message),
         }
     }
@@ -507,8 +524,9 @@ impl ServerError {
     /// Materialized view `name` holds `rows` rows whose expressions fail,
     /// the first with `error`: the error, with its SQLSTATE, and where.
     pub fn view_error(name: &str, error: &str, rows: usize) -> Self {
+        let shown = error.replacen("This feature is not implemented: ", "", 1);
         let message = format!(
-            "{error} (materialized view \"{name}\" holds {rows} row{} whose expression fails; delete or correct {} to clear it)",
+            "{shown} (materialized view \"{name}\" holds {rows} row{} whose expression fails; delete or correct {} to clear it)",
             if rows == 1 { "" } else { "s" },
             if rows == 1 { "it" } else { "them" },
         );
@@ -516,6 +534,7 @@ impl ServerError {
             ServerError::DivisionByZero => ServerError::DivisionByZeroIn(message),
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
             ServerError::InvalidText(_) => ServerError::InvalidText(message),
+            ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
             _ => ServerError::DataException(message),
         }
     }

@@ -147,6 +147,13 @@ fn binary_to_text(i: usize, t: &Type, b: &[u8]) -> Result<String> {
         Type::INT8 => i64::from_be_bytes(fixed(8)?.try_into().unwrap_or_default()).to_string(),
         Type::FLOAT4 => f32::from_be_bytes(fixed(4)?.try_into().unwrap_or_default()).to_string(),
         Type::FLOAT8 => f64::from_be_bytes(fixed(8)?.try_into().unwrap_or_default()).to_string(),
+        // NaN and the infinities: no digits, and the sign word says which.
+        Type::NUMERIC if b.len() >= 8 && matches!(b[4..6], [0xC0 | 0xD0 | 0xF0, 0]) => match b[4] {
+            0xC0 => "NaN",
+            0xD0 => "Infinity",
+            _ => "-Infinity",
+        }
+        .to_string(),
         Type::NUMERIC => {
             use postgres_types::FromSql;
             rust_decimal::Decimal::from_sql(t, b)

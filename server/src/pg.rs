@@ -8,10 +8,12 @@ use std::sync::Arc;
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, into_pg_type};
 use arrow_pg::encoder::{Encoder, encode_value};
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch,
+};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Sink, SinkExt, stream};
 use pgwire::api::auth::sasl::SASLState;
@@ -42,6 +44,7 @@ use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
 use pgwire::messages::startup::{Authentication, BackendKeyData};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use planner::functions::jsonb::is_jsonb;
+use planner::functions::numeric_special::Special;
 use tokio::net::TcpListener;
 
 use crate::context::plan_statement;
@@ -251,6 +254,57 @@ impl postgres_types::ToSql for JsonbText<'_> {
 
     fn accepts(ty: &Type) -> bool {
         *ty == Type::JSONB
+    }
+
+    postgres_types::to_sql_checked!();
+}
+
+/// The special value (`NaN`, `±Infinity`) a `numeric` column holds at
+/// `row`, if any.
+fn special_numeric(array: &ArrayRef, row: usize) -> Option<Special> {
+    match array.data_type() {
+        DataType::Decimal128(..) => Special::of(array.as_primitive::<Decimal128Type>().value(row)),
+        _ => None,
+    }
+}
+
+/// A `numeric` `NaN` or `±Infinity`, in text or in Postgres's binary form
+/// (no digits, and the sign word says which).
+#[derive(Debug)]
+struct SpecialNumeric(Special);
+
+impl pgwire::types::ToSqlText for SpecialNumeric {
+    fn to_sql_text(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+        _: &pgwire::types::format::FormatOptions,
+    ) -> Result<postgres_types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(self.0.text().as_bytes());
+        Ok(postgres_types::IsNull::No)
+    }
+}
+
+impl postgres_types::ToSql for SpecialNumeric {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<postgres_types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let sign: u16 = match self.0 {
+            Special::NaN => 0xC000,
+            Special::Infinity => 0xD000,
+            Special::NegInfinity => 0xF000,
+        };
+        // ndigits, weight, sign, dscale.
+        out.extend_from_slice(&[0, 0, 0, 0]);
+        out.extend_from_slice(&sign.to_be_bytes());
+        out.extend_from_slice(&[0, 0]);
+        Ok(postgres_types::IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
     }
 
     postgres_types::to_sql_checked!();
@@ -870,6 +924,8 @@ fn encode_rows(
             } else if is_jsonb(array.data_type()) {
                 let text = JsonbText(array.as_string::<i64>().value(row));
                 Encoder::encode_field(&mut encoder, &text, &fields[col])
+            } else if let Some(special) = special_numeric(array, row) {
+                Encoder::encode_field(&mut encoder, &SpecialNumeric(special), &fields[col])
             } else if let Some(values) = decimals[col] {
                 let text = values.value_as_string(row);
                 let text = match values.data_type() {

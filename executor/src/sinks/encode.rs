@@ -69,6 +69,7 @@ impl Encoder {
     /// Each row of `batch` as one record (a JSON object, a CSV line
     /// without its newline).
     pub fn records(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+        only_finite_numerics(batch, "JSON, CSV or Parquet")?;
         let mut out = Vec::new();
         match self {
             Encoder::Json => {
@@ -109,6 +110,29 @@ impl Encoder {
         }
         Ok(records)
     }
+}
+
+/// Refuses a `numeric` `NaN` or `±Infinity` in `batch`: Arrow's writers
+/// (`what`) would write the value that stands for it as a number
+/// (`planner::functions::numeric_special`).
+pub(crate) fn only_finite_numerics(batch: &RecordBatch, what: &str) -> Result<()> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{DataType, Decimal128Type};
+    use planner::functions::numeric_special::Special;
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !matches!(column.data_type(), DataType::Decimal128(..)) {
+            continue;
+        }
+        let values = column.as_primitive::<Decimal128Type>();
+        if let Some(s) = values.iter().flatten().find_map(Special::of) {
+            return Err(ExecError::Unsupported(format!(
+                "numeric {} (column {}) in a sink that writes {what}; cast the column to text or float8",
+                s.text(),
+                field.name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A `jsonb` column's value in a JSON record is its document, not the

@@ -216,6 +216,7 @@ impl SinkWriter for FileWriter {
         let Some(batch) = inserts(chunk)? else {
             return Ok(());
         };
+        super::encode::only_finite_numerics(&batch, "JSON, CSV or Parquet")?;
         if self.current.is_none() {
             self.current = Some(self.open()?);
         }

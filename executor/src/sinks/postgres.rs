@@ -23,8 +23,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use planner::functions::numeric_special::Special;
 use planner::spec::ConnectorSpec;
 use storage::chunk::Chunk;
 use tokio_postgres::{Client, NoTls};
@@ -325,9 +327,21 @@ fn text_columns(
         .map(|c| {
             let array = batch.column(*c);
             let f = ArrayFormatter::try_new(array.as_ref(), &options)?;
+            // A numeric NaN or ±Infinity as Postgres's text for it.
+            let decimals = match array.data_type() {
+                DataType::Decimal128(..) => Some(array.as_primitive::<Decimal128Type>()),
+                _ => None,
+            };
             Ok(rows
                 .iter()
-                .map(|r| (!array.is_null(*r)).then(|| f.value(*r).to_string()))
+                .map(|r| {
+                    (!array.is_null(*r)).then(|| {
+                        match decimals.and_then(|d| Special::of(d.value(*r))) {
+                            Some(s) => s.text().to_string(),
+                            None => f.value(*r).to_string(),
+                        }
+                    })
+                })
                 .collect())
         })
         .collect()

@@ -72,7 +72,8 @@ fn widen(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         return Ok(Transformed::no(plan));
     };
     let widened = widen_sums(&agg.aggr_expr, agg.input.schema(), |e, schema| {
-        let Expr::AggregateFunction(f) = e else {
+        // Under the alias an earlier rewrite may have named it with.
+        let Expr::AggregateFunction(f) = unaliased(e) else {
             return Ok(None);
         };
         Ok(
@@ -99,7 +100,7 @@ fn widen_window(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         return Ok(Transformed::no(plan));
     };
     let widened = widen_sums(&window.window_expr, window.input.schema(), |e, schema| {
-        let Expr::WindowFunction(f) = e else {
+        let Expr::WindowFunction(f) = unaliased(e) else {
             return Ok(None);
         };
         Ok(
@@ -116,6 +117,13 @@ fn widen_window(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     let wide = Window::try_new(window_expr, Arc::clone(&window.input))?;
     let projection = cast_back(&window.schema, LogicalPlan::Window(wide))?;
     Ok(Transformed::yes(projection))
+}
+
+fn unaliased(e: &Expr) -> &Expr {
+    match e {
+        Expr::Alias(a) => unaliased(&a.expr),
+        e => e,
+    }
 }
 
 /// `exprs` with each one `widen` gives a wide form of replaced by it,

@@ -4,8 +4,8 @@
 //! in how they fail: `'2020-04-15 12:02'` (no seconds) is no timestamp to
 //! Arrow, `' 12 '` no integer; `'99999999999'::int` is a parse error
 //! (`22P02`) where Postgres says the value is out of range (`22003`), and
-//! `'NaN'::numeric` an unknown string where Postgres has a value Weir's
-//! 128-bit decimals cannot hold (`0A000`).
+//! `'NaN'::numeric` an unknown string where Postgres has a value (kept as
+//! `super::numeric_special` describes).
 //!
 //! [`TextInput`], an analyzer rule run after type coercion, rewrites every
 //! cast of text to `smallint`, `integer`, `bigint`, `numeric(p, s)`,
@@ -250,14 +250,9 @@ fn integer<T: TryFrom<i128>>(s: &str, type_name: &str) -> Result<T> {
 /// zero to `s` places; an exponent allowed.
 fn numeric(s: &str, precision: u8, scale: i8) -> Result<i128> {
     let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    if matches!(
-        lower.as_str(),
-        "nan" | "infinity" | "+infinity" | "-infinity" | "inf" | "+inf" | "-inf"
-    ) {
-        return Err(DataFusionError::NotImplemented(format!(
-            "numeric value {t} (Weir's numeric holds finite values only)"
-        )));
+    if let Some(special) = super::numeric_special::Special::parse(t) {
+        special.check_fits(precision, scale)?;
+        return Ok(special.value());
     }
     let (negative, rest) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -556,10 +551,14 @@ mod tests {
                 .to_string()
                 .contains("overflow")
         );
-        assert!(matches!(
-            numeric("NaN", 10, 2).unwrap_err(),
-            DataFusionError::NotImplemented(_)
-        ));
+        assert_eq!(numeric(" NaN ", 10, 2).unwrap(), i128::MAX);
+        assert_eq!(numeric("-inf", 38, 10).unwrap(), -(i128::MAX - 1));
+        assert!(
+            numeric("Infinity", 10, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("cannot hold an infinite value")
+        );
         assert!(numeric("1.2.3", 10, 2).is_err());
     }
 }

@@ -13,7 +13,8 @@
 //! - text becomes integers, numerics and timestamps as Postgres reads
 //!   them ([`input`]);
 //! - `encode` and `decode` know the `escape` format ([`bytea`]);
-//! - `jsonb` is a type, with its operators and functions ([`jsonb`]).
+//! - `jsonb` is a type, with its operators and functions ([`jsonb`]);
+//! - `numeric` has `NaN` and `±Infinity` ([`numeric_special`]).
 
 use std::sync::Arc;
 
@@ -35,6 +36,7 @@ mod decimal_sum;
 mod input;
 mod intervals;
 pub mod jsonb;
+pub mod numeric_special;
 mod rounding;
 mod similar_to;
 mod to_char;
@@ -55,6 +57,7 @@ pub fn udfs() -> Vec<Arc<ScalarUDF>> {
     all.extend(similar_to::udfs());
     all.extend(rounding::udfs());
     all.extend(age::udfs());
+    all.extend(numeric_special::udfs());
     all
 }
 
@@ -77,6 +80,8 @@ pub fn analyzer_rules() -> Vec<Rule> {
         Arc::new(decimal_sum::WideWindowSum),
         Arc::new(similar_to::SimilarTo),
         Arc::new(rounding::PgRounding),
+        // Last: it sees every decimal computation the others write.
+        Arc::new(numeric_special::NumericSpecials),
     ]
 }
 
