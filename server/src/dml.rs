@@ -139,19 +139,20 @@ fn stored_batch(db: &Database, desc: &TableDesc, columns: Vec<ArrayRef>) -> Resu
             if c.data_type() == f.data_type() {
                 Ok(c.clone())
             } else {
-                // Never a silent NULL for a value that does not convert.
-                datafusion::arrow::compute::cast_with_options(
-                    c,
-                    f.data_type(),
-                    &datafusion::arrow::compute::CastOptions {
-                        safe: false,
-                        ..Default::default()
-                    },
-                )
+                // Never a silent NULL for a value that does not convert,
+                // and a numeric NaN or infinity kept as one (or refused
+                // where the column's type has none).
+                planner::functions::numeric_special::cast_keeping_specials(c, f.data_type())
             }
         })
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| ServerError::InvalidText(e.to_string()))?;
+        .map_err(|e| {
+            let message = e.to_string();
+            match ServerError::from(e) {
+                ServerError::NumericOutOfRange(m) => ServerError::NumericOutOfRange(m),
+                _ => ServerError::InvalidText(message),
+            }
+        })?;
     let mut columns = columns;
     check_lengths(db, desc, &mut columns)?;
     for (c, f) in columns.iter().zip(desc.schema.fields()) {

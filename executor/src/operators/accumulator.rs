@@ -21,6 +21,7 @@ use datafusion::common::ScalarValue;
 use datafusion::common::utils::SingleRowListArrayBuilder;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
+use planner::functions::numeric_special::Special;
 use planner::spec::{AggCall, AggKind};
 use std::sync::Arc;
 use storage::codec::RowCodec;
@@ -54,6 +55,10 @@ pub(crate) enum AccState {
     SumDecimal {
         sum: i256,
         n: i64,
+        /// How many of the values are `NaN`, `Infinity` and `-Infinity`
+        /// (`planner::functions::numeric_special`): they decide the
+        /// total while any is in, and leave `sum` alone.
+        specials: [i64; 3],
     },
     /// Encoded value → multiplicity.
     Values(BTreeMap<Vec<u8>, i64>),
@@ -109,13 +114,11 @@ enum Values {
 /// `values` as `t`, failing where a value does not fit (a decimal scaled
 /// up for `avg` past 38 digits) rather than turning it into NULL, which
 /// would leave it out of the aggregate unseen.
+/// `values` as `t`: an error where one does not fit, and a numeric `NaN`
+/// or infinity kept as what stands for it in `t`.
 fn cast_checked(values: &ArrayRef, t: &DataType) -> Result<ArrayRef> {
-    let options = datafusion::arrow::compute::CastOptions {
-        safe: false,
-        ..Default::default()
-    };
-    Ok(datafusion::arrow::compute::cast_with_options(
-        values, t, &options,
+    Ok(planner::functions::numeric_special::cast_keeping_specials(
+        values, t,
     )?)
 }
 
@@ -242,6 +245,7 @@ impl Aggregate {
             (_, Some(SumKind::I128)) => AccState::SumDecimal {
                 sum: i256::ZERO,
                 n: 0,
+                specials: [0; 3],
             },
             (AggKind::BoolAnd | AggKind::BoolOr, _) => AccState::Bools {
                 trues: 0,
@@ -336,14 +340,19 @@ impl Aggregate {
                     *sum += a.as_primitive::<Float64Type>().value(row) * sign as f64;
                     *n += sign;
                 }
-                AccState::SumDecimal { sum, n } => {
-                    let v = i256::from_i128(a.as_primitive::<Decimal128Type>().value(row));
+                AccState::SumDecimal { sum, n, specials } => {
+                    let v = a.as_primitive::<Decimal128Type>().value(row);
+                    *n += sign;
+                    if let Some(s) = Special::of(v) {
+                        specials[s as usize] += sign;
+                        return;
+                    }
+                    let v = i256::from_i128(v);
                     *sum = if sign < 0 {
                         sum.wrapping_sub(v)
                     } else {
                         sum.wrapping_add(v)
                     };
-                    *n += sign;
                 }
                 AccState::Moments { n, sum, sum_sq } => {
                     let v = a.as_primitive::<Float64Type>().value(row);
@@ -383,12 +392,27 @@ impl Aggregate {
                 AggKind::Avg => ScalarValue::Float64(Some(sum / *n as f64)),
                 _ => ScalarValue::Float64(Some(*sum)),
             },
-            AccState::SumDecimal { sum, n } => {
+            AccState::SumDecimal { sum, n, specials } => {
                 let DataType::Decimal128(p, s) = self.output_type else {
                     return Err(ExecError::Protocol(
                         "decimal sum without decimal type".into(),
                     ));
                 };
+                // As Postgres: NaN, or infinities of both signs, are NaN;
+                // else an infinity is the total.
+                let [nan, inf, neg_inf] = specials.map(|c| c > 0);
+                let special = if nan || (inf && neg_inf) {
+                    Some(Special::NaN)
+                } else if inf {
+                    Some(Special::Infinity)
+                } else if neg_inf {
+                    Some(Special::NegInfinity)
+                } else {
+                    None
+                };
+                if let Some(special) = special {
+                    return Ok(ScalarValue::Decimal128(Some(special.value()), p, s));
+                }
                 let v = match self.kind {
                     AggKind::Avg => {
                         // Round half away from zero, as Postgres does.
@@ -521,6 +545,7 @@ impl Aggregate {
                     _ => AccState::SumDecimal {
                         sum: i256::ZERO,
                         n: 0,
+                        specials: [0; 3],
                     },
                 };
                 let prepared = Prepared {
@@ -664,10 +689,22 @@ pub(crate) mod encoding {
                 out.extend_from_slice(&sum.to_bits().to_be_bytes());
                 out.extend_from_slice(&n.to_be_bytes());
             }
-            AccState::SumDecimal { sum, n } => {
+            AccState::SumDecimal {
+                sum,
+                n,
+                specials: [0, 0, 0],
+            } => {
                 out.push(7);
                 out.extend_from_slice(&sum.to_be_bytes());
                 out.extend_from_slice(&n.to_be_bytes());
+            }
+            AccState::SumDecimal { sum, n, specials } => {
+                out.push(8);
+                out.extend_from_slice(&sum.to_be_bytes());
+                out.extend_from_slice(&n.to_be_bytes());
+                for c in specials {
+                    out.extend_from_slice(&c.to_be_bytes());
+                }
             }
             AccState::Values(set) => {
                 out.push(4);
@@ -744,10 +781,18 @@ pub(crate) mod encoding {
             3 => AccState::SumDecimal {
                 sum: i256::from_i128(r.i128()?),
                 n: r.i64()?,
+                specials: [0; 3],
             },
             7 => AccState::SumDecimal {
                 sum: i256::from_be_bytes(r.take(32)?.try_into().unwrap_or([0; 32])),
                 n: r.i64()?,
+                specials: [0; 3],
+            },
+            // With numeric NaN or infinities among the values.
+            8 => AccState::SumDecimal {
+                sum: i256::from_be_bytes(r.take(32)?.try_into().unwrap_or([0; 32])),
+                n: r.i64()?,
+                specials: [r.i64()?, r.i64()?, r.i64()?],
             },
             4 => {
                 let len = r.u32()?;
@@ -858,8 +903,45 @@ mod tests {
             encoding::get(&mut encoding::Reader(&old)).unwrap(),
             AccState::SumDecimal {
                 sum: i256::from_i128(5),
-                n: 1
+                n: 1,
+                specials: [0; 3],
             }
         );
+    }
+
+    #[test]
+    fn numeric_nan_and_infinities_are_counted_and_taken_back() {
+        use datafusion::arrow::array::Decimal128Array;
+        use datafusion::arrow::datatypes::{Field, Schema};
+        let values = [Special::Infinity.value(), 7, Special::NegInfinity.value()];
+        let values = Decimal128Array::from(values.to_vec())
+            .with_precision_and_scale(38, 0)
+            .unwrap();
+        let schema = Schema::new(vec![Field::new("a", DataType::Decimal128(38, 0), true)]);
+        let batch = RecordBatch::try_new(Arc::new(schema.clone()), vec![Arc::new(values)]).unwrap();
+        let df_schema = datafusion::common::DFSchema::try_from(schema).unwrap();
+        let mut call = call(AggKind::Sum, false);
+        call.output_type = DataType::Decimal128(38, 0);
+        let sum = Aggregate::new(&call, &df_schema).unwrap();
+        let prepared = sum.prepare(&batch).unwrap();
+        let mut state = sum.init();
+        let out = |sum: &Aggregate, state: &AccState| match sum.output(state).unwrap() {
+            ScalarValue::Decimal128(v, ..) => v,
+            other => panic!("{other:?}"),
+        };
+        for row in 0..2 {
+            sum.update(&mut state, &prepared, row, 1);
+        }
+        assert_eq!(out(&sum, &state), Some(Special::Infinity.value()));
+        sum.update(&mut state, &prepared, 2, 1);
+        assert_eq!(out(&sum, &state), Some(Special::NaN.value()));
+        // Through a checkpoint and back.
+        let mut bytes = Vec::new();
+        encoding::put(&mut bytes, &state);
+        let mut state = encoding::get(&mut encoding::Reader(&bytes)).unwrap();
+        sum.update(&mut state, &prepared, 0, -1);
+        assert_eq!(out(&sum, &state), Some(Special::NegInfinity.value()));
+        sum.update(&mut state, &prepared, 2, -1);
+        assert_eq!(out(&sum, &state), Some(7));
     }
 }

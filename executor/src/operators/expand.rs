@@ -58,7 +58,7 @@ impl Operator for Expand {
                 } else if v.data_type() == t {
                     v.clone()
                 } else {
-                    datafusion::arrow::compute::cast(v, t)?
+                    planner::functions::numeric_special::cast_keeping_specials(v, t)?
                 });
             }
             columns.push(

@@ -19,7 +19,6 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
 use datafusion::execution::context::ExecutionProps;
@@ -102,7 +101,7 @@ impl OverWindow {
             columns.push(if values.data_type() == t {
                 values
             } else {
-                cast(&values, t)?
+                planner::functions::numeric_special::cast_keeping_specials(&values, t)?
             });
         }
         Ok(self.output_codec.encode(&columns)?)

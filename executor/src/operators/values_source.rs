@@ -84,7 +84,10 @@ impl ValuesSource {
                 Ok(if array.data_type() == field.data_type() {
                     array
                 } else {
-                    datafusion::arrow::compute::cast(&array, field.data_type())?
+                    planner::functions::numeric_special::cast_keeping_specials(
+                        &array,
+                        field.data_type(),
+                    )?
                 })
             })
             .collect::<Result<Vec<ArrayRef>>>()?;

@@ -39,6 +39,7 @@ pub mod jsonb;
 pub mod numeric_special;
 mod rounding;
 mod similar_to;
+mod special_sums;
 mod to_char;
 
 use to_char::Template;
@@ -85,9 +86,13 @@ pub fn analyzer_rules() -> Vec<Rule> {
     ]
 }
 
-/// Analyzer rules for batch queries only (see [`decimal_sum`]).
+/// Analyzer rules for batch queries only (see [`special_sums`] and
+/// [`decimal_sum`]).
 pub fn batch_analyzer_rules() -> Vec<Rule> {
-    vec![Arc::new(decimal_sum::WideDecimalSum)]
+    vec![
+        Arc::new(special_sums::SpecialSums),
+        Arc::new(decimal_sum::WideDecimalSum),
+    ]
 }
 
 type Planner = Arc<dyn datafusion::logical_expr::planner::ExprPlanner>;

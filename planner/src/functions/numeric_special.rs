@@ -20,8 +20,10 @@
 //!   (`cannot convert NaN to integer`; `Infinity` in a `numeric(p, s)`);
 //! - `round`, `trunc`, `ceil`, `floor`, `abs` and `sign` of a decimal
 //!   become `weir_numeric_round` and so on, with Postgres's answers;
-//! - every other function and aggregate that takes a decimal (`sum`,
-//!   `avg`, `sqrt`, `to_json` …) gets it through `weir_numeric_finite`,
+//! - `sum` and `avg` count special values beside their totals (in views
+//!   the HashAgg operator, in batch queries `super::special_sums`);
+//! - every other function and aggregate that takes a decimal (`stddev`,
+//!   `sum(DISTINCT …)`, `to_json` …) gets it through `weir_numeric_finite`,
 //!   which fails with `0A000` on a special value: an error, never a number
 //!   made from a sentinel.
 //!
@@ -831,19 +833,22 @@ impl ScalarUDFImpl for NumericCast {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let target = args.return_field.data_type().clone();
         let (arrays, scalar) = arrays(&args)?;
-        let x = &arrays[0];
-        let Some(s) = specials(x) else {
-            return columnar(
-                cast_with_options(x, &target, &DEFAULT_CAST_OPTIONS)?,
-                scalar,
-            );
-        };
-        let out = cast_with_options(&zap(x, &s, false)?, &target, &DEFAULT_CAST_OPTIONS)?;
-        let out = patch(&out, None, |i| {
-            Ok(s[i].map_or(Outcome::Computed, Outcome::Special))
-        })?;
-        columnar(out, scalar)
+        columnar(cast_keeping_specials(&arrays[0], &target)?, scalar)
     }
+}
+
+/// `x` (a decimal, or a float) cast to `target` as Arrow casts it (an
+/// error where a value does not fit), its special values kept special:
+/// `NaN` and the infinities as a float's, as text, as the decimal values
+/// that stand for them, or Postgres's error where `target` has none.
+pub fn cast_keeping_specials(x: &ArrayRef, target: &DataType) -> Result<ArrayRef> {
+    let Some(s) = specials(x) else {
+        return Ok(cast_with_options(x, target, &DEFAULT_CAST_OPTIONS)?);
+    };
+    let out = cast_with_options(&zap(x, &s, false)?, target, &DEFAULT_CAST_OPTIONS)?;
+    patch(&out, None, |i| {
+        Ok(s[i].map_or(Outcome::Computed, Outcome::Special))
+    })
 }
 
 /// `weir_numeric_finite(x, 'what')`: `x`, or `0A000` if it is special,
@@ -1129,7 +1134,10 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         }
         Expr::AggregateFunction(mut a) => {
             let name = a.func.name().to_string();
-            if !passes_values(&name) && guard(&mut a.params.args, &name, schema) {
+            // `sum` and `avg` count special values beside their totals.
+            let counted =
+                super::special_sums::handled(&name, &a.params.args, a.params.distinct, schema);
+            if !passes_values(&name) && !counted && guard(&mut a.params.args, &name, schema) {
                 Transformed::yes(Expr::AggregateFunction(a))
             } else {
                 Transformed::no(Expr::AggregateFunction(a))
