@@ -13,8 +13,8 @@ use datafusion::logical_expr::ExprSchemable;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, CreateTable, CreateTableOptions, CreateView, Expr as SqlExpr, FunctionArg,
-    FunctionArgExpr, ObjectName, ObjectType, SqlOption, TableConstraint, TableFactor, Visit,
-    Visitor,
+    FunctionArgExpr, ObjectName, ObjectType, Query, SelectItem, SetExpr, SqlOption,
+    TableConstraint, TableFactor, Visit, Visitor,
 };
 use planner::job_graph::JobGraph;
 use planner::spec::CheckpointMode;
@@ -482,19 +482,43 @@ fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef
 pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<String> {
     let mut q = cv.query.clone();
     write_out_corresponding(db, &mut q).await?;
+    let names = crate::stmt::output_names(&q);
     apply_pg_names(&mut q);
-    if cv.columns.is_empty() {
-        return Ok(q.to_string());
-    }
-    let cols: Vec<String> = cv
-        .columns
-        .iter()
-        .map(|c| format!("\"{}\"", ident(&c.name)))
-        .collect();
+    let cols: Vec<String> = if !cv.columns.is_empty() {
+        cv.columns.iter().map(|c| ident(&c.name)).collect()
+    } else {
+        // A cast of a column (`a::bigint`) is named after the column only
+        // once planned (see `apply_pg_names`), which a view's columns are
+        // not: they take the names from a column list instead.
+        match names {
+            Some(names)
+                if casts_a_column(&q)
+                    && names.iter().collect::<BTreeSet<_>>().len() == names.len() =>
+            {
+                names
+            }
+            _ => return Ok(q.to_string()),
+        }
+    };
+    let cols: Vec<String> = cols.iter().map(|c| format!("\"{c}\"")).collect();
     Ok(format!(
         "SELECT * FROM ({q}) AS __view({})",
         cols.join(", ")
     ))
+}
+
+/// Whether `q`'s select list has an unnamed cast of a column.
+fn casts_a_column(q: &Query) -> bool {
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return false;
+    };
+    select.projection.iter().any(|item| {
+        matches!(
+            item,
+            SelectItem::UnnamedExpr(SqlExpr::Cast { expr, .. })
+                if matches!(expr.as_ref(), SqlExpr::Identifier(_) | SqlExpr::CompoundIdentifier(_))
+        )
+    })
 }
 
 /// Writes out `q`'s plain `CORRESPONDING`s (see `crate::corresponding`),

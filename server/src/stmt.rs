@@ -1165,16 +1165,49 @@ pub(crate) fn pg_name(e: &SqlExpr) -> Option<String> {
             .last()
             .and_then(|p| p.as_ident())
             .map(|i| i.value.to_lowercase()),
-        SqlExpr::Cast { expr, .. } => match expr.as_ref() {
+        // A cast is named after its operand when that has a name, else
+        // after the type, as Postgres calls it (`1::int` is `int4`).
+        SqlExpr::Cast {
+            expr, data_type, ..
+        } => match expr.as_ref() {
             SqlExpr::Identifier(i) => Some(i.value.clone()),
             SqlExpr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
-            inner => pg_name(inner),
+            inner => match pg_name(inner) {
+                Some(n) if n == "?column?" => Some(pg_type_name(data_type)),
+                other => other,
+            },
         },
+        SqlExpr::TypedString(t) => Some(pg_type_name(&t.data_type)),
         SqlExpr::Nested(inner) => pg_name(inner),
         SqlExpr::Case { .. } => Some("case".into()),
         SqlExpr::Exists { .. } => Some("exists".into()),
         _ => Some("?column?".into()),
     }
+}
+
+/// The name Postgres knows a type by (`pg_type.typname`), which it names
+/// an unnamed cast's column after: `int4` for `int`, `varchar` for
+/// `character varying(3)`, `int4` for `int[]`.
+fn pg_type_name(t: &datafusion::sql::sqlparser::ast::DataType) -> String {
+    let written = t.to_string().to_lowercase();
+    let base = written.split(['(', '[']).next().unwrap_or_default().trim();
+    match base {
+        "int" | "integer" | "int4" => "int4",
+        "bigint" | "int8" => "int8",
+        "smallint" | "int2" => "int2",
+        "real" | "float4" => "float4",
+        "double precision" | "double" | "float" | "float8" => "float8",
+        "numeric" | "decimal" | "dec" => "numeric",
+        "varchar" | "character varying" => "varchar",
+        "char" | "character" | "bpchar" => "bpchar",
+        "boolean" | "bool" => "bool",
+        "timestamp" | "timestamp without time zone" => "timestamp",
+        "timestamptz" | "timestamp with time zone" => "timestamptz",
+        "time" | "time without time zone" => "time",
+        "timetz" | "time with time zone" => "timetz",
+        other => other,
+    }
+    .to_string()
 }
 
 /// Gives the top-level select items the names Postgres would, wherever that
@@ -1634,6 +1667,35 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("sum(x) AS s"), "{text}");
+    }
+
+    #[test]
+    fn unnamed_casts_are_named_after_their_types() {
+        let Stmt::Sql(s) = parse(
+            "select 1::int, (1 + 2)::bigint, 'x'::character varying(3), 2.5::double precision, \
+             now()::date, a::text, timestamp '2020-01-01', '{1}'::smallint[]",
+        )
+        .unwrap()
+        .remove(0) else {
+            panic!()
+        };
+        let Statement::Query(mut q) = *s else {
+            panic!()
+        };
+        apply_pg_names(&mut q);
+        let text = q.to_string();
+        for name in [
+            "\"int4\"",
+            "\"int8\"",
+            "\"varchar\"",
+            "\"float8\"",
+            "\"now\"",
+            "\"timestamp\"",
+        ] {
+            assert!(text.contains(&format!("AS {name}")), "{name} in {text}");
+        }
+        assert!(text.contains("AS SMALLINT[]) AS \"int2\""), "{text}");
+        assert!(!text.contains("AS \"text\""), "{text}");
     }
 
     #[test]
