@@ -8,12 +8,10 @@ use std::sync::Arc;
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, into_pg_type};
 use arrow_pg::encoder::{Encoder, encode_value};
 use async_trait::async_trait;
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch,
-};
+use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Sink, SinkExt, stream};
 use pgwire::api::auth::sasl::SASLState;
@@ -257,15 +255,6 @@ impl postgres_types::ToSql for JsonbText<'_> {
     }
 
     postgres_types::to_sql_checked!();
-}
-
-/// The special value (`NaN`, `±Infinity`) a `numeric` column holds at
-/// `row`, if any.
-fn special_numeric(array: &ArrayRef, row: usize) -> Option<Special> {
-    match array.data_type() {
-        DataType::Decimal128(..) => Special::of(array.as_primitive::<Decimal128Type>().value(row)),
-        _ => None,
-    }
 }
 
 /// A `numeric` `NaN` or `±Infinity`, in text or in Postgres's binary form
@@ -885,6 +874,12 @@ fn encode_rows(
             _ => None,
         })
         .collect();
+    // NaN and the infinities of numeric columns, in text and in binary.
+    let numerics: Vec<Option<&Decimal128Array>> = batch
+        .columns()
+        .iter()
+        .map(|a| a.as_any().downcast_ref::<Decimal128Array>())
+        .collect();
     // Numerics in text exactly, by Arrow: `arrow_pg` goes through
     // rust_decimal, which holds 28 digits where Decimal128 holds 38.
     let decimals: Vec<Option<&Decimal128Array>> = batch
@@ -924,7 +919,7 @@ fn encode_rows(
             } else if is_jsonb(array.data_type()) {
                 let text = JsonbText(array.as_string::<i64>().value(row));
                 Encoder::encode_field(&mut encoder, &text, &fields[col])
-            } else if let Some(special) = special_numeric(array, row) {
+            } else if let Some(special) = numerics[col].and_then(|a| Special::of(a.value(row))) {
                 Encoder::encode_field(&mut encoder, &SpecialNumeric(special), &fields[col])
             } else if let Some(values) = decimals[col] {
                 let text = values.value_as_string(row);

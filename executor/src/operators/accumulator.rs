@@ -398,39 +398,12 @@ impl Aggregate {
                         "decimal sum without decimal type".into(),
                     ));
                 };
-                // As Postgres: NaN, or infinities of both signs, are NaN;
-                // else an infinity is the total.
-                let [nan, inf, neg_inf] = specials.map(|c| c > 0);
-                let special = if nan || (inf && neg_inf) {
-                    Some(Special::NaN)
-                } else if inf {
-                    Some(Special::Infinity)
-                } else if neg_inf {
-                    Some(Special::NegInfinity)
-                } else {
-                    None
-                };
-                if let Some(special) = special {
+                if let Some(special) = Special::of_counts(*specials) {
                     return Ok(ScalarValue::Decimal128(Some(special.value()), p, s));
                 }
                 let v = match self.kind {
-                    AggKind::Avg => {
-                        // Round half away from zero, as Postgres does.
-                        let n = i256::from_i128(*n as i128);
-                        let q = sum.wrapping_div(n);
-                        let r = sum.wrapping_rem(n);
-                        let (sum_neg, n_neg) = (sum.is_negative(), n.is_negative());
-                        if r.wrapping_abs().wrapping_mul(i256::from_i128(2)) >= n.wrapping_abs() {
-                            let step = if sum_neg == n_neg {
-                                i256::ONE
-                            } else {
-                                i256::MINUS_ONE
-                            };
-                            q.wrapping_add(step)
-                        } else {
-                            q
-                        }
-                    }
+                    // Rounded half away from zero, as Postgres does.
+                    AggKind::Avg => planner::functions::numeric_special::divide_rounded(*sum, *n),
                     _ => *sum,
                 };
                 // Postgres's numeric has no limit; Weir's holds 38 digits.

@@ -14,7 +14,6 @@
 //! `INSERT` of text into a column, `COPY`) and the query's own — into
 //! `weir_text_input(text, 'type')`, which reads the text as Postgres does.
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{NaiveDate, NaiveDateTime, NaiveTime};
@@ -107,16 +106,6 @@ struct TextInputFn {
     signature: Signature,
 }
 
-fn target_of(arg: Option<&ScalarValue>) -> Result<DataType> {
-    match arg {
-        Some(ScalarValue::Utf8(Some(t))) => DataType::from_str(t)
-            .map_err(|e| DataFusionError::Internal(format!("weir_text_input type {t}: {e}"))),
-        _ => Err(DataFusionError::Internal(
-            "weir_text_input takes a type name as its second argument".into(),
-        )),
-    }
-}
-
 impl ScalarUDFImpl for TextInputFn {
     fn name(&self) -> &str {
         "weir_text_input"
@@ -133,7 +122,7 @@ impl ScalarUDFImpl for TextInputFn {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let t = target_of(args.scalar_arguments.get(1).copied().flatten())?;
+        let t = super::type_argument(self.name(), args.scalar_arguments.get(1).copied().flatten())?;
         Ok(Arc::new(Field::new(self.name(), t, true)))
     }
 

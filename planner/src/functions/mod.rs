@@ -119,6 +119,19 @@ pub fn is_invalid_parameter(message: &str) -> bool {
     jsonb::INVALID_PARAMETER.iter().any(|m| message.contains(m))
 }
 
+/// The type a function `name` takes by name as an argument (`arg`, the
+/// text `Decimal128(10, 2)`), for its return type.
+fn type_argument(name: &str, arg: Option<&ScalarValue>) -> Result<DataType> {
+    match arg {
+        Some(ScalarValue::Utf8(Some(t))) => t
+            .parse()
+            .map_err(|e| DataFusionError::Internal(format!("{name} type {t}: {e}"))),
+        _ => Err(DataFusionError::Internal(format!(
+            "{name} takes a type name as its second argument"
+        ))),
+    }
+}
+
 /// Rewrites every expression of `plan` bottom-up with `f`, given the
 /// schema of the node's inputs, for an analyzer rule.
 pub fn rewrite_plan(

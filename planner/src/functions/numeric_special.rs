@@ -31,7 +31,6 @@
 //! (which write `NaN` to Postgres and refuse it in JSON, CSV and Parquet)
 //! check for these values where they leave Weir.
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -118,6 +117,22 @@ impl Special {
         }
     }
 
+    /// What a `sum` or `avg` is, given how many of its values were `NaN`,
+    /// `Infinity` and `-Infinity`, if any was: `NaN` for any `NaN` or for
+    /// infinities of both signs, else the infinity.
+    pub fn of_counts(counts: [i64; 3]) -> Option<Special> {
+        let [nan, inf, neg_inf] = counts.map(|c| c > 0);
+        if nan || (inf && neg_inf) {
+            Some(Special::NaN)
+        } else if inf {
+            Some(Special::Infinity)
+        } else if neg_inf {
+            Some(Special::NegInfinity)
+        } else {
+            None
+        }
+    }
+
     fn negate(self) -> Special {
         match self {
             Special::NaN => Special::NaN,
@@ -143,6 +158,22 @@ impl Special {
         Err(overflow(format!(
             "numeric field overflow: a field with precision {precision}, scale {scale} cannot hold an infinite value"
         )))
+    }
+}
+
+/// `sum / n` rounded half away from zero, as Postgres rounds an `avg`.
+pub fn divide_rounded(sum: i256, n: i64) -> i256 {
+    let n = i256::from_i128(n as i128);
+    let (q, r) = (sum.wrapping_div(n), sum.wrapping_rem(n));
+    if r.wrapping_abs().wrapping_mul(i256::from_i128(2)) >= n.wrapping_abs() {
+        let step = if sum.is_negative() == n.is_negative() {
+            i256::ONE
+        } else {
+            i256::MINUS_ONE
+        };
+        q.wrapping_add(step)
+    } else {
+        q
     }
 }
 
@@ -467,6 +498,16 @@ fn arrays(args: &ScalarFunctionArgs) -> Result<(Vec<ArrayRef>, bool)> {
         .map(|a| a.to_array(rows))
         .collect::<Result<_>>()?;
     Ok((arrays, scalar))
+}
+
+/// The first argument of a call as an array, and whether it was a scalar
+/// (the others are constants the function reads as they are).
+fn first(args: &ScalarFunctionArgs) -> Result<(ArrayRef, bool)> {
+    match args.args.first() {
+        Some(ColumnarValue::Scalar(s)) => Ok((s.to_array()?, true)),
+        Some(ColumnarValue::Array(a)) => Ok((a.clone(), false)),
+        None => Err(DataFusionError::Internal("no arguments".into())),
+    }
 }
 
 fn columnar(out: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
@@ -800,16 +841,6 @@ struct NumericCast {
     signature: Signature,
 }
 
-fn target_of(arg: Option<&ScalarValue>) -> Result<DataType> {
-    match arg {
-        Some(ScalarValue::Utf8(Some(t))) => DataType::from_str(t)
-            .map_err(|e| DataFusionError::Internal(format!("weir_numeric_cast type {t}: {e}"))),
-        _ => Err(DataFusionError::Internal(
-            "weir_numeric_cast takes a type name as its second argument".into(),
-        )),
-    }
-}
-
 impl ScalarUDFImpl for NumericCast {
     fn name(&self) -> &str {
         "weir_numeric_cast"
@@ -826,14 +857,14 @@ impl ScalarUDFImpl for NumericCast {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let t = target_of(args.scalar_arguments.get(1).copied().flatten())?;
+        let t = super::type_argument(self.name(), args.scalar_arguments.get(1).copied().flatten())?;
         Ok(Arc::new(Field::new(self.name(), t, true)))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let target = args.return_field.data_type().clone();
-        let (arrays, scalar) = arrays(&args)?;
-        columnar(cast_keeping_specials(&arrays[0], &target)?, scalar)
+        let (x, scalar) = first(&args)?;
+        columnar(cast_keeping_specials(&x, &target)?, scalar)
     }
 }
 
@@ -842,7 +873,12 @@ impl ScalarUDFImpl for NumericCast {
 /// `NaN` and the infinities as a float's, as text, as the decimal values
 /// that stand for them, or Postgres's error where `target` has none.
 pub fn cast_keeping_specials(x: &ArrayRef, target: &DataType) -> Result<ArrayRef> {
-    let Some(s) = specials(x) else {
+    if x.data_type() == target {
+        return Ok(x.clone());
+    }
+    // Between floats, NaN and the infinities are what they are.
+    let keep_floats = is_float(x.data_type()) && is_float(target);
+    let Some(s) = specials(x).filter(|_| !keep_floats) else {
         return Ok(cast_with_options(x, target, &DEFAULT_CAST_OPTIONS)?);
     };
     let out = cast_with_options(&zap(x, &s, false)?, target, &DEFAULT_CAST_OPTIONS)?;
@@ -874,8 +910,8 @@ impl ScalarUDFImpl for Finite {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let (arrays, _) = arrays(&args)?;
-        if let Some(s) = specials(&arrays[0]) {
+        let (x, _) = first(&args)?;
+        if let Some(s) = specials(&x) {
             let what = match &args.args.get(1) {
                 Some(ColumnarValue::Scalar(ScalarValue::Utf8(Some(w)))) => w.clone(),
                 _ => "this function".into(),

@@ -28,7 +28,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::AnalyzerRule;
 
-use super::numeric_special::{Special, overflow};
+use super::numeric_special::{Special, divide_rounded, overflow};
 
 fn udaf(avg: bool) -> Arc<AggregateUDF> {
     Arc::new(AggregateUDF::new_from_impl(SpecialSum {
@@ -204,17 +204,7 @@ impl Accumulator for SumAccumulator {
         if self.n == 0 {
             return Ok(ScalarValue::Decimal128(None, p, s));
         }
-        let [nan, inf, neg_inf] = self.specials.map(|c| c > 0);
-        let special = if nan || (inf && neg_inf) {
-            Some(Special::NaN)
-        } else if inf {
-            Some(Special::Infinity)
-        } else if neg_inf {
-            Some(Special::NegInfinity)
-        } else {
-            None
-        };
-        if let Some(special) = special {
+        if let Some(special) = Special::of_counts(self.specials) {
             return Ok(ScalarValue::Decimal128(Some(special.value()), p, s));
         }
         let ten = i256::from_i128(10);
@@ -223,18 +213,7 @@ impl Accumulator for SumAccumulator {
             v = v.wrapping_mul(ten);
         }
         if self.avg {
-            // Round half away from zero, as Postgres does.
-            let n = i256::from_i128(self.n as i128);
-            let (q, r) = (v.wrapping_div(n), v.wrapping_rem(n));
-            v = if r.wrapping_abs().wrapping_mul(i256::from_i128(2)) >= n {
-                q.wrapping_add(if v.is_negative() {
-                    i256::MINUS_ONE
-                } else {
-                    i256::ONE
-                })
-            } else {
-                q
-            };
+            v = divide_rounded(v, self.n);
         }
         match v.to_i128() {
             Some(v) if v.unsigned_abs() < 10u128.pow(38) => {
