@@ -17,6 +17,7 @@ pub mod ddl;
 pub mod dead_letters;
 pub mod decimal_division;
 pub mod depth;
+pub mod distinct_from;
 pub mod dml;
 pub mod engine;
 pub mod error;

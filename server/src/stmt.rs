@@ -387,11 +387,13 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         match &mut stmt {
             Stmt::Sql(s) | Stmt::EmitOnWindowClose(s) | Stmt::CreateTable { table: s, .. } => {
                 crate::between_symmetric::rewrite(s.as_mut());
+                crate::distinct_from::rewrite(s.as_mut());
                 crate::literals::normalize(s)?;
                 crate::fetch_first::rewrite(s)?;
             }
             Stmt::CreateSink { query, .. } => {
                 crate::between_symmetric::rewrite(query.as_mut());
+                crate::distinct_from::rewrite(query.as_mut());
                 crate::fetch_first::rewrite_query(query)?
             }
             _ => {}
