@@ -137,6 +137,9 @@ pub enum ServerError {
     /// The object is in use (the session's own role, for one).
     #[error("{0}")]
     ObjectInUse(String),
+    /// A scalar subquery that found more than one row.
+    #[error("{0}")]
+    CardinalityViolation(String),
     /// A role without the privilege a statement needs.
     #[error("{0}")]
     InsufficientPrivilege(String),
@@ -169,6 +172,7 @@ impl ServerError {
             ServerError::DataException(_) => "22000",
             ServerError::NumericOutOfRange(_) => "22003",
             ServerError::InvalidParameter(_) => "22023",
+            ServerError::CardinalityViolation(_) => "21000",
             ServerError::InsufficientResources(_) => "53000",
             ServerError::DiskFull(_) => "53100",
             ServerError::UndefinedObject(_) => "42704",
@@ -345,13 +349,21 @@ fn classify_plan(m: &str) -> ServerError {
     if let Some(at) =
         m.strip_prefix("Accessing outer reference columns is not allowed in the plan: ")
     {
-        // DataFusion could not pull the outer column out of the subquery:
-        // it sits where no filter can move it from (an outer join's ON).
+        // DataFusion could not pull the outer column out of the subquery,
+        // and the front end did not give it one to refer to instead
+        // (`pg_catalog::outer_refs` gives it only to qualified names).
         ServerError::Unsupported(format!(
             "a correlated subquery that cannot be turned into a join (outer column in {}: for \
-             example, in the ON condition of an outer join inside the subquery)",
+             example, an outer column not qualified by its table's name, or one in the ON \
+             condition of a right or full join inside the subquery)",
             at.lines().next().unwrap_or(at).trim()
         ))
+    } else if m.starts_with("Correlated scalar subquery must be aggregated") {
+        ServerError::Unsupported(
+            "a correlated scalar subquery that neither aggregates nor is a single SELECT of one \
+             value (a set operation, or a LIMIT that is not a number)"
+                .into(),
+        )
     } else if lower.starts_with("cannot cast type") {
         ServerError::CannotCoerce(m.to_string())
     } else if lower.contains("table") && lower.contains("not found") {
@@ -411,7 +423,7 @@ fn feature(m: &str) -> String {
         let kind = e.split('(').next().unwrap_or(e);
         return format!(
             "a correlated subquery that cannot be turned into a join ({kind}: for example, one \
-             whose join ON condition refers to an outer column)"
+             with a set operation, or a LIMIT per outer row in IN)"
         );
     }
     f.strip_prefix("Unsupported ").unwrap_or(f).to_string()
@@ -424,6 +436,8 @@ fn classify_execution(m: &str) -> ServerError {
     let lower = m.to_lowercase();
     if planner::functions::is_invalid_parameter(m) {
         ServerError::InvalidParameter(m.to_string())
+    } else if m.contains(planner::functions::one_row::MORE_THAN_ONE_ROW) {
+        ServerError::CardinalityViolation(m.to_string())
     } else if lower.starts_with("stack depth limit exceeded") {
         ServerError::StatementTooComplex(m.to_string())
     } else if lower.contains("divide by zero") || lower.contains("division by zero") {
@@ -515,6 +529,7 @@ impl ServerError {
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
             ServerError::InvalidText(_) => ServerError::InvalidText(message),
             ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
+            ServerError::CardinalityViolation(_) => ServerError::CardinalityViolation(message),
             _ => ServerError::Internal(message),
         }
     }
@@ -535,6 +550,7 @@ impl ServerError {
             ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
             ServerError::InvalidText(_) => ServerError::InvalidText(message),
             ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
+            ServerError::CardinalityViolation(_) => ServerError::CardinalityViolation(message),
             _ => ServerError::DataException(message),
         }
     }

@@ -14,7 +14,8 @@
 //!   them ([`input`]);
 //! - `encode` and `decode` know the `escape` format ([`bytea`]);
 //! - `jsonb` is a type, with its operators and functions ([`jsonb`]);
-//! - `numeric` has `NaN` and `±Infinity` ([`numeric_special`]).
+//! - `numeric` has `NaN` and `±Infinity` ([`numeric_special`]);
+//! - a scalar subquery that finds two rows is an error ([`one_row`]).
 
 use std::sync::Arc;
 
@@ -37,6 +38,7 @@ mod input;
 mod intervals;
 pub mod jsonb;
 pub mod numeric_special;
+pub mod one_row;
 mod rounding;
 mod similar_to;
 mod special_sums;
@@ -59,6 +61,7 @@ pub fn udfs() -> Vec<Arc<ScalarUDF>> {
     all.extend(rounding::udfs());
     all.extend(age::udfs());
     all.extend(numeric_special::udfs());
+    all.extend(one_row::udfs());
     all
 }
 

@@ -25,6 +25,7 @@ mod decorrelate;
 mod functions;
 mod information_schema;
 mod lateral;
+mod outer_refs;
 pub mod rewrite;
 mod tables;
 mod types;

@@ -16,6 +16,8 @@
 //!   `string_to_array(…) s`) is a table of one row; a set-returning
 //!   function over another item's columns is a select-list `unnest` over
 //!   that item (`lateral.rs`);
+//! - a correlated subquery whose outer columns DataFusion cannot pull up
+//!   is given a table of the outer values to refer to (`outer_refs.rs`);
 //! - `x IN (SELECT …)` in a select list, and a subquery in `ORDER BY`, are
 //!   given shapes DataFusion plans (Grafana's table list); a plain column
 //!   beside `t.*` gets a unique name the client never sees (DBeaver's
@@ -111,6 +113,7 @@ pub fn rewrite_view(query: &mut Query) -> Result<()> {
 
 /// The rewriting both of the above do.
 fn rewrite_with(query: &mut Query, view: bool) -> Result<()> {
+    super::outer_refs::rewrite(query);
     let mut v = Rewriter { error: None, view };
     let _ = query.visit(&mut v);
     v.error.map_or(Ok(()), Err)?;
@@ -468,31 +471,65 @@ fn sort_by_subqueries(query: &mut Query) {
 }
 
 /// `x IN (SELECT …)` in a select list, which DataFusion plans only in a
-/// condition, becomes `coalesce(array_has((SELECT array_agg(…) …), x),
-/// false)`: a scalar subquery, which it plans anywhere. The two differ
-/// only when no row matches and the subquery returned a NULL (false here,
-/// NULL in Postgres), which a CASE or a sort treats alike.
+/// condition, becomes scalar subqueries, which it plans anywhere: the
+/// subquery's values as an array, and whether it has none, NULLs or no
+/// NULLs, from which `CASE` tells Postgres's true, false or NULL. A
+/// correlated one is left for DataFusion's error.
 fn in_subqueries_in_projection(select: &mut Select) {
     for item in select.projection.iter_mut() {
         if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
-            let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(e, |e| {
-                if let Expr::InSubquery {
-                    expr,
-                    subquery,
-                    negated,
-                } = e
-                {
-                    let sql = format!(
-                        "{}coalesce(array_has((SELECT array_agg(weir_in.c) FROM ({subquery}) AS weir_in(c)), {expr}), false)",
-                        if *negated { "NOT " } else { "" }
-                    );
-                    if let Some(new) = parse(&sql, |p| p.parse_expr()) {
-                        *e = new;
-                    }
-                }
-                ControlFlow::<()>::Continue(())
-            });
+            let _ = e.visit(&mut InSubqueries { depth: 0 });
         }
+    }
+}
+
+/// Rewrites the `IN (SELECT …)`s of one select list, not those of the
+/// subqueries within it (which are conditions there).
+struct InSubqueries {
+    depth: usize,
+}
+
+impl VisitorMut for InSubqueries {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+        self.depth += 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+        self.depth -= 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+        if self.depth > 0 {
+            return ControlFlow::Continue(());
+        }
+        if let Expr::InSubquery {
+            expr,
+            subquery,
+            negated,
+        } = e
+            && !super::outer_refs::names_outside(subquery)
+        {
+            let values = format!("FROM ({subquery}) AS weir_in(c)");
+            // 0: no rows; 1: a NULL among them; 2: no NULL.
+            let rows = format!(
+                "(SELECT CASE WHEN count(*) = 0 THEN 0 WHEN count(*) > count(weir_in.c) THEN 1 \
+                 ELSE 2 END {values})"
+            );
+            let sql = format!(
+                "{}(CASE WHEN array_has((SELECT array_agg(weir_in.c) {values}), {expr}) THEN true \
+                 WHEN {rows} = 0 THEN false WHEN ({expr}) IS NULL OR {rows} = 1 THEN NULL \
+                 ELSE false END)",
+                if *negated { "NOT " } else { "" }
+            );
+            if let Some(new) = parse(&sql, |p| p.parse_expr()) {
+                *e = new;
+            }
+        }
+        ControlFlow::Continue(())
     }
 }
 
@@ -1574,15 +1611,16 @@ pub(super) fn has_aggregate(select: &Select) -> bool {
         ControlFlow::<()>::Continue(())
     });
     let _ = datafusion::sql::sqlparser::ast::visit_expressions(&items, |e| {
-        if let Expr::Function(f) = e
-            && f.over.is_none()
-            && last_name(&f.name).is_some_and(|n| AGGREGATES.contains(&n.as_str()))
-        {
-            found = true;
-        }
+        found |= is_aggregate(e);
         ControlFlow::<()>::Continue(())
     });
     found
+}
+
+/// Whether `e` is a call of an aggregate function (not as a window).
+pub(super) fn is_aggregate(e: &Expr) -> bool {
+    matches!(e, Expr::Function(f) if f.over.is_none()
+        && last_name(&f.name).is_some_and(|n| AGGREGATES.contains(&n.as_str())))
 }
 
 fn prune_select(select: &mut Select) {
