@@ -615,7 +615,8 @@ mod tests {
                 "Physical plan does not support logical expression ScalarSubquery(<subquery>) is \
                  not supported",
                 "a correlated subquery that cannot be turned into a join (ScalarSubquery: for \
-                 example, one whose join ON condition refers to an outer column) is not supported",
+                 example, one with a set operation, or a LIMIT per outer row in IN) is not \
+                 supported",
             ),
         ] {
             let e: ServerError = DataFusionError::NotImplemented(datafusion.to_string()).into();
