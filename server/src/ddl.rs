@@ -483,6 +483,21 @@ pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<Stri
     let mut q = cv.query.clone();
     write_out_corresponding(db, &mut q).await?;
     let names = crate::stmt::output_names(&q);
+    // Postgres's error for a view with two columns of one name (DataFusion
+    // would call the names ambiguous).
+    let given: Option<Vec<String>> = if cv.columns.is_empty() {
+        names.clone()
+    } else {
+        Some(cv.columns.iter().map(|c| ident(&c.name)).collect())
+    };
+    if let Some(given) = &given {
+        let mut seen = BTreeSet::new();
+        if let Some(twice) = given.iter().find(|n| !seen.insert(n.as_str())) {
+            return Err(ServerError::DuplicateColumn(format!(
+                "column \"{twice}\" specified more than once"
+            )));
+        }
+    }
     apply_pg_names(&mut q);
     let cols: Vec<String> = if !cv.columns.is_empty() {
         cv.columns.iter().map(|c| ident(&c.name)).collect()
@@ -491,12 +506,7 @@ pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<Stri
         // once planned (see `apply_pg_names`), which a view's columns are
         // not: they take the names from a column list instead.
         match names {
-            Some(names)
-                if casts_a_column(&q)
-                    && names.iter().collect::<BTreeSet<_>>().len() == names.len() =>
-            {
-                names
-            }
+            Some(names) if casts_a_column(&q) => names,
             _ => return Ok(q.to_string()),
         }
     };

@@ -294,6 +294,43 @@ impl VisitorMut for Rewriter {
     }
 }
 
+/// `e` without the parentheses around it.
+fn unnested(mut e: &Expr) -> &Expr {
+    while let Expr::Nested(inner) = e {
+        e = inner;
+    }
+    e
+}
+
+/// Whether the argument of a reg* lookup is a name (a literal, or text
+/// made by a text function or `||`, as Metabase's
+/// `format('%I.%I', …)::regclass`), which is looked up; anything else is
+/// an oid already.
+fn names_an_object(arg: &Expr) -> bool {
+    match arg {
+        Expr::Value(v) => matches!(v.value, Value::SingleQuotedString(_)),
+        Expr::Function(f) => last_name(&f.name).is_some_and(|n| {
+            matches!(
+                n.as_str(),
+                "format"
+                    | "concat"
+                    | "concat_ws"
+                    | "quote_ident"
+                    | "lower"
+                    | "upper"
+                    | "btrim"
+                    | "trim"
+                    | "replace"
+            )
+        }),
+        Expr::BinaryOp {
+            op: BinaryOperator::StringConcat,
+            ..
+        } => true,
+        _ => false,
+    }
+}
+
 /// The type `localtimestamp` or `localtime` (as a name, or as the
 /// argument-less function sqlparser may read) stands for.
 fn local_time(expr: &Expr) -> Option<&'static str> {
@@ -1287,6 +1324,25 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
             if let Some(reg) = type_name.as_deref().filter(|t| REG_TYPES.contains(t)) {
                 return Ok(Some(call(&format!("weir_{reg}"), vec![(**inner).clone()])));
             }
+            // `'t'::regclass::text` is the name again, as Postgres prints
+            // a reg* value: looked up, then named.
+            if matches!(
+                data_type,
+                SqlType::Text | SqlType::Varchar(_) | SqlType::CharacterVarying(_)
+            ) && let Expr::Function(f) = unnested(inner)
+                && let Some(reg) = last_name(&f.name).filter(|n| n.starts_with("weir_reg"))
+                && let FunctionArguments::List(list) = &f.args
+                && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice()
+                && names_an_object(arg)
+            {
+                return Ok(Some(Expr::Cast {
+                    kind: kind.clone(),
+                    expr: Box::new(call(&reg, vec![unnested(inner).clone()])),
+                    data_type: data_type.clone(),
+                    array: *array,
+                    format: format.clone(),
+                }));
+            }
             // `'t'::regclass::oid` is the oid already; `c.oid::regclass::oid`
             // is `c.oid`.
             if type_name.as_deref() == Some("oid")
@@ -1295,32 +1351,7 @@ fn rewrite_expr(expr: &Expr) -> Result<Option<Expr>> {
                 && let FunctionArguments::List(list) = &f.args
                 && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice()
             {
-                // A name (a literal, or text made by a text function or
-                // `||`, as Metabase's `format('%I.%I', …)::regclass`) is
-                // looked up; anything else is an oid already.
-                let is_text = match arg {
-                    Expr::Value(v) => matches!(v.value, Value::SingleQuotedString(_)),
-                    Expr::Function(f) => last_name(&f.name).is_some_and(|n| {
-                        matches!(
-                            n.as_str(),
-                            "format"
-                                | "concat"
-                                | "concat_ws"
-                                | "quote_ident"
-                                | "lower"
-                                | "upper"
-                                | "btrim"
-                                | "trim"
-                                | "replace"
-                        )
-                    }),
-                    Expr::BinaryOp {
-                        op: BinaryOperator::StringConcat,
-                        ..
-                    } => true,
-                    _ => false,
-                };
-                return Ok(Some(if is_text {
+                return Ok(Some(if names_an_object(arg) {
                     (**inner).clone()
                 } else {
                     Expr::Cast {
@@ -1701,6 +1732,11 @@ mod tests {
                 "SELECT c.oid::pg_catalog.regclass::pg_catalog.text, 'x'::regclass::oid, a::oid FROM pg_class"
             ),
             "SELECT weir_regclass(c.oid)::TEXT, weir_regclass('x'), a::INT FROM pg_catalog.pg_class"
+        );
+        // A name looked up and printed is the name again.
+        assert_eq!(
+            rw("SELECT 't'::regclass::text"),
+            "SELECT weir_regclass(weir_regclass('t'))::TEXT"
         );
     }
 
