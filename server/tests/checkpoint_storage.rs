@@ -261,3 +261,48 @@ async fn a_truncated_file_falls_back_to_the_previous_checkpoint() {
     })
     .await;
 }
+
+/// A state file larger than the pieces files move in goes to S3 as a
+/// multipart upload and comes back whole: the view restores from it after
+/// a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_state_files_larger_than_a_piece_go_in_parts() {
+    let s3 = S3Server::start("weir");
+    let mut args = QUIET.to_vec();
+    // Room for the whole state in one memtable, so one SST holds it.
+    args.extend([
+        "--checkpoint-dir",
+        "s3://weir/cluster-1/checkpoints",
+        "--managed-memory-mb",
+        "1024",
+    ]);
+    let mut server = Server::start_with_env(&args, &s3.env());
+    let storage = s3.dir("weir/cluster-1/checkpoints");
+    let c = server.client().await;
+    c.batch_execute(
+        "CREATE TABLE w (k int, v text);
+         CREATE MATERIALIZED VIEW wide AS SELECT k, max(v) AS v, count(*) AS n FROM w GROUP BY k;
+         INSERT INTO w SELECT x, md5(x::text) || md5((x + 1)::text) || md5((x + 2)::text) \
+         || md5((x + 3)::text) FROM generate_series(1, 300000) AS g(x);
+         CHECKPOINT;",
+    )
+    .await
+    .expect("a wide view, checkpointed");
+    let piece = storage::checkpoint_storage::PIECE as u64;
+    let largest = shared_files(&storage)
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest > piece,
+        "no state file is larger than a piece ({piece} bytes): the largest has {largest}"
+    );
+    drop(c);
+    server.crash_and_restart();
+    let c = server.client().await;
+    let query = "SELECT count(*), sum(n), min(v), max(v), sum(length(v)) FROM wide";
+    let expected = "SELECT count(DISTINCT k), count(*), min(v), max(v), sum(length(v)) FROM w";
+    assert_eq!(rows(&c, query).await, rows(&c, expected).await);
+    drop(s3);
+}

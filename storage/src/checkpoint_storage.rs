@@ -20,6 +20,11 @@
 //! metadata carries its own checksum, so a truncated or bit-flipped file is
 //! found when it is read back ([`StorageError::Corrupt`]) rather than
 //! restoring wrong state.
+//!
+//! Files move in pieces: an upload reads a file larger than [`PIECE`] a
+//! piece at a time into a multipart upload, and a download writes each
+//! piece as it arrives, hashing as it goes, so a checkpoint of any size
+//! costs a few pieces of memory, not its largest file.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
@@ -171,9 +176,20 @@ fn io_err(e: std::io::Error) -> StorageError {
 }
 
 fn sha256(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The size of the pieces files move in (see the module docs): files up to
+/// it are put whole; larger ones go as a multipart upload of such parts
+/// (at least S3's 5 MiB).
+pub const PIECE: usize = 8 << 20;
+
+/// Parts of one multipart upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 2;
 
 fn job_prefix(job: u64) -> String {
     format!("job-{job}")
@@ -286,29 +302,74 @@ impl CheckpointStorage {
                 out.push(f.clone());
                 continue;
             }
-            let bytes = tokio::fs::read(snapshot.dir.join(name))
-                .await
-                .map_err(io_err)?;
             let shared = is_sst(name);
             let path = if shared {
                 format!("{}/shared/{instance}-{name}", job_prefix(job))
             } else {
                 format!("{}/{vertex}-{subtask}/{name}", checkpoint_prefix(job, id))
             };
+            let (size, sha256) = self.put_file(&snapshot.dir.join(name), &path).await?;
             let file = FileHandle {
                 name: name.clone(),
-                size: bytes.len() as u64,
-                sha256: sha256(&bytes),
+                size,
+                sha256,
                 path,
                 shared,
             };
-            self.store
-                .put(&Path::from(file.path.as_str()), PutPayload::from(bytes))
-                .await
-                .map_err(object_err)?;
             out.push(file);
         }
         Ok(out)
+    }
+
+    /// Copies the local file `local` to `path`, a piece at a time when it
+    /// is larger than [`PIECE`]. Returns its size and SHA-256.
+    async fn put_file(&self, local: &FsPath, path: &str) -> Result<(u64, String)> {
+        use tokio::io::AsyncReadExt;
+        let mut file = tokio::fs::File::open(local).await.map_err(io_err)?;
+        let len = file.metadata().await.map_err(io_err)?.len();
+        let location = Path::from(path);
+        if len <= PIECE as u64 {
+            let mut bytes = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut bytes).await.map_err(io_err)?;
+            let sha = sha256(&bytes);
+            let size = bytes.len() as u64;
+            self.store
+                .put(&location, PutPayload::from(bytes))
+                .await
+                .map_err(object_err)?;
+            return Ok((size, sha));
+        }
+        let upload = self
+            .store
+            .put_multipart(&location)
+            .await
+            .map_err(object_err)?;
+        let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PIECE);
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut buf = vec![0u8; 1 << 20];
+        let copied: Result<()> = async {
+            loop {
+                let n = file.read(&mut buf).await.map_err(io_err)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                hasher.update(&buf[..n]);
+                size += n as u64;
+                writer
+                    .wait_for_capacity(PARTS_IN_FLIGHT)
+                    .await
+                    .map_err(object_err)?;
+                writer.write(&buf[..n]);
+            }
+        }
+        .await;
+        if let Err(e) = copied {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
+        writer.finish().await.map_err(object_err)?;
+        Ok((size, hex(&hasher.finalize())))
     }
 
     /// Writes the metadata of a completed checkpoint, atomically (the store
@@ -434,12 +495,52 @@ impl CheckpointStorage {
     pub async fn fetch(&self, handle: &StateHandle, dir: &FsPath) -> Result<()> {
         tokio::fs::create_dir_all(dir).await.map_err(io_err)?;
         for f in &handle.files {
-            let bytes = self.get(f).await?;
-            tokio::fs::write(dir.join(&f.name), &bytes)
-                .await
-                .map_err(io_err)?;
+            self.get_file(f, &dir.join(&f.name)).await?;
         }
         Ok(())
+    }
+
+    /// Downloads one file to `local` a piece at a time, checked against its
+    /// size and checksum (a file that fails is removed).
+    async fn get_file(&self, f: &FileHandle, local: &FsPath) -> Result<()> {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let mut pieces = self
+            .store
+            .get(&Path::from(f.path.as_str()))
+            .await
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => {
+                    StorageError::Corrupt(format!("{} is missing", f.path))
+                }
+                e => object_err(e),
+            })?
+            .into_stream();
+        let mut out = tokio::fs::File::create(local).await.map_err(io_err)?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        while let Some(piece) = pieces.next().await {
+            let piece = piece.map_err(object_err)?;
+            hasher.update(&piece);
+            size += piece.len() as u64;
+            out.write_all(&piece).await.map_err(io_err)?;
+        }
+        out.flush().await.map_err(io_err)?;
+        drop(out);
+        let wrong = if size != f.size {
+            Some(format!("{} has {size} bytes, expected {}", f.path, f.size))
+        } else if hex(&hasher.finalize()) != f.sha256 {
+            Some(format!("{} fails its checksum", f.path))
+        } else {
+            None
+        };
+        match wrong {
+            Some(why) => {
+                let _ = tokio::fs::remove_file(local).await;
+                Err(StorageError::Corrupt(why))
+            }
+            None => Ok(()),
+        }
     }
 
     /// One file's content, checked against its size and checksum.
@@ -715,5 +816,49 @@ mod tests {
         std::fs::write(dir.path().join("job-1/shared/i-000001.sst"), b"sst").unwrap();
         let err = storage.fetch(&handle, out.path()).await.unwrap_err();
         assert!(err.to_string().contains("expected 9"), "{err}");
+        assert!(!out.path().join("000001.sst").exists());
+    }
+
+    #[tokio::test]
+    async fn files_larger_than_a_piece_go_in_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = tempfile::tempdir().unwrap();
+        // Two and a half pieces of bytes that are not all alike.
+        let len = PIECE * 5 / 2 + 123;
+        let mut x: u32 = 1;
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        std::fs::write(local.path().join("000007.sst"), &bytes).unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap()).unwrap();
+        let snapshot = LocalSnapshot {
+            dir: local.path().to_path_buf(),
+            files: vec![("000007.sst".into(), len as u64)],
+        };
+        let files = storage
+            .upload(1, 1, (0, 0), "i", &snapshot, &HashMap::new())
+            .await
+            .unwrap();
+        assert_eq!(files[0].size, len as u64);
+        assert_eq!(files[0].sha256, sha256(&bytes));
+        assert_eq!(
+            std::fs::read(dir.path().join("job-1/shared/i-000007.sst")).unwrap(),
+            bytes
+        );
+        let handle = StateHandle {
+            vertex: 0,
+            subtask: 0,
+            tables: vec![],
+            files,
+            format: HandleFormat::RocksDb,
+        };
+        let out = tempfile::tempdir().unwrap();
+        storage.fetch(&handle, out.path()).await.unwrap();
+        assert_eq!(std::fs::read(out.path().join("000007.sst")).unwrap(), bytes);
     }
 }
