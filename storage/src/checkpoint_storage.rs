@@ -505,17 +505,7 @@ impl CheckpointStorage {
     async fn get_file(&self, f: &FileHandle, local: &FsPath) -> Result<()> {
         use futures::StreamExt;
         use tokio::io::AsyncWriteExt;
-        let mut pieces = self
-            .store
-            .get(&Path::from(f.path.as_str()))
-            .await
-            .map_err(|e| match e {
-                object_store::Error::NotFound { .. } => {
-                    StorageError::Corrupt(format!("{} is missing", f.path))
-                }
-                e => object_err(e),
-            })?
-            .into_stream();
+        let mut pieces = self.object(f).await?.into_stream();
         let mut out = tokio::fs::File::create(local).await.map_err(io_err)?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
@@ -543,10 +533,9 @@ impl CheckpointStorage {
         }
     }
 
-    /// One file's content, checked against its size and checksum.
-    pub async fn get(&self, f: &FileHandle) -> Result<Vec<u8>> {
-        let bytes = self
-            .store
+    /// The object of `f`; a missing one is a damaged checkpoint.
+    async fn object(&self, f: &FileHandle) -> Result<object_store::GetResult> {
+        self.store
             .get(&Path::from(f.path.as_str()))
             .await
             .map_err(|e| match e {
@@ -554,10 +543,12 @@ impl CheckpointStorage {
                     StorageError::Corrupt(format!("{} is missing", f.path))
                 }
                 e => object_err(e),
-            })?
-            .bytes()
-            .await
-            .map_err(object_err)?;
+            })
+    }
+
+    /// One file's content, checked against its size and checksum.
+    pub async fn get(&self, f: &FileHandle) -> Result<Vec<u8>> {
+        let bytes = self.object(f).await?.bytes().await.map_err(object_err)?;
         if bytes.len() as u64 != f.size {
             return Err(StorageError::Corrupt(format!(
                 "{} has {} bytes, expected {}",

@@ -67,16 +67,13 @@ impl VisitorMut for Outermost {
         if let SetExpr::Select(select) = query.body.as_mut() {
             let outer = bound(&select.from);
             if !outer.is_empty() {
-                let mut direct = Direct {
-                    outer: &outer,
-                    next: &mut self.next,
-                    depth: 0,
-                };
                 if let Some(w) = select.selection.as_mut() {
                     not_in_as_not_exists(w, false, &outer);
                 }
                 for e in own_exprs(select) {
-                    let _ = e.visit(&mut direct);
+                    // Each subquery before its own subqueries (a hoisted
+                    // or split one's are visited next).
+                    visit_shallow(e, true, |e| fix_subquery(e, &outer, &mut self.next));
                 }
             }
         }
@@ -84,51 +81,62 @@ impl VisitorMut for Outermost {
     }
 }
 
-/// Finds the subqueries directly in one `SELECT`'s expressions.
-struct Direct<'a> {
-    outer: &'a BTreeMap<String, TableFactor>,
-    next: &'a mut usize,
-    depth: usize,
-}
-
-impl VisitorMut for Direct<'_> {
-    type Break = ();
-
-    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
-        if self.depth == 0 {
-            match expr {
-                Expr::Exists { subquery, .. } => {
-                    give_domain(subquery, Kind::Exists, self.outer, self.next)
-                }
-                Expr::InSubquery { subquery, .. } => {
-                    give_domain(subquery, Kind::In, self.outer, self.next)
-                }
-                Expr::Subquery(q) => {
-                    if let Some(hoisted) = hoist_outer_refs(q, self.outer) {
-                        // Its subqueries are visited next.
-                        *expr = hoisted;
-                        return ControlFlow::Continue(());
-                    }
-                    give_domain(q, Kind::Scalar, self.outer, self.next);
-                    if let Some(split) = split_one_row(q) {
-                        *expr = split;
-                    }
-                }
-                _ => {}
+/// Fixes `expr` if it is a subquery directly in a `SELECT` whose `FROM`
+/// binds `outer`.
+fn fix_subquery(expr: &mut Expr, outer: &BTreeMap<String, TableFactor>, next: &mut usize) {
+    match expr {
+        Expr::Exists { subquery, .. } => give_domain(subquery, Kind::Exists, outer, next),
+        Expr::InSubquery { subquery, .. } => give_domain(subquery, Kind::In, outer, next),
+        Expr::Subquery(q) => {
+            if let Some(hoisted) = hoist_outer_refs(q, outer) {
+                *expr = hoisted;
+                return;
+            }
+            give_domain(q, Kind::Scalar, outer, next);
+            if let Some(split) = split_one_row(q) {
+                *expr = split;
             }
         }
-        ControlFlow::Continue(())
+        _ => {}
     }
+}
 
-    fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
-        self.depth += 1;
-        ControlFlow::Continue(())
+/// Calls `f` on each expression of `e` outside the subqueries within it:
+/// before the expression's children when `before`, after them otherwise.
+pub(super) fn visit_shallow(e: &mut Expr, before: bool, f: impl FnMut(&mut Expr)) {
+    struct Shallow<F> {
+        depth: usize,
+        before: bool,
+        f: F,
     }
-
-    fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
-        self.depth -= 1;
-        ControlFlow::Continue(())
+    impl<F: FnMut(&mut Expr)> VisitorMut for Shallow<F> {
+        type Break = ();
+        fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+            self.depth += 1;
+            ControlFlow::Continue(())
+        }
+        fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+            self.depth -= 1;
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+            if self.depth == 0 && self.before {
+                (self.f)(e);
+            }
+            ControlFlow::Continue(())
+        }
+        fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+            if self.depth == 0 && !self.before {
+                (self.f)(e);
+            }
+            ControlFlow::Continue(())
+        }
     }
+    let _ = e.visit(&mut Shallow {
+        depth: 0,
+        before,
+        f,
+    });
 }
 
 /// Whether `query` names, qualified, a table it does not bind itself:
@@ -317,53 +325,25 @@ fn hoist_outer_refs(query: &Query, outer: &BTreeMap<String, TableFactor>) -> Opt
     // The value without its aggregates: what is left of it names only the
     // outer query.
     let mut rest = value.clone();
-    let _ = rest.visit(&mut Aggregates {
-        depth: 0,
-        replace: &mut |_| Expr::value(datafusion::sql::sqlparser::ast::Value::Null),
+    visit_shallow(&mut rest, false, |e| {
+        if super::rewrite::is_aggregate(e) {
+            *e = Expr::value(datafusion::sql::sqlparser::ast::Value::Null);
+        }
     });
     if !names_outer(&rest, &local, outer) || names_local(&rest, &local) {
         return None;
     }
     let mut hoisted = value;
-    let _ = hoisted.visit(&mut Aggregates {
-        depth: 0,
-        replace: &mut |call| {
+    visit_shallow(&mut hoisted, false, |e| {
+        if super::rewrite::is_aggregate(e) {
             let mut q = query.clone();
             let mut s = select.clone();
-            s.projection = vec![SelectItem::UnnamedExpr(call.clone())];
+            s.projection = vec![SelectItem::UnnamedExpr(e.clone())];
             *q.body = SetExpr::Select(s);
-            Expr::Subquery(Box::new(q))
-        },
+            *e = Expr::Subquery(Box::new(q));
+        }
     });
     Some(hoisted)
-}
-
-/// Replaces the aggregate calls of an expression (not those of the
-/// subqueries within it).
-struct Aggregates<'f> {
-    depth: usize,
-    replace: &'f mut dyn FnMut(&Expr) -> Expr,
-}
-
-impl VisitorMut for Aggregates<'_> {
-    type Break = ();
-
-    fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
-        self.depth += 1;
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
-        self.depth -= 1;
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
-        if self.depth == 0 && super::rewrite::is_aggregate(e) {
-            *e = (self.replace)(e);
-        }
-        ControlFlow::Continue(())
-    }
 }
 
 /// `(SELECT weir_one_row(count(*), max(v)) FROM …)`, as [`give_domain`]

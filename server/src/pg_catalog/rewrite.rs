@@ -516,58 +516,35 @@ fn sort_by_subqueries(query: &mut Query) {
 fn in_subqueries_in_projection(select: &mut Select) {
     for item in select.projection.iter_mut() {
         if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
-            let _ = e.visit(&mut InSubqueries { depth: 0 });
+            // Not those of the subqueries within (conditions there).
+            super::outer_refs::visit_shallow(e, false, in_subquery_as_scalars);
         }
     }
 }
 
-/// Rewrites the `IN (SELECT …)`s of one select list, not those of the
-/// subqueries within it (which are conditions there).
-struct InSubqueries {
-    depth: usize,
-}
-
-impl VisitorMut for InSubqueries {
-    type Break = ();
-
-    fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
-        self.depth += 1;
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
-        self.depth -= 1;
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
-        if self.depth > 0 {
-            return ControlFlow::Continue(());
+fn in_subquery_as_scalars(e: &mut Expr) {
+    if let Expr::InSubquery {
+        expr,
+        subquery,
+        negated,
+    } = e
+        && !super::outer_refs::names_outside(subquery)
+    {
+        let values = format!("FROM ({subquery}) AS weir_in(c)");
+        // 0: no rows; 1: a NULL among them; 2: no NULL.
+        let rows = format!(
+            "(SELECT CASE WHEN count(*) = 0 THEN 0 WHEN count(*) > count(weir_in.c) THEN 1 \
+             ELSE 2 END {values})"
+        );
+        let sql = format!(
+            "{}(CASE WHEN array_has((SELECT array_agg(weir_in.c) {values}), {expr}) THEN true \
+             WHEN {rows} = 0 THEN false WHEN ({expr}) IS NULL OR {rows} = 1 THEN NULL \
+             ELSE false END)",
+            if *negated { "NOT " } else { "" }
+        );
+        if let Some(new) = parse(&sql, |p| p.parse_expr()) {
+            *e = new;
         }
-        if let Expr::InSubquery {
-            expr,
-            subquery,
-            negated,
-        } = e
-            && !super::outer_refs::names_outside(subquery)
-        {
-            let values = format!("FROM ({subquery}) AS weir_in(c)");
-            // 0: no rows; 1: a NULL among them; 2: no NULL.
-            let rows = format!(
-                "(SELECT CASE WHEN count(*) = 0 THEN 0 WHEN count(*) > count(weir_in.c) THEN 1 \
-                 ELSE 2 END {values})"
-            );
-            let sql = format!(
-                "{}(CASE WHEN array_has((SELECT array_agg(weir_in.c) {values}), {expr}) THEN true \
-                 WHEN {rows} = 0 THEN false WHEN ({expr}) IS NULL OR {rows} = 1 THEN NULL \
-                 ELSE false END)",
-                if *negated { "NOT " } else { "" }
-            );
-            if let Some(new) = parse(&sql, |p| p.parse_expr()) {
-                *e = new;
-            }
-        }
-        ControlFlow::Continue(())
     }
 }
 
