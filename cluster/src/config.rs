@@ -105,9 +105,27 @@ pub struct ClusterConfig {
     /// TaskManagers of a playground are all there from the start).
     pub slot_request_timeout: Duration,
     /// Memory of a TaskManager for state (`taskmanager.memory.managed.size`);
-    /// each slot owns an equal share for its RocksDB block cache and write
-    /// buffers.
+    /// each slot owns an equal share, half for its RocksDB block cache and
+    /// write buffers, half for its operators' state caches
+    /// (`storage::SlotMemory`).
     pub managed_memory_bytes: usize,
+}
+
+/// Managed memory when none is configured: an eighth of the machine's
+/// memory (`/proc/meminfo`), at least 128 MiB. Flink gives 40 % of a
+/// TaskManager's configured memory; a Weir process also serves pgwire,
+/// tables and queries, so it takes less of the machine.
+pub fn default_managed_memory() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        })
+        .map(|kb| kb << 10)
+        .unwrap_or(0);
+    (total / 8).max(128 << 20)
 }
 
 impl ClusterConfig {

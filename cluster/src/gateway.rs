@@ -45,6 +45,16 @@ pub struct SlotReport {
 pub struct SlotStatus {
     pub slot: SlotId,
     pub jobs: Vec<u64>,
+    /// Managed memory in use: by the operators' state caches, and by
+    /// RocksDB (block cache and write buffers).
+    pub memory_used: SlotMemoryUsed,
+}
+
+/// A slot's managed memory in use, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotMemoryUsed {
+    pub operators: u64,
+    pub rocksdb: u64,
 }
 
 /// A registered TaskManager as the ResourceManager sees it.
@@ -62,6 +72,8 @@ pub struct TaskManagerInfo {
     pub state: &'static str,
     /// Jobs holding each slot, by slot index.
     pub slot_jobs: Vec<Vec<u64>>,
+    /// Each slot's managed memory in use, as of the last heartbeat.
+    pub slot_memory_used: Vec<SlotMemoryUsed>,
 }
 
 /// The ResourceManager, as TaskManagers and JobMasters call it.

@@ -647,6 +647,21 @@ impl JobManager {
             .collect()
     }
 
+    /// Every job's operator state per subtask: (job, vertex, subtask,
+    /// stats).
+    pub fn state_stats(&self) -> Vec<(u64, usize, usize, executor::state::OperatorStateStats)> {
+        let Ok(jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        jobs.values()
+            .flat_map(|jm| {
+                jm.state_stats()
+                    .into_iter()
+                    .map(move |(v, s, st)| (jm.job, v, s, st))
+            })
+            .collect()
+    }
+
     /// Triggers a checkpoint of every job and waits until each has
     /// completed one triggered after this call (`CHECKPOINT`).
     pub async fn checkpoint_all(&self) -> Result<()> {

@@ -29,7 +29,7 @@
 //! TaskManager at the same completed checkpoint and never a half-restored
 //! one.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -40,6 +40,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
 use executor::operators::changelog::{self, Changes};
+use executor::state::OperatorStateStats;
 use executor::task::{CheckpointAck, TaskDeployment, TaskId, TaskRestore};
 use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
@@ -70,6 +71,9 @@ pub(crate) enum JobState {
 }
 
 struct Inner {
+    /// Each subtask's operator state as of its latest acknowledgement,
+    /// by (vertex, subtask), with the attempt that reported it.
+    state_stats: BTreeMap<(usize, usize), (u64, Vec<OperatorStateStats>)>,
     /// `None` until the job has slots.
     exec: Option<ExecutionGraph>,
     attempt: u64,
@@ -254,6 +258,7 @@ impl JobMaster {
                 restored: None,
                 last_finished: None,
                 stale_task_manager: false,
+                state_stats: BTreeMap::new(),
             }),
             commit: RwLock::new(()),
             completed: watch::channel(CompletedCheckpoint::default()).0,
@@ -772,6 +777,20 @@ impl JobMaster {
         let mut out: Vec<CheckpointStats> = inner.history.iter().cloned().collect();
         out.extend(inner.pending.as_ref().map(|p| p.stats.clone()));
         out
+    }
+
+    /// Each subtask's operator state, by (vertex, subtask), as of its
+    /// latest checkpoint in the current attempt.
+    pub(crate) fn state_stats(&self) -> Vec<(usize, usize, OperatorStateStats)> {
+        let Ok(inner) = self.lock() else {
+            return Vec::new();
+        };
+        inner
+            .state_stats
+            .iter()
+            .filter(|(_, (attempt, _))| *attempt == inner.attempt)
+            .flat_map(|((v, s), (_, stats))| stats.iter().map(|st| (*v, *s, st.clone())))
+            .collect()
     }
 
     /// The id the next triggered checkpoint will get.
@@ -1319,6 +1338,12 @@ impl JobMasterGateway for JobMaster {
                 return;
             };
             let attempt = inner.attempt;
+            if task.attempt == attempt && !ack.state_stats.is_empty() {
+                inner.state_stats.insert(
+                    (task.vertex, task.subtask),
+                    (attempt, ack.state_stats.clone()),
+                );
+            }
             let pending = inner.pending.as_ref().map(|p| p.id);
             match &mut inner.pending {
                 Some(p) if p.id == checkpoint_id && p.is_waiting_for(task) => {

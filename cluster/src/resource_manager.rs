@@ -26,8 +26,8 @@ use planner::execution_graph::SlotId;
 use tokio::sync::{Notify, broadcast};
 
 use crate::gateway::{
-    JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport, TaskExecutorGateway,
-    TaskExecutorRegistration, TaskManagerInfo,
+    JobMasterGateway, ResourceId, ResourceManagerGateway, SlotMemoryUsed, SlotReport,
+    TaskExecutorGateway, TaskExecutorRegistration, TaskManagerInfo,
 };
 use crate::{ClusterError, Result};
 
@@ -38,6 +38,8 @@ struct Registered {
     last_heartbeat: SystemTime,
     /// Jobs holding each slot, by slot index.
     slot_jobs: Vec<BTreeSet<u64>>,
+    /// Each slot's managed memory in use, as of the last report.
+    slot_memory_used: Vec<SlotMemoryUsed>,
     /// Tells this registration from an earlier one of the same TaskManager.
     instance: u64,
 }
@@ -200,6 +202,12 @@ impl ResourceManagerGateway for ResourceManager {
             .iter()
             .map(|s| s.jobs.iter().copied().collect())
             .collect();
+        let slot_memory_used = registration
+            .slots
+            .slots
+            .iter()
+            .map(|s| s.memory_used)
+            .collect();
         let now = SystemTime::now();
         self.lock()?.insert(
             registration.resource_id.clone(),
@@ -209,6 +217,7 @@ impl ResourceManagerGateway for ResourceManager {
                 registered_at: now,
                 last_heartbeat: now,
                 slot_jobs,
+                slot_memory_used,
                 instance: self
                     .registrations
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -221,13 +230,14 @@ impl ResourceManagerGateway for ResourceManager {
     async fn heartbeat_from_task_executor(
         &self,
         resource_id: &ResourceId,
-        _slots: SlotReport,
+        slots: SlotReport,
     ) -> Result<()> {
         let mut tms = self.lock()?;
         let tm = tms
             .get_mut(resource_id)
             .ok_or_else(|| ClusterError::UnknownTaskManager(resource_id.clone()))?;
         tm.last_heartbeat = SystemTime::now();
+        tm.slot_memory_used = slots.slots.iter().map(|s| s.memory_used).collect();
         Ok(())
     }
 
@@ -381,6 +391,7 @@ fn info(tm: &Registered) -> TaskManagerInfo {
             .iter()
             .map(|j| j.iter().copied().collect())
             .collect(),
+        slot_memory_used: tm.slot_memory_used.clone(),
     }
 }
 
@@ -482,6 +493,7 @@ mod tests {
                     index,
                 },
                 jobs: Vec::new(),
+                memory_used: Default::default(),
             })
             .collect();
         rm.register_task_executor(

@@ -19,9 +19,11 @@
 //! that checkpoint becomes what the view-scan service reads. Cancelling a
 //! job deletes its backends: local state lives as long as the tasks.
 //!
-//! Managed memory: the backends of a slot share one block cache and one
-//! write-buffer budget, an equal share of the TaskManager's managed memory,
-//! so a slot's state cannot crowd out another's.
+//! Managed memory: each slot owns an equal share of the TaskManager's
+//! managed memory (`storage::SlotMemory`): the backends of a slot share one
+//! block cache and one write-buffer budget in half of it, the operators'
+//! state caches of its tasks the other half, so a slot's state cannot
+//! crowd out another's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -32,8 +34,8 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::exchange::LocalShuffle;
 use executor::message::Barrier;
-use executor::operator::StateReader;
 use executor::operators::changelog::{self, Changes};
+use executor::state::StateStore;
 use executor::task::{
     CheckpointAck, RemoteChannels, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
     TaskReporter, build_task,
@@ -52,8 +54,8 @@ use tracing::Instrument;
 
 use crate::config::ClusterConfig;
 use crate::gateway::{
-    HardwareDescription, JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport,
-    SlotStatus, TaskExecutorGateway, TaskExecutorRegistration,
+    HardwareDescription, JobMasterGateway, ResourceId, ResourceManagerGateway, SlotMemoryUsed,
+    SlotReport, SlotStatus, TaskExecutorGateway, TaskExecutorRegistration,
 };
 use crate::{ClusterError, Result};
 
@@ -64,11 +66,34 @@ struct RunningTask {
     handle: JoinHandle<()>,
 }
 
-/// What a task's operators restore from: its backend's state (none for a
-/// stateless task).
+/// A task's keyed state store: its backend (none for a stateless task).
 struct BackendReader(Option<Arc<KeyedStateBackend>>);
 
-impl StateReader for BackendReader {
+impl BackendReader {
+    fn backend(&self) -> executor::Result<&KeyedStateBackend> {
+        self.0
+            .as_deref()
+            .ok_or_else(|| executor::ExecError::Service("a stateless task has no state".into()))
+    }
+}
+
+impl StateStore for BackendReader {
+    fn get(&self, table: u64, key_group: u16, key: &[u8]) -> executor::Result<Option<Vec<u8>>> {
+        Ok(self.backend()?.get(table, key_group, key)?)
+    }
+
+    fn get_many(
+        &self,
+        table: u64,
+        keys: &[(u16, &[u8])],
+    ) -> executor::Result<Vec<Option<Vec<u8>>>> {
+        Ok(self.backend()?.get_many(table, keys)?)
+    }
+
+    fn put(&self, writes: Vec<storage::state::StateWrite>) -> executor::Result<()> {
+        Ok(self.backend()?.put(writes)?)
+    }
+
     fn scan(
         &self,
         table: u64,
@@ -382,6 +407,14 @@ impl TaskExecutor {
                         index: i,
                     },
                     jobs: jobs.iter().copied().collect(),
+                    memory_used: self
+                        .slot_memory
+                        .get(i)
+                        .map(|m| SlotMemoryUsed {
+                            operators: m.operators().used() as u64,
+                            rocksdb: m.rocksdb_usage() as u64,
+                        })
+                        .unwrap_or_default(),
                 })
                 .collect(),
         })
@@ -505,6 +538,9 @@ impl TaskReporter for TaskExecutor {
                 return;
             }
         };
+        for s in &mut ack.state_stats {
+            s.bytes_on_disk = backend.disk_bytes(s.table).unwrap_or(0);
+        }
         let Some(storage) = self.storage_of(task.job) else {
             let e = storage::StorageError::Internal("no checkpoint storage".into());
             return master.acknowledge_checkpoint(&task, decline(ack, &task, e));
@@ -591,9 +627,16 @@ impl TaskExecutorGateway for TaskExecutor {
             .lock()
             .map_err(|_| poisoned())?
             .insert(deployment.id.job, job_master);
+        let memory = self
+            .slot_memory
+            .get(deployment.slot)
+            .ok_or_else(|| ClusterError::Internal(format!("no slot {}", deployment.slot)))?
+            .operators()
+            .clone();
         let env = TaskEnvironment {
             tables: self.tables.clone(),
             state: Arc::new(BackendReader(backend)),
+            memory,
             shuffle: self.shuffle.clone(),
             remote: self.remote.clone(),
             address: self.address.clone(),

@@ -26,6 +26,10 @@ pub enum ExecError {
     /// An input channel's far end failed (a TaskManager or the network).
     #[error("input channel broken: {0}")]
     ChannelBroken(String),
+    /// An operator's state needs more managed memory than its slot has
+    /// (`crate::state::OUT_OF_MANAGED_MEMORY`).
+    #[error("{0}")]
+    OutOfMemory(String),
     /// A service of the TaskManager or JobManager (table log, state) failed.
     #[error("{0}")]
     Service(String),

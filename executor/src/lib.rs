@@ -22,6 +22,7 @@ pub mod operator;
 pub mod operators;
 mod postgres;
 pub mod sinks;
+pub mod state;
 pub mod task;
 
 pub use error::{ExecError, Result};

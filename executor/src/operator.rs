@@ -9,27 +9,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use storage::chunk::Chunk;
-use storage::state::{StateEntry, StateWrite};
+use storage::memory::MemoryPool;
+use storage::state::StateWrite;
 
 use crate::Result;
 use crate::message::{Barrier, Watermark};
-
-/// Where an operator reads its committed state from when it starts.
-pub trait StateReader: Send + Sync {
-    /// The committed entries of `table` in `key_groups`.
-    fn scan(&self, table: u64, key_groups: Range<u16>) -> Result<Vec<StateEntry>>;
-
-    /// At most `limit` committed entries of `table` in `key_group` from key
-    /// `from` on. Unlike [`StateReader::scan`], also used while the task
-    /// runs, to find what a barrier should delete.
-    fn scan_from(
-        &self,
-        table: u64,
-        key_group: u16,
-        from: &[u8],
-        limit: usize,
-    ) -> Result<Vec<StateEntry>>;
-}
+use crate::state::{StateBackend, StateStore};
 
 /// What an operator knows about where it runs.
 #[derive(Clone)]
@@ -39,9 +24,14 @@ pub struct OperatorContext {
     pub parallelism: usize,
     /// The key groups this subtask owns.
     pub key_groups: Range<u16>,
-    pub state: Arc<dyn StateReader>,
+    /// The subtask's keyed state store.
+    pub state: Arc<dyn StateStore>,
     /// The completed checkpoint the subtask restores (`None`: a fresh start).
     pub restored_from: Option<u64>,
+    /// Where the job's operators keep their state.
+    pub backend: StateBackend,
+    /// The operator share of the slot's managed memory.
+    pub memory: Arc<MemoryPool>,
 }
 
 impl std::fmt::Debug for OperatorContext {
@@ -132,6 +122,10 @@ pub trait Operator: Send {
     ) -> Result<()> {
         Ok(())
     }
+
+    /// What the operator's keyed state holds now (`weir_catalog.state`),
+    /// reported with each checkpoint.
+    fn state_stats(&self, _out: &mut Vec<crate::state::OperatorStateStats>) {}
 
     /// Checkpoint `checkpoint_id` has completed and its state is committed.
     fn handle_commit(&mut self, _checkpoint_id: u64) -> Result<()> {

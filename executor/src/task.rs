@@ -22,11 +22,12 @@ use tokio::sync::{mpsc, watch};
 
 use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
 use crate::message::{Barrier, Message, Watermark};
-use crate::operator::{Operator, OperatorContext, StateReader};
+use crate::operator::{Operator, OperatorContext};
 use crate::operators::{
     self, connector_source::ConnectorSource, table_source::TableSource, values_source::ValuesSource,
 };
 use crate::sinks::CommittingSink;
+use crate::state::StateStore;
 use crate::{ExecError, Result};
 
 /// Which subtask, in which deployment attempt of its job (Flink's
@@ -78,6 +79,8 @@ pub struct CheckpointAck {
     /// Connector sources: the records they could not decode, up to the
     /// barrier.
     pub decode_errors: Option<DecodeErrors>,
+    /// What the operators' keyed state holds (`weir_catalog.state`).
+    pub state_stats: Vec<crate::state::OperatorStateStats>,
 }
 
 /// The records of a source that one subtask (or, summed, a job) skipped
@@ -165,7 +168,10 @@ pub trait RemoteChannels: Send + Sync {
 #[derive(Clone)]
 pub struct TaskEnvironment {
     pub tables: Arc<dyn TableLog>,
-    pub state: Arc<dyn StateReader>,
+    /// The task's keyed state store.
+    pub state: Arc<dyn StateStore>,
+    /// The operator share of the task's slot's managed memory.
+    pub memory: Arc<storage::memory::MemoryPool>,
     /// In-memory channels, and the producing ends of remote ones.
     pub shuffle: Arc<LocalShuffle>,
     pub remote: Arc<dyn RemoteChannels>,
@@ -353,6 +359,8 @@ pub fn build_task(
         key_groups: key_group_range(subtask, vertex.parallelism),
         state: env.state.clone(),
         restored_from: dep.restore.as_ref().map(|r| r.checkpoint),
+        backend: graph.stream.state_backend,
+        memory: env.memory.clone(),
     };
     Ok((
         StreamTask {
@@ -667,6 +675,10 @@ impl StreamTask {
         for o in &mut self.outputs {
             o.broadcast(Message::Barrier(barrier)).await?;
         }
+        let mut state_stats = Vec::new();
+        for op in &self.chain {
+            op.state_stats(&mut state_stats);
+        }
         tracing::trace!(task = %self.id, checkpoint = barrier.checkpoint_id, writes = writes.len(), "acknowledge");
         self.reporter.acknowledge_checkpoint(
             &self.id,
@@ -679,6 +691,7 @@ impl StreamTask {
                 declined: None,
                 behind: source.behind,
                 decode_errors: source.decode_errors,
+                state_stats,
             },
         );
         Ok(())

@@ -40,6 +40,9 @@ pub struct StreamPlanOptions {
     pub chaining: bool,
     /// `checkpoint_mode`: exactly-once (aligned) or at-least-once.
     pub checkpoint_mode: crate::spec::CheckpointMode,
+    /// `state_backend`; by default, `heap` for a job whose state is
+    /// provably small ([`StreamGraph::state_is_small`]), else `rocksdb`.
+    pub state_backend: Option<crate::spec::StateBackend>,
     /// `EMIT ON WINDOW CLOSE`: the view's windowed aggregate emits each
     /// window once, final, when the watermark passes its end.
     pub emit_on_window_close: bool,
@@ -202,6 +205,11 @@ pub fn lower(plan: &LogicalPlan, opts: &StreamPlanOptions) -> Result<StreamGraph
     };
     let mat = l.graph.add_node(spec, p, plan.schema().clone());
     l.graph.connect(root, mat, 0, partitioner);
+    l.graph.state_backend = opts.state_backend.unwrap_or(if l.graph.state_is_small() {
+        crate::spec::StateBackend::Heap
+    } else {
+        crate::spec::StateBackend::RocksDb
+    });
     Ok(l.graph)
 }
 
@@ -1363,6 +1371,7 @@ mod tests {
             parallelism,
             chaining: true,
             checkpoint_mode: Default::default(),
+            state_backend: None,
             emit_on_window_close: false,
             state_ttl_us: None,
             view_id: 5,

@@ -963,6 +963,39 @@ impl fmt::Display for AggCall {
     }
 }
 
+/// Where a job's operators keep their keyed state (`SET state_backend`):
+/// Flink's `EmbeddedRocksDBStateBackend` and `HashMapStateBackend`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackend {
+    /// In the subtask's RocksDB instance on local disk, with the hot keys
+    /// cached within the slot's managed memory: state may outgrow memory.
+    #[default]
+    #[serde(rename = "rocksdb")]
+    RocksDb,
+    /// In memory, all of it, written to RocksDB only at checkpoints:
+    /// fastest, bounded by the slot's managed memory (past it the job
+    /// fails).
+    Heap,
+}
+
+impl StateBackend {
+    pub fn name(self) -> &'static str {
+        match self {
+            StateBackend::RocksDb => "rocksdb",
+            StateBackend::Heap => "heap",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "rocksdb" => Some(StateBackend::RocksDb),
+            "heap" | "hashmap" => Some(StateBackend::Heap),
+            _ => None,
+        }
+    }
+}
+
 /// How a job's subtasks treat barriers (`SET checkpoint_mode`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

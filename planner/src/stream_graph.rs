@@ -38,6 +38,9 @@ pub struct StreamGraph {
     /// How the job's input gates treat barriers (`SET checkpoint_mode`).
     #[serde(default)]
     pub checkpoint_mode: crate::spec::CheckpointMode,
+    /// Where the job's operators keep their state (`SET state_backend`).
+    #[serde(default)]
+    pub state_backend: crate::spec::StateBackend,
 }
 
 impl StreamGraph {
@@ -82,6 +85,61 @@ impl StreamGraph {
             .collect()
     }
 
+    /// Whether the job's state is provably small, whatever its input: every
+    /// stateful operator is an aggregate without `GROUP BY` whose values
+    /// have a fixed size (one row, a few numbers), or the view's
+    /// `Materialize` fed only through such aggregates.
+    pub fn state_is_small(&self) -> bool {
+        use crate::spec::{AggKind, OperatorSpec as S};
+        // Whether each node's output has a bounded number of rows.
+        let mut bounded = vec![false; self.nodes.len()];
+        // Nodes are added after their inputs.
+        for n in &self.nodes {
+            let inputs_bounded = self.in_edges(n.id).all(|e| bounded[e.from]);
+            bounded[n.id] = match &n.spec {
+                S::HashAgg {
+                    group_exprs, aggs, ..
+                } => {
+                    let fixed = aggs.iter().all(|a| {
+                        !a.distinct
+                            && a.order_by.is_empty()
+                            && matches!(
+                                a.kind,
+                                AggKind::Count
+                                    | AggKind::Sum
+                                    | AggKind::Avg
+                                    | AggKind::BoolAnd
+                                    | AggKind::BoolOr
+                                    | AggKind::StddevSamp
+                                    | AggKind::StddevPop
+                                    | AggKind::VarSamp
+                                    | AggKind::VarPop
+                            )
+                    });
+                    if !group_exprs.is_empty() || !fixed {
+                        return false;
+                    }
+                    true
+                }
+                S::Materialize { .. } => {
+                    if !inputs_bounded {
+                        return false;
+                    }
+                    true
+                }
+                S::Filter { .. } | S::Project { .. } | S::Union { .. } => inputs_bounded,
+                S::TableSource { .. } | S::ConnectorSource { .. } | S::Values { .. } => false,
+                S::Expand { .. } | S::Unnest { .. } => false,
+                S::HashJoin { .. }
+                | S::Sink { .. }
+                | S::TopN { .. }
+                | S::OverWindow { .. }
+                | S::TemporalFilter { .. } => return false,
+            };
+        }
+        true
+    }
+
     /// The largest parallelism: the number of slots the job needs.
     pub fn max_parallelism(&self) -> usize {
         self.nodes.iter().map(|n| n.parallelism).max().unwrap_or(1)
@@ -89,7 +147,10 @@ impl StreamGraph {
 
     /// EXPLAIN text.
     pub fn explain(&self) -> String {
-        let mut out = String::from("StreamGraph:\n");
+        let mut out = format!(
+            "StreamGraph (state backend: {}):\n",
+            self.state_backend.name()
+        );
         for n in &self.nodes {
             let _ = write!(
                 out,

@@ -124,6 +124,9 @@ pub enum Entry {
         /// `streaming_state_ttl` when it was created (microseconds).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state_ttl_us: Option<i64>,
+        /// `state_backend` when it was created (`None`: by its state).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state_backend: Option<planner::spec::StateBackend>,
         /// `WITH (retain_history = …)`: how long the view keeps its
         /// changes for `SUBSCRIBE` (milliseconds; 0: none).
         #[serde(default = "default_retain_history_ms")]
@@ -149,6 +152,8 @@ pub enum Entry {
         checkpoint_mode: planner::spec::CheckpointMode,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state_ttl_us: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state_backend: Option<planner::spec::StateBackend>,
         depends_on: Vec<u64>,
     },
 }

@@ -651,6 +651,7 @@ pub(crate) struct JobOptions {
     pub(crate) checkpoint_mode: CheckpointMode,
     pub(crate) emit_on_window_close: bool,
     pub(crate) state_ttl_us: Option<i64>,
+    pub(crate) state_backend: Option<planner::spec::StateBackend>,
     /// A sink's job ends in the sink.
     pub(crate) sink: Option<planner::SinkTarget>,
     /// A view's changelog retention (ms; 0: none).
@@ -666,6 +667,7 @@ impl JobOptions {
             checkpoint_mode: CheckpointMode::default(),
             emit_on_window_close: false,
             state_ttl_us: None,
+            state_backend: None,
             sink: None,
             retain_history_ms: 0,
         }
@@ -678,6 +680,7 @@ impl JobOptions {
             checkpoint_mode: session.checkpoint_mode,
             emit_on_window_close,
             state_ttl_us: session.state_ttl_us,
+            state_backend: session.state_backend,
             sink: None,
             retain_history_ms: crate::catalog::DEFAULT_RETAIN_HISTORY_MS,
         }
@@ -694,6 +697,7 @@ impl JobOptions {
                 checkpoint_mode,
                 emit_on_window_close,
                 state_ttl_us,
+                state_backend,
                 retain_history_ms,
                 ..
             } => Ok((
@@ -705,6 +709,7 @@ impl JobOptions {
                     checkpoint_mode: *checkpoint_mode,
                     emit_on_window_close: *emit_on_window_close,
                     state_ttl_us: *state_ttl_us,
+                    state_backend: *state_backend,
                     sink: None,
                     retain_history_ms: *retain_history_ms,
                 },
@@ -719,6 +724,7 @@ impl JobOptions {
                 chaining,
                 checkpoint_mode,
                 state_ttl_us,
+                state_backend,
                 ..
             } => Ok((
                 *id,
@@ -729,6 +735,7 @@ impl JobOptions {
                     checkpoint_mode: *checkpoint_mode,
                     emit_on_window_close: false,
                     state_ttl_us: *state_ttl_us,
+                    state_backend: *state_backend,
                     sink: Some(planner::SinkTarget {
                         name: name.clone(),
                         connector: connector.clone(),
@@ -781,6 +788,7 @@ pub(crate) fn plan_job(
             parallelism: o.parallelism,
             chaining: o.chaining,
             checkpoint_mode: o.checkpoint_mode,
+            state_backend: o.state_backend,
             emit_on_window_close: o.emit_on_window_close,
             view_id: id,
             state_ttl_us: o.state_ttl_us,
@@ -871,6 +879,7 @@ pub async fn create_view(
         checkpoint_mode: options.checkpoint_mode,
         emit_on_window_close,
         state_ttl_us: options.state_ttl_us,
+        state_backend: options.state_backend,
         retain_history_ms: options.retain_history_ms,
         depends_on,
     };

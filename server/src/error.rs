@@ -56,6 +56,9 @@ pub enum ServerError {
     InsufficientResources(String),
     #[error("{0}")]
     DiskFull(String),
+    /// A job's state needs more managed memory than its slot has.
+    #[error("{0}")]
+    OutOfMemory(String),
     #[error("{0}")]
     UndefinedObject(String),
     #[error("{0}")]
@@ -175,6 +178,7 @@ impl ServerError {
             ServerError::CardinalityViolation(_) => "21000",
             ServerError::InsufficientResources(_) => "53000",
             ServerError::DiskFull(_) => "53100",
+            ServerError::OutOfMemory(_) => "53200",
             ServerError::UndefinedObject(_) => "42704",
             ServerError::DuplicateName(_) => "42710",
             ServerError::DuplicateSchema(_) => "42P06",
@@ -438,6 +442,8 @@ fn classify_execution(m: &str) -> ServerError {
         ServerError::InvalidParameter(m.to_string())
     } else if m.contains(planner::functions::one_row::MORE_THAN_ONE_ROW) {
         ServerError::CardinalityViolation(m.to_string())
+    } else if m.contains(executor::state::OUT_OF_MANAGED_MEMORY) {
+        ServerError::OutOfMemory(m.to_string())
     } else if lower.starts_with("stack depth limit exceeded") {
         ServerError::StatementTooComplex(m.to_string())
     } else if lower.contains("divide by zero") || lower.contains("division by zero") {
@@ -530,6 +536,7 @@ impl ServerError {
             ServerError::InvalidText(_) => ServerError::InvalidText(message),
             ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
             ServerError::CardinalityViolation(_) => ServerError::CardinalityViolation(message),
+            ServerError::OutOfMemory(_) => ServerError::OutOfMemory(message),
             _ => ServerError::Internal(message),
         }
     }

@@ -167,10 +167,11 @@ struct ClusterArgs {
     /// exponential-delay: the longest delay, in milliseconds.
     #[arg(long, default_value_t = 60_000)]
     restart_max_delay_ms: u64,
-    /// Managed memory of a TaskManager for state, in MiB (split among its
-    /// slots).
-    #[arg(long, default_value_t = 128)]
-    managed_memory_mb: usize,
+    /// Managed memory of a TaskManager for state, in MiB, split equally
+    /// among its slots (default: an eighth of the machine's memory, at
+    /// least 128).
+    #[arg(long)]
+    managed_memory_mb: Option<usize>,
     /// Where completed checkpoints are kept (a directory every TaskManager
     /// can reach); default `<data-dir>/checkpoints`.
     #[arg(long)]
@@ -204,7 +205,10 @@ impl ClusterArgs {
                 ms(self.restart_delay_ms),
                 ms(self.restart_max_delay_ms),
             )?,
-            managed_memory_bytes: self.managed_memory_mb.max(1) << 20,
+            managed_memory_bytes: match self.managed_memory_mb {
+                Some(mb) => mb.max(1) << 20,
+                None => cluster::config::default_managed_memory(),
+            },
             checkpoint_dir: self.checkpoint_dir.clone(),
             checkpoints_retained: self.checkpoints_retained.max(1),
             checkpoint_timeout: ms(self.checkpoint_timeout_ms.max(10)),

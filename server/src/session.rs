@@ -19,6 +19,9 @@ pub struct Session {
     /// `streaming_state_ttl` of views created from now on (microseconds;
     /// `None`: state is kept as long as the results need it).
     pub state_ttl_us: Option<i64>,
+    /// `state_backend` of views created from now on (`None`: `heap` for a
+    /// view whose state is provably small, else `rocksdb`).
+    pub state_backend: Option<planner::spec::StateBackend>,
     /// Other settings, kept so that `SHOW` answers what `SET` said.
     pub vars: BTreeMap<String, String>,
     /// The open cursors (see [`crate::cursor`]).
@@ -35,6 +38,7 @@ pub const WEIR_SETTINGS: &[&str] = &[
     "streaming_chaining",
     "checkpoint_mode",
     "streaming_state_ttl",
+    "state_backend",
 ];
 
 /// Backend ids, one per connection since the server started.
@@ -51,6 +55,7 @@ impl Session {
             streaming_chaining: true,
             checkpoint_mode: Default::default(),
             state_ttl_us: None,
+            state_backend: None,
             vars,
             cursors: HashMap::new(),
             user: crate::pg::USER.to_string(),
@@ -66,6 +71,7 @@ impl Session {
             "streaming_chaining" => self.streaming_chaining = true,
             "checkpoint_mode" => self.checkpoint_mode = Default::default(),
             "streaming_state_ttl" => self.state_ttl_us = None,
+            "state_backend" => self.state_backend = None,
             _ => match crate::settings::default_of(&name) {
                 Some(default) => {
                     self.vars.insert(name, default.to_string());
@@ -90,6 +96,7 @@ impl Session {
         self.streaming_chaining = fresh.streaming_chaining;
         self.checkpoint_mode = fresh.checkpoint_mode;
         self.state_ttl_us = fresh.state_ttl_us;
+        self.state_backend = fresh.state_backend;
         self.vars = fresh.vars;
     }
 
@@ -150,6 +157,16 @@ impl Session {
                     ))
                 })?;
             }
+            "state_backend" => {
+                self.state_backend = match value.trim().to_ascii_lowercase().as_str() {
+                    "default" => None,
+                    v => Some(planner::spec::StateBackend::parse(v).ok_or_else(|| {
+                        ServerError::InvalidParameter(format!(
+                            "invalid value for parameter \"state_backend\": \"{value}\" (rocksdb, heap or default)"
+                        ))
+                    })?),
+                };
+            }
             _ => {
                 let value = crate::settings::check(&name, value)?;
                 self.vars.insert(name, value);
@@ -169,6 +186,10 @@ impl Session {
                 Some(us) => format!("{}s", us / 1_000_000),
                 None => "off".into(),
             }),
+            "state_backend" => Ok(self
+                .state_backend
+                .map_or("default", planner::spec::StateBackend::name)
+                .into()),
             _ => self.vars.get(&name).cloned().ok_or_else(|| {
                 ServerError::UndefinedObject(format!(
                     "unrecognized configuration parameter \"{name}\""

@@ -72,6 +72,7 @@ pub async fn create(
         chaining: options.chaining,
         checkpoint_mode: options.checkpoint_mode,
         state_ttl_us: options.state_ttl_us,
+        state_backend: options.state_backend,
         depends_on,
     };
     // As CREATE MATERIALIZED VIEW: what the tables held is then in a

@@ -5,8 +5,14 @@
 //! - `task_managers`: every registered TaskManager (and those lost lately):
 //!   address, hardware, slots total and free, registration and last
 //!   heartbeat, state;
-//! - `slots`: every slot, its share of managed memory, free or with the
-//!   jobs and subtasks it holds;
+//! - `slots`: every slot, its share of managed memory and how much of it
+//!   its operators' caches and its RocksDB instances use (as of the
+//!   TaskManager's last heartbeat), free or with the jobs and subtasks it
+//!   holds;
+//! - `state`: per view, subtask and stateful operator, its state backend,
+//!   the keys and bytes it holds in memory, the bytes of its table on
+//!   disk, and its cache's hits, misses and evictions, as of the
+//!   subtask's latest checkpoint;
 //! - `jobs`: every view's job with its state, attempt, restarts and last
 //!   completed checkpoint;
 //! - `subtasks`: every subtask with its ExecutionState and slot;
@@ -37,7 +43,8 @@ use crate::types::UTC;
 /// The schema holding the system tables.
 pub const SCHEMA: &str = "weir_catalog";
 
-const TABLES: [&str; 9] = [
+const TABLES: [&str; 10] = [
+    "state",
     "late_rows",
     "restore_errors",
     "source_errors",
@@ -156,6 +163,7 @@ impl SystemSchema {
         let jobs = self.db.cluster.job_manager.jobs();
         let (mut tm, mut index, mut memory, mut state, mut job, mut view, mut subtasks) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut operators, mut rocksdb) = (vec![], vec![]);
         for t in tms.iter().filter(|t| t.state == "REGISTERED") {
             for (i, held) in t.slot_jobs.iter().enumerate() {
                 let slot = format!("{}#{i}", t.resource_id);
@@ -168,6 +176,9 @@ impl SystemSchema {
                     tm.push(Some(t.resource_id.clone()));
                     index.push(Some(i as i64));
                     memory.push(Some((t.managed_memory_bytes / t.slots_total.max(1)) as i64));
+                    let used = t.slot_memory_used.get(i).copied().unwrap_or_default();
+                    operators.push(Some(used.operators as i64));
+                    rocksdb.push(Some(used.rocksdb as i64));
                     state.push(Some(
                         if j.is_some() { "ALLOCATED" } else { "FREE" }.to_string(),
                     ));
@@ -189,6 +200,8 @@ impl SystemSchema {
             ("task_manager", Col::Text(tm)),
             ("slot", Col::Int(index)),
             ("managed_memory_bytes", Col::Int(memory)),
+            ("operator_memory_used", Col::Int(operators)),
+            ("rocksdb_memory_used", Col::Int(rocksdb)),
             ("state", Col::Text(state)),
             ("job", Col::Int(job)),
             ("view", Col::Text(view)),
@@ -470,6 +483,59 @@ impl SystemSchema {
         ])
     }
 
+    /// Each stateful operator's state per subtask (see the module docs).
+    fn state(&self) -> DfResult<Arc<dyn TableProvider>> {
+        let mut all = self.db.cluster.job_manager.state_stats();
+        all.sort_by_key(|a| (a.0, a.1, a.2, a.3.table));
+        let int = |f: &dyn Fn(&executor::state::OperatorStateStats) -> u64| {
+            Col::Int(all.iter().map(|(.., s)| Some(f(s) as i64)).collect())
+        };
+        table(vec![
+            (
+                "job",
+                Col::Int(all.iter().map(|(j, ..)| Some(*j as i64)).collect()),
+            ),
+            (
+                "name",
+                Col::Text(all.iter().map(|(j, ..)| self.view_name(*j)).collect()),
+            ),
+            (
+                "vertex",
+                Col::Int(all.iter().map(|(_, v, ..)| Some(*v as i64)).collect()),
+            ),
+            (
+                "subtask",
+                Col::Int(all.iter().map(|(_, _, s, _)| Some(*s as i64)).collect()),
+            ),
+            (
+                "operator",
+                Col::Text(all.iter().map(|(.., s)| Some(s.operator.clone())).collect()),
+            ),
+            ("state_table", int(&|s| s.table)),
+            (
+                "backend",
+                Col::Text(all.iter().map(|(.., s)| Some(s.backend.clone())).collect()),
+            ),
+            ("keys_in_memory", int(&|s| s.keys_in_memory)),
+            ("bytes_in_memory", int(&|s| s.bytes_in_memory)),
+            ("bytes_on_disk", int(&|s| s.bytes_on_disk)),
+            ("cache_hits", int(&|s| s.cache_hits)),
+            ("cache_misses", int(&|s| s.cache_misses)),
+            (
+                "cache_hit_rate",
+                Col::Float(
+                    all.iter()
+                        .map(|(.., s)| {
+                            let touches = s.cache_hits + s.cache_misses;
+                            (touches > 0).then(|| s.cache_hits as f64 / touches as f64)
+                        })
+                        .collect(),
+                ),
+            ),
+            ("evictions", int(&|s| s.evictions)),
+        ])
+    }
+
     /// The objects the server could not restore when it started, and why;
     /// each stays until it is dropped.
     fn restore_errors(&self) -> DfResult<Arc<dyn TableProvider>> {
@@ -535,6 +601,7 @@ impl SchemaProvider for SystemSchema {
         Ok(Some(match name {
             "task_managers" => self.task_managers()?,
             "slots" => self.slots()?,
+            "state" => self.state()?,
             "jobs" => self.jobs()?,
             "subtasks" => self.subtasks()?,
             "checkpoints" => self.checkpoints()?,

@@ -118,6 +118,28 @@ impl KeyedStateBackend {
         &self.tables
     }
 
+    /// The live value of one key (what operators read while they run).
+    pub fn get(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.kv()?.get_state(table, key_group, key)
+    }
+
+    /// The live values of several keys of `table`, in order.
+    pub fn get_many(&self, table: u64, keys: &[(u16, &[u8])]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.kv()?.get_states(table, keys)
+    }
+
+    /// The bytes `table`'s keys take in the instance's files.
+    pub fn disk_bytes(&self, table: u64) -> Result<u64> {
+        let (from, to) = crate::keys::state_range(table, 0..crate::keys::MAX_PARALLELISM);
+        Ok(self.kv()?.disk_bytes(&from, &to))
+    }
+
+    /// Writes keys an operator let go of between barriers: they are part
+    /// of the next snapshot, as the keys it hands over at the barrier are.
+    pub fn put(&self, writes: Vec<StateWrite>) -> Result<()> {
+        self.kv()?.write_state(writes)
+    }
+
     /// The synchronous part of checkpoint `id`: writes the operators'
     /// changes and takes a local RocksDB checkpoint.
     ///

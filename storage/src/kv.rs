@@ -8,18 +8,23 @@ use rocksdb::{
     WriteOptions,
 };
 
+use std::sync::Arc;
+
 use crate::Result;
+use crate::memory::MemoryPool;
 
 /// One write of a batch: `None` deletes the key.
 pub(crate) type KvWrite = (Vec<u8>, Option<Vec<u8>>);
 
-/// The memory a slot's RocksDB instances share: one block cache and one
-/// write-buffer budget (Flink's managed memory of a slot), so the state of
+/// A slot's managed memory (see [`crate::memory`]): half for its RocksDB
+/// instances, which share one block cache and one write-buffer budget,
+/// half for its operators' caches ([`MemoryPool`]), so the state of
 /// several subtasks in a slot cannot outgrow the slot's share.
 #[derive(Clone)]
 pub struct SlotMemory {
     cache: Cache,
     buffers: WriteBufferManager,
+    operators: Arc<MemoryPool>,
     bytes: usize,
 }
 
@@ -32,24 +37,37 @@ impl std::fmt::Debug for SlotMemory {
 }
 
 impl SlotMemory {
-    /// `bytes` in all: half block cache, half write buffers (charged to the
-    /// cache, so the total stays within `bytes`).
+    /// `bytes` in all: half for RocksDB, its block cache with the write
+    /// buffers (a quarter) charged to it, so RocksDB stays within its
+    /// half; half for operator caches.
     pub fn new(bytes: usize) -> Self {
-        let cache = Cache::new_lru_cache(bytes.max(2 << 20));
+        let rocksdb = bytes / 2;
+        let cache = Cache::new_lru_cache(rocksdb.max(2 << 20));
         let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
-            bytes / 2,
+            rocksdb / 2,
             false,
             cache.clone(),
         );
         Self {
             cache,
             buffers,
+            operators: Arc::new(MemoryPool::new(bytes - rocksdb)),
             bytes,
         }
     }
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The operators' share.
+    pub fn operators(&self) -> &Arc<MemoryPool> {
+        &self.operators
+    }
+
+    /// Bytes RocksDB holds in the slot's block cache and write buffers.
+    pub fn rocksdb_usage(&self) -> usize {
+        self.cache.get_usage()
     }
 }
 
@@ -100,6 +118,13 @@ impl KvStore {
         opts.set_keep_log_file_num(2);
         let mut block = rocksdb::BlockBasedOptions::default();
         block.set_block_cache(&memory.cache);
+        // Operators read keys that may not exist (a new group, a join key
+        // never seen): a bloom filter answers most of those without a
+        // block read. Index and filter blocks live in the slot's cache, so
+        // they count against its memory too.
+        block.set_bloom_filter(10.0, false);
+        block.set_cache_index_and_filter_blocks(true);
+        block.set_pin_l0_filter_and_index_blocks_in_cache(true);
         opts.set_block_based_table_factory(&block);
         let db = DB::open(&opts, path)?;
         Ok(Self { db, no_wal: true })
@@ -123,6 +148,16 @@ impl KvStore {
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.db.get(key)?)
+    }
+
+    /// The values of `keys`, in order, in one batched lookup (RocksDB's
+    /// `MultiGet`).
+    pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.db
+            .multi_get(keys)
+            .into_iter()
+            .map(|r| r.map_err(Into::into))
+            .collect()
     }
 
     /// Applies all writes atomically; with `sync` they are on disk (WAL
@@ -175,6 +210,16 @@ impl KvStore {
             total += (k.len() + v.len()) as u64;
         }
         Ok(total)
+    }
+
+    /// The bytes of the SST files that hold `[from, to)`, as RocksDB
+    /// estimates them (compressed; write buffers not counted).
+    pub fn disk_bytes(&self, from: &[u8], to: &[u8]) -> u64 {
+        self.db
+            .get_approximate_sizes(&[rocksdb::Range::new(from, to)])
+            .first()
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Scans `[from, to)` outside any snapshot.

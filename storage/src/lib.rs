@@ -23,6 +23,7 @@ pub mod codec;
 mod error;
 pub mod keys;
 mod kv;
+pub mod memory;
 pub mod meta;
 pub mod savepoint;
 pub mod state;

@@ -51,6 +51,20 @@ impl KvStore {
         )
     }
 
+    /// The value of one state key.
+    pub fn get_state(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get(&keys::state_key(table, key_group, key))
+    }
+
+    /// The values of several keys of `table`, in order.
+    pub fn get_states(&self, table: u64, keys: &[(u16, &[u8])]) -> Result<Vec<Option<Vec<u8>>>> {
+        let raw: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|(kg, k)| keys::state_key(table, *kg, k))
+            .collect();
+        self.multi_get(&raw)
+    }
+
     /// Writes entries of `table` restored from elsewhere.
     pub fn import_state(&self, table: u64, entries: Vec<StateEntry>) -> Result<()> {
         self.write(

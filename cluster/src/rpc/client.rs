@@ -53,6 +53,8 @@ fn report_to_pb(r: &SlotReport) -> pb::SlotReport {
             .map(|s| pb::SlotStatus {
                 slot: Some((&s.slot).into()),
                 jobs: s.jobs.clone(),
+                operator_memory_used: s.memory_used.operators,
+                rocksdb_memory_used: s.memory_used.rocksdb,
             })
             .collect(),
     }
@@ -431,6 +433,7 @@ impl JobMasterGateway for RemoteJobMaster {
             declined: ack.declined,
             behind: ack.behind,
             decode_errors: ack.decode_errors.map(Into::into),
+            state_stats: super::to_json(&Some(ack.state_stats)),
         }));
     }
 

@@ -46,6 +46,10 @@ fn report_from_pb(r: Option<pb::SlotReport>) -> SlotReport {
                 Some(SlotStatus {
                     slot: s.slot?.into(),
                     jobs: s.jobs,
+                    memory_used: crate::gateway::SlotMemoryUsed {
+                        operators: s.operator_memory_used,
+                        rocksdb: s.rocksdb_memory_used,
+                    },
                 })
             })
             .collect(),
@@ -187,6 +191,8 @@ impl JobMasterService for JobManagerServices {
                     declined: ack.declined,
                     behind: ack.behind,
                     decode_errors: ack.decode_errors.map(Into::into),
+                    state_stats: super::json_field(&ack.state_stats, "state_stats")?
+                        .unwrap_or_default(),
                 },
             );
         }

@@ -74,6 +74,18 @@ pub(crate) enum AccState {
     },
 }
 
+impl AccState {
+    /// Heap bytes the state owns (for managed memory).
+    pub(crate) fn heap_size(&self) -> usize {
+        match self {
+            // A B-tree entry: the value's bytes, its count, and about as
+            // much again for the tree's nodes.
+            AccState::Values(set) => set.keys().map(|k| k.capacity() + 48).sum(),
+            _ => 0,
+        }
+    }
+}
+
 /// An aggregate call, compiled.
 pub(crate) struct Aggregate {
     kind: AggKind,

@@ -25,7 +25,8 @@ use storage::codec::RowCodec;
 use storage::state::{StateEntry, StateScan, StateWrite};
 
 use crate::message::Barrier;
-use crate::operator::{OperatorContext, StateReader};
+use crate::operator::OperatorContext;
+use crate::state::StateStore;
 use crate::{ExecError, Result};
 
 /// Entries read per page when looking for what to trim.
@@ -42,7 +43,7 @@ pub struct Change {
 pub struct Changelog {
     table: u64,
     retain_ms: u64,
-    state: Option<Arc<dyn StateReader>>,
+    state: Option<Arc<dyn StateStore>>,
     key_groups: Range<u16>,
     /// Epochs this subtask has written since it started → barrier time.
     epochs: BTreeMap<u64, u64>,

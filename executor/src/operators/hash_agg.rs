@@ -26,6 +26,7 @@ use super::ttl::Ttl;
 use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
+use crate::state::{StateCache, StateCodec};
 use crate::{Result, expr};
 
 const STATE_VERSION: u8 = 1;
@@ -61,10 +62,104 @@ pub fn late_rows_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, None)
 }
 
-struct Group {
+pub(crate) struct Group {
     /// Input rows in the group (inserts minus retractions).
     rows: i64,
     accs: Vec<AccState>,
+}
+
+impl Group {
+    fn new(aggs: &[Aggregate]) -> Self {
+        Group {
+            rows: 0,
+            accs: aggs.iter().map(|a| a.init()).collect(),
+        }
+    }
+}
+
+/// A group's state bytes: a version, the row count, each accumulator.
+pub(crate) struct GroupCodec {
+    aggs: usize,
+}
+
+impl StateCodec for GroupCodec {
+    type Value = Group;
+
+    fn encode(&self, g: &Group) -> Vec<u8> {
+        let mut out = vec![STATE_VERSION];
+        out.extend_from_slice(&g.rows.to_be_bytes());
+        for acc in &g.accs {
+            encoding::put(&mut out, acc);
+        }
+        out
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Group> {
+        let mut r = encoding::Reader(bytes);
+        let version = r.u8()?;
+        if version != STATE_VERSION {
+            return Err(storage::StorageError::Corrupt(format!(
+                "aggregate state version {version}"
+            ))
+            .into());
+        }
+        let rows = r.i64()?;
+        let accs = (0..self.aggs)
+            .map(|_| encoding::get(&mut r))
+            .collect::<Result<_>>()?;
+        Ok(Group { rows, accs })
+    }
+
+    fn heap_size(&self, g: &Group) -> usize {
+        g.accs.capacity() * std::mem::size_of::<AccState>()
+            + g.accs.iter().map(AccState::heap_size).sum::<usize>()
+    }
+}
+
+/// A group's outputs, or the message of the error computing them.
+type RowOrError = std::result::Result<Vec<ScalarValue>, String>;
+
+/// What a group's row is, given its state: the parts of [`HashAgg`] that
+/// decide it, borrowed apart from its groups.
+struct Rows<'a> {
+    aggs: &'a [Aggregate],
+    global: bool,
+    always: Option<&'a [u8]>,
+    keep_errors: bool,
+}
+
+impl Rows<'_> {
+    fn visible(&self, key: &[u8], g: &Group) -> bool {
+        self.global || g.rows > 0 || self.always == Some(key)
+    }
+
+    fn outputs(&self, g: &Group) -> Result<Vec<ScalarValue>> {
+        self.aggs
+            .iter()
+            .zip(&g.accs)
+            .map(|(a, s)| a.output(s))
+            .collect()
+    }
+
+    /// A visible group's outputs; when an aggregate's own value fails (a
+    /// decimal `sum` past 38 digits) and errors are kept as data, the
+    /// error's message instead: such a group has no row in the view, and
+    /// its error is counted while its state stays so.
+    fn outputs_or_error(&self, g: &Group) -> Result<RowOrError> {
+        match self.outputs(g) {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) if self.keep_errors => Ok(Err(crate::errors::message(&e))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The group's row, if it has one.
+    fn row(&self, key: &[u8], g: Option<&Group>) -> Result<Option<RowOrError>> {
+        match g {
+            Some(g) if self.visible(key, g) => Ok(Some(self.outputs_or_error(g)?)),
+            _ => Ok(None),
+        }
+    }
 }
 
 pub struct HashAgg {
@@ -80,9 +175,8 @@ pub struct HashAgg {
     always: Option<(Vec<u8>, u16)>,
     /// EMIT ON WINDOW CLOSE: see [`HashAgg::emit_on_window_close`].
     eowc: Option<WindowClose>,
-    groups: HashMap<Vec<u8>, Group>,
-    /// Group keys changed since the last barrier, with their key group.
-    dirty: HashMap<Vec<u8>, u16>,
+    /// Group key → its state.
+    groups: StateCache<GroupCodec>,
     /// State TTL: see [`HashAgg::with_state_ttl`].
     ttl: Option<Ttl<Vec<u8>>>,
     /// Where rows whose group keys or arguments fail are counted
@@ -117,8 +211,7 @@ impl HashAgg {
             global: group_exprs.is_empty(),
             always: None,
             eowc: None,
-            groups: HashMap::new(),
-            dirty: HashMap::new(),
+            groups: StateCache::new(state_table, "HashAgg", GroupCodec { aggs: aggs.len() }),
             ttl: None,
             errors: None,
         })
@@ -132,10 +225,7 @@ impl HashAgg {
     }
 
     fn new_group(&self) -> Group {
-        Group {
-            rows: 0,
-            accs: self.aggs.iter().map(|a| a.init()).collect(),
-        }
+        Group::new(&self.aggs)
     }
 
     /// Grouping sets: `id` is the grouping id of the empty set `()`, the
@@ -206,53 +296,13 @@ impl HashAgg {
         }
     }
 
-    fn visible(&self, key: &[u8], g: &Group) -> bool {
-        self.global || g.rows > 0 || self.always.as_ref().is_some_and(|(k, _)| k == key)
-    }
-
-    fn outputs(&self, g: &Group) -> Result<Vec<ScalarValue>> {
-        self.aggs
-            .iter()
-            .zip(&g.accs)
-            .map(|(a, s)| a.output(s))
-            .collect()
-    }
-
-    /// A visible group's outputs; when an aggregate's own value fails (a
-    /// decimal `sum` past 38 digits) and errors are kept as data, the
-    /// error's message instead: such a group has no row in the view, and
-    /// its error is counted while its state stays so.
-    fn outputs_or_error(&self, g: &Group) -> Result<std::result::Result<Vec<ScalarValue>, String>> {
-        match self.outputs(g) {
-            Ok(v) => Ok(Ok(v)),
-            Err(e) if self.errors.is_some() => Ok(Err(crate::errors::message(&e))),
-            Err(e) => Err(e),
+    fn rows(&self) -> Rows<'_> {
+        Rows {
+            aggs: &self.aggs,
+            global: self.global,
+            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
+            keep_errors: self.errors.is_some(),
         }
-    }
-
-    fn encode(g: &Group) -> Vec<u8> {
-        let mut out = vec![STATE_VERSION];
-        out.extend_from_slice(&g.rows.to_be_bytes());
-        for acc in &g.accs {
-            encoding::put(&mut out, acc);
-        }
-        out
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Result<Group> {
-        let mut r = encoding::Reader(bytes);
-        let version = r.u8()?;
-        if version != STATE_VERSION {
-            return Err(storage::StorageError::Corrupt(format!(
-                "aggregate state version {version}"
-            ))
-            .into());
-        }
-        let rows = r.i64()?;
-        let accs = (0..self.aggs.len())
-            .map(|_| encoding::get(&mut r))
-            .collect::<Result<_>>()?;
-        Ok(Group { rows, accs })
     }
 
     /// Builds the output chunk from (op, group key, aggregate values).
@@ -304,10 +354,10 @@ impl HashAgg {
                 continue;
             }
             let sign = chunk.op(row).sign();
-            let g = self.groups.entry(key.clone()).or_insert_with(|| Group {
-                rows: 0,
-                accs: self.aggs.iter().map(|a| a.init()).collect(),
-            });
+            let g = self
+                .groups
+                .get_mut(key, key_groups[row])?
+                .get_or_insert_with(|| Group::new(&self.aggs));
             g.rows += sign;
             for (i, agg) in self.aggs.iter().enumerate() {
                 agg.update(&mut g.accs[i], &args[i], row, sign);
@@ -316,7 +366,6 @@ impl HashAgg {
                 .entry(end)
                 .or_default()
                 .insert(key.clone(), key_groups[row]);
-            self.dirty.insert(key.clone(), key_groups[row]);
         }
         Ok(())
     }
@@ -348,52 +397,52 @@ impl Operator for HashAgg {
                 w.late.insert((e.key_group, end.unwrap_or(i64::MIN)), count);
             }
         }
-        let mut key_groups = Vec::new();
-        let now = crate::operator::processing_time_us();
-        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let g = self.decode(&e.value)?;
-            if let Some(ttl) = &mut self.ttl {
-                // Restored groups get a whole TTL from the restart.
-                ttl.touch(e.key.clone(), e.key_group, now);
+        self.groups.start(ctx)?;
+        if self.eowc.is_some() || self.ttl.is_some() {
+            // The open windows and the TTL's clock know every group key.
+            let mut key_groups = Vec::new();
+            let now = crate::operator::processing_time_us();
+            for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
+                if let Some(ttl) = &mut self.ttl {
+                    // Restored groups get a whole TTL from the restart.
+                    ttl.touch(e.key.clone(), e.key_group, now);
+                }
+                key_groups.push((e.key, e.key_group));
             }
-            key_groups.push((e.key.clone(), e.key_group));
-            self.groups.insert(e.key, g);
-        }
-        if self.eowc.is_some() && !key_groups.is_empty() {
-            // The open windows, indexed by their end again.
-            let keys = self
-                .key_codec
-                .decode(key_groups.iter().map(|(k, _)| k.as_slice()))?;
-            let ends = self.window_ends(&keys)?.unwrap_or_default();
-            if let Some(w) = &mut self.eowc {
-                for ((key, kg), end) in key_groups.into_iter().zip(ends) {
-                    w.open
-                        .entry(end.unwrap_or(i64::MIN))
-                        .or_default()
-                        .insert(key, kg);
+            if self.eowc.is_some() && !key_groups.is_empty() {
+                // The open windows, indexed by their end again.
+                let keys = self
+                    .key_codec
+                    .decode(key_groups.iter().map(|(k, _)| k.as_slice()))?;
+                let ends = self.window_ends(&keys)?.unwrap_or_default();
+                if let Some(w) = &mut self.eowc {
+                    for ((key, kg), end) in key_groups.into_iter().zip(ends) {
+                        w.open
+                            .entry(end.unwrap_or(i64::MIN))
+                            .or_default()
+                            .insert(key, kg);
+                    }
                 }
             }
         }
-        if self.global && self.groups.is_empty() {
+        if self.global && self.groups.get(&[], 0)?.is_none() {
             // The one row of an aggregate without GROUP BY, over no rows.
             let g = self.new_group();
-            let values = self.outputs(&g)?;
-            self.groups.insert(Vec::new(), g);
-            self.dirty.insert(Vec::new(), 0);
+            let values = self.rows().outputs(&g)?;
+            self.groups.insert(&[], 0, g)?;
             self.emit(vec![(Op::Insert, &[], values)], out)?;
         }
         if let Some((key, key_group)) = self.always.clone()
             && ctx.key_groups.contains(&key_group)
-            && !self.groups.contains_key(&key)
+            && self.groups.get(&key, key_group)?.is_none()
         {
             // The empty grouping set's row, over no rows.
             let g = self.new_group();
-            let values = self.outputs(&g)?;
-            self.groups.insert(key.clone(), g);
-            self.dirty.insert(key.clone(), key_group);
+            let values = self.rows().outputs(&g)?;
+            self.groups.insert(&key, key_group, g)?;
             self.emit(vec![(Op::Insert, &key, values)], out)?;
         }
-        Ok(())
+        self.groups.settle()
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
@@ -417,68 +466,70 @@ impl Operator for HashAgg {
         } else {
             self.key_codec.encode(&keys)?
         };
+        // The groups not cached, in one read.
+        self.groups.load(
+            key_bytes
+                .iter()
+                .map(Vec::as_slice)
+                .zip(key_groups.iter().copied()),
+        )?;
         if let Some(ends) = self.window_ends(&keys)? {
-            return self.accumulate_windows(&chunk, &key_bytes, &key_groups, &args, &ends);
+            self.accumulate_windows(&chunk, &key_bytes, &key_groups, &args, &ends)?;
+            return self.groups.settle();
         }
 
+        let shape = Rows {
+            aggs: &self.aggs,
+            global: self.global,
+            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
+            keep_errors: self.errors.is_some(),
+        };
         // Each touched group's output before this chunk, in first-touch order.
-        #[allow(clippy::type_complexity)]
-        let mut touched: Vec<(
-            Vec<u8>,
-            Option<std::result::Result<Vec<ScalarValue>, String>>,
-        )> = Vec::new();
+        let mut touched: Vec<(&[u8], u16, Option<RowOrError>)> = Vec::new();
         let mut seen: HashSet<&[u8]> = HashSet::new();
         let now = crate::operator::processing_time_us();
         for row in 0..n {
-            let key = &key_bytes[row];
+            let (key, key_group) = (key_bytes[row].as_slice(), key_groups[row]);
             let sign = chunk.op(row).sign();
             if let Some(ttl) = &mut self.ttl {
-                if sign < 0 && !self.groups.contains_key(key) {
+                if sign < 0 && self.groups.get(key, key_group)?.is_none() {
                     // A row of a group the TTL forgot.
                     continue;
                 }
-                ttl.touch(key.clone(), key_groups[row], now);
+                ttl.touch(key.to_vec(), key_group, now);
             }
-            if seen.insert(key.as_slice()) {
-                let old = match self.groups.get(key) {
-                    Some(g) if self.visible(key, g) => Some(self.outputs_or_error(g)?),
-                    _ => None,
-                };
-                touched.push((key.clone(), old));
+            if seen.insert(key) {
+                let old = shape.row(key, self.groups.get(key, key_group)?)?;
+                touched.push((key, key_group, old));
             }
-            if !self.groups.contains_key(key) {
-                let g = self.new_group();
-                self.groups.insert(key.clone(), g);
-            }
-            let g = self.groups.get_mut(key).expect("inserted above");
+            let g = self
+                .groups
+                .get_mut(key, key_group)?
+                .get_or_insert_with(|| Group::new(shape.aggs));
             g.rows += sign;
-            for (i, agg) in self.aggs.iter().enumerate() {
+            for (i, agg) in shape.aggs.iter().enumerate() {
                 agg.update(&mut g.accs[i], &args[i], row, sign);
             }
-            self.dirty.insert(key.clone(), key_groups[row]);
         }
 
         let mut rows = Vec::with_capacity(touched.len() * 2);
         let mut gone = Vec::new();
-        for (key, old) in &touched {
-            let g = &self.groups[key];
-            if g.rows < 0 {
+        for (key, key_group, old) in touched {
+            let g = self.groups.get(key, key_group)?;
+            if let Some(g) = g
+                && g.rows < 0
+            {
                 tracing::error!(
                     state_table = self.state_table,
                     rows = g.rows,
                     "group retracted below zero rows"
                 );
             }
-            let new = if self.visible(key, g) {
-                Some(self.outputs_or_error(g)?)
-            } else {
-                None
-            };
+            let new = shape.row(key, g)?;
             if new.is_none() {
-                gone.push(key.clone());
+                gone.push((key, key_group));
             }
             // A failing output is no row: its error counts instead.
-            let (old, new) = (old.clone(), new);
             if let Some(errors) = &mut self.errors {
                 if let Some(Err(m)) = &old {
                     errors.add(m, -1)?;
@@ -488,44 +539,53 @@ impl Operator for HashAgg {
                 }
             }
             match (old.and_then(|o| o.ok()), new.and_then(|n| n.ok())) {
-                (None, Some(n)) => rows.push((Op::Insert, key.as_slice(), n)),
-                (Some(o), None) => rows.push((Op::Delete, key.as_slice(), o)),
+                (None, Some(n)) => rows.push((Op::Insert, key, n)),
+                (Some(o), None) => rows.push((Op::Delete, key, o)),
                 (Some(o), Some(n)) if o != n => {
-                    rows.push((Op::UpdateDelete, key.as_slice(), o));
-                    rows.push((Op::UpdateInsert, key.as_slice(), n));
+                    rows.push((Op::UpdateDelete, key, o));
+                    rows.push((Op::UpdateInsert, key, n));
                 }
                 _ => {}
             }
         }
         self.emit(rows, out)?;
-        for key in gone {
-            self.groups.remove(&key);
+        for (key, key_group) in gone {
+            self.groups.remove(key, key_group)?;
         }
-        Ok(())
+        self.groups.settle()
     }
 
     fn next_timer(&self) -> Option<i64> {
         self.ttl.as_ref()?.next()
     }
 
+    fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
+        out.push(self.groups.report());
+    }
+
     fn on_timer(&mut self, now_us: i64, out: &mut Collector) -> Result<()> {
         let Some(ttl) = &mut self.ttl else {
             return Ok(());
         };
+        let shape = Rows {
+            aggs: &self.aggs,
+            global: self.global,
+            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
+            keep_errors: self.errors.is_some(),
+        };
         let mut rows = Vec::new();
         for (key, key_group) in ttl.expired(now_us) {
-            if let Some(g) = self.groups.remove(&key) {
-                if self.visible(&key, &g) {
-                    match self.outputs_or_error(&g)? {
-                        Ok(values) => rows.push((key.clone(), values)),
-                        Err(m) => {
-                            if let Some(errors) = &mut self.errors {
-                                errors.add(&m, -1)?;
-                            }
+            if let Some(g) = self.groups.remove(&key, key_group)?
+                && shape.visible(&key, &g)
+            {
+                match shape.outputs_or_error(&g)? {
+                    Ok(values) => rows.push((key, values)),
+                    Err(m) => {
+                        if let Some(errors) = &mut self.errors {
+                            errors.add(&m, -1)?;
                         }
                     }
                 }
-                self.dirty.insert(key, key_group);
             }
         }
         self.emit(
@@ -533,7 +593,8 @@ impl Operator for HashAgg {
                 .map(|(k, v)| (Op::Delete, k.as_slice(), v.clone()))
                 .collect(),
             out,
-        )
+        )?;
+        self.groups.settle()
     }
 
     fn handle_watermark(
@@ -564,16 +625,21 @@ impl Operator for HashAgg {
         };
         let still_open = w.open.split_off(&first_open);
         let closed = std::mem::replace(&mut w.open, still_open);
+        let shape = Rows {
+            aggs: &self.aggs,
+            global: self.global,
+            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
+            keep_errors: self.errors.is_some(),
+        };
         let mut rows = Vec::new();
         for (_, keys) in closed {
             let mut keys: Vec<(Vec<u8>, u16)> = keys.into_iter().collect();
             keys.sort();
             for (key, key_group) in keys {
-                if let Some(g) = self.groups.remove(&key) {
-                    if g.rows > 0 {
-                        rows.push((key.clone(), self.outputs(&g)?));
-                    }
-                    self.dirty.insert(key, key_group);
+                if let Some(g) = self.groups.remove(&key, key_group)?
+                    && g.rows > 0
+                {
+                    rows.push((key, shape.outputs(&g)?));
                 }
             }
         }
@@ -583,6 +649,7 @@ impl Operator for HashAgg {
                 .collect(),
             out,
         )?;
+        self.groups.settle()?;
         Ok(Some(watermark))
     }
 
@@ -592,15 +659,7 @@ impl Operator for HashAgg {
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
         ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
-        for (key, key_group) in self.dirty.drain() {
-            let value = self.groups.get(&key).map(Self::encode);
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group,
-                key,
-                value,
-            });
-        }
+        self.groups.checkpoint(writes)?;
         if let Some(w) = &mut self.eowc
             && let Some(table) = w.late_table
             && !w.late_dirty.is_empty()

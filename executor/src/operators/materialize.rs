@@ -17,16 +17,37 @@ use storage::state::{StateEntry, StateScan, StateWrite};
 use super::changelog::{Change, Changelog};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
+use crate::state::{StateCache, StateCodec};
 use crate::{Result, expr};
 
 pub struct Materialize {
     codec: RowCodec,
     state_table: u64,
-    /// Row → (key group, count).
-    rows: HashMap<Vec<u8>, (u16, i64)>,
-    /// Rows changed since the last barrier → (key group, count then).
-    dirty: HashMap<Vec<u8>, (u16, i64)>,
+    /// Row → count.
+    rows: StateCache<CountCodec>,
+    /// With a changelog: the rows changed since the last barrier → (key
+    /// group, count then). It holds one epoch's changes, not the view.
+    before: HashMap<Vec<u8>, (u16, i64)>,
     changelog: Option<Changelog>,
+}
+
+/// A view row's count, as 8 big-endian bytes.
+pub(crate) struct CountCodec;
+
+impl StateCodec for CountCodec {
+    type Value = i64;
+
+    fn encode(&self, count: &i64) -> Vec<u8> {
+        count.to_be_bytes().to_vec()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<i64> {
+        crate::operator::stored_count(bytes, "view row count")
+    }
+
+    fn heap_size(&self, _: &i64) -> usize {
+        0
+    }
 }
 
 fn codec_for(schema: &SchemaRef) -> Result<RowCodec> {
@@ -44,8 +65,8 @@ impl Materialize {
         Ok(Self {
             codec: codec_for(&expr::output_schema(schema))?,
             state_table,
-            rows: HashMap::new(),
-            dirty: HashMap::new(),
+            rows: StateCache::new(state_table, "Materialize", CountCodec),
+            before: HashMap::new(),
             changelog,
         })
     }
@@ -66,52 +87,52 @@ impl Operator for Materialize {
         if let Some(log) = &mut self.changelog {
             log.start(ctx);
         }
-        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let count = crate::operator::stored_count(&e.value, "view row count")?;
-            self.rows.insert(e.key, (e.key_group, count));
-        }
-        Ok(())
+        self.rows.start(ctx)
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, _out: &mut Collector) -> Result<()> {
         let data = chunk.data();
         let key_groups = expr::key_groups(data.columns(), chunk.num_rows())?;
         let encoded = self.codec.encode_rows(data.columns(), chunk.num_rows())?;
+        self.rows.load(
+            encoded
+                .iter()
+                .map(Vec::as_slice)
+                .zip(key_groups.iter().copied()),
+        )?;
         for (r, row) in encoded.into_iter().enumerate() {
             let sign = chunk.op(r).sign();
-            let entry = self.rows.entry(row.clone()).or_insert((key_groups[r], 0));
-            let before = entry.1;
-            entry.1 += sign;
+            let count = self.rows.get_mut(&row, key_groups[r])?;
+            let before = count.unwrap_or(0);
             // A count may dip below zero for a while: a row's insert and
             // delete can come from different upstream subtasks, in either
             // order. At a barrier every channel has delivered its part, so
             // committed counts are exact.
-            if entry.1 == 0 {
-                self.rows.remove(&row);
+            *count = Some(before + sign).filter(|c| *c != 0);
+            if self.changelog.is_some() {
+                self.before.entry(row).or_insert((key_groups[r], before));
             }
-            self.dirty.entry(row).or_insert((key_groups[r], before));
         }
-        Ok(())
+        self.rows.settle()
+    }
+
+    fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
+        out.push(self.rows.report());
     }
 
     fn handle_checkpoint(&mut self, barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
         let mut changes = Vec::new();
-        for (key, (key_group, before)) in self.dirty.drain() {
-            let now = self.rows.get(&key).map(|(_, c)| *c);
-            if self.changelog.is_some() && now.unwrap_or(0) != before {
+        for (key, (key_group, before)) in std::mem::take(&mut self.before) {
+            let now = self.rows.get(&key, key_group)?.copied().unwrap_or(0);
+            if now != before {
                 changes.push(Change {
                     key_group,
-                    row: key.clone(),
-                    diff: now.unwrap_or(0) - before,
+                    row: key,
+                    diff: now - before,
                 });
             }
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group,
-                key,
-                value: now.map(|c| c.to_be_bytes().to_vec()),
-            });
         }
+        self.rows.checkpoint(writes)?;
         if let Some(log) = &mut self.changelog {
             log.checkpoint(barrier, changes, writes)?;
         }
@@ -189,10 +210,7 @@ mod tests {
         let state = Arc::new(MemState(std::sync::Mutex::new(writes.clone())));
         let mut restored = Materialize::new(&schema, 9, None).unwrap();
         restored.on_start(&ctx(state), &mut vec![]).unwrap();
-        assert_eq!(
-            restored.rows.values().map(|(_, c)| *c).collect::<Vec<_>>(),
-            vec![1]
-        );
+        assert_eq!(restored.rows.stats().keys, 1);
 
         let dir = tempfile::tempdir().unwrap();
         let store = storage::KvStore::open(dir.path(), 1 << 20).unwrap();

@@ -134,7 +134,8 @@ pub(crate) mod test_util {
     use storage::chunk::{Chunk, Op};
     use storage::state::{StateEntry, StateWrite};
 
-    use crate::operator::{OperatorContext, StateReader};
+    use crate::operator::OperatorContext;
+    use crate::state::{StateBackend, StateStore};
 
     pub(crate) fn ints(v: &[Option<i64>]) -> ArrayRef {
         Arc::new(Int64Array::from(v.to_vec()))
@@ -192,7 +193,23 @@ pub(crate) mod test_util {
     #[derive(Default)]
     pub(crate) struct MemState(pub(crate) Mutex<Vec<StateWrite>>);
 
-    impl StateReader for MemState {
+    impl StateStore for MemState {
+        fn get(&self, table: u64, key_group: u16, key: &[u8]) -> crate::Result<Option<Vec<u8>>> {
+            Ok(self
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|w| w.table == table && w.key_group == key_group && w.key == key)
+                .and_then(|w| w.value.clone()))
+        }
+
+        fn put(&self, writes: Vec<StateWrite>) -> crate::Result<()> {
+            self.0.lock().unwrap().extend(writes);
+            Ok(())
+        }
+
         fn scan(&self, table: u64, kgs: std::ops::Range<u16>) -> crate::Result<Vec<StateEntry>> {
             let mut map = std::collections::BTreeMap::new();
             for w in self.0.lock().unwrap().iter() {
@@ -234,6 +251,8 @@ pub(crate) mod test_util {
             key_groups: 0..128,
             state,
             restored_from: None,
+            backend: StateBackend::Heap,
+            memory: Arc::new(storage::memory::MemoryPool::new(usize::MAX)),
         }
     }
 }

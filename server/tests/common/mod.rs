@@ -111,6 +111,11 @@ impl Server {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Kills the process with SIGKILL (no shutdown at all).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -1,0 +1,624 @@
+//! [`StateCache`]: an operator's keyed state, cached over its subtask's
+//! [`StateStore`] and accounted to its slot's managed memory (see the
+//! module docs of [`crate::state`]).
+//!
+//! Eviction is CLOCK, the approximation of least-recently-used that
+//! buffer pools use: every touch sets a key's reference bit; the hand
+//! sweeps the keys in insertion order, clearing set bits and evicting the
+//! first key whose bit is already clear. It costs one bit per key and no
+//! list to keep in order on every touch.
+
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+use storage::memory::MemoryPool;
+use storage::state::StateWrite;
+
+use super::{OUT_OF_MANAGED_MEMORY, StateBackend, StateStore};
+use crate::operator::OperatorContext;
+use crate::{ExecError, Result};
+
+/// How one operator's values become bytes and back, and what a value
+/// costs in memory.
+pub trait StateCodec {
+    type Value;
+    fn encode(&self, value: &Self::Value) -> Vec<u8>;
+    fn decode(&self, bytes: &[u8]) -> Result<Self::Value>;
+    /// Heap bytes a value owns beyond its own `size_of`.
+    fn heap_size(&self, value: &Self::Value) -> usize;
+}
+
+/// Heap reservations from the slot's pool are made in steps of at most
+/// this size (and at most 1/64 of the pool), so that a growing cache does
+/// not touch the shared counter on every batch.
+const STEP: usize = 1 << 20;
+
+struct Slot<V> {
+    /// `None`: the key has no value (deleted here, or absent from the
+    /// store).
+    value: Option<V>,
+    key_group: u16,
+    /// What the entry is accounted as.
+    bytes: usize,
+    /// Changed since the last barrier (or since it was last written to
+    /// the store).
+    dirty: bool,
+    /// CLOCK's reference bit.
+    referenced: bool,
+    /// In `touched`: its size is due to be measured again.
+    touched: bool,
+}
+
+/// What a cache holds and how well it serves; `weir_catalog` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub keys: usize,
+    pub bytes: usize,
+    /// Touches answered from memory.
+    pub hits: u64,
+    /// Touches that read the store.
+    pub misses: u64,
+    /// Keys the cache let go of for memory.
+    pub evictions: u64,
+}
+
+/// One operator's keyed state; see the module docs.
+pub struct StateCache<C: StateCodec> {
+    table: u64,
+    codec: C,
+    /// Names the operator in errors.
+    operator: &'static str,
+    backend: StateBackend,
+    store: Option<Arc<dyn StateStore>>,
+    /// `None` before [`StateCache::start`] (unit tests): unbounded.
+    pool: Option<Arc<MemoryPool>>,
+    map: IndexMap<Vec<u8>, Slot<C::Value>>,
+    /// Indexes of entries touched since the last [`StateCache::settle`];
+    /// stable until then, as only settling and checkpoints remove entries.
+    touched: Vec<usize>,
+    hand: usize,
+    bytes: usize,
+    /// Heap: the bytes reserved from the pool; rocksdb: the bytes the pool
+    /// was last told the cache holds.
+    reserved: usize,
+    /// The cache holds every key of the store (a fresh start, nothing
+    /// evicted yet): a key it lacks has no value, without a read.
+    complete: bool,
+    stats: CacheStats,
+}
+
+impl<C: StateCodec> StateCache<C> {
+    pub fn new(table: u64, operator: &'static str, codec: C) -> Self {
+        Self {
+            table,
+            codec,
+            operator,
+            backend: StateBackend::Heap,
+            store: None,
+            pool: None,
+            map: IndexMap::new(),
+            touched: Vec::new(),
+            hand: 0,
+            bytes: 0,
+            reserved: 0,
+            complete: true,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn table(&self) -> u64 {
+        self.table
+    }
+
+    pub fn codec(&self) -> &C {
+        &self.codec
+    }
+
+    pub fn backend(&self) -> StateBackend {
+        self.backend
+    }
+
+    /// The cache as `weir_catalog.state` shows it (without the disk,
+    /// which the TaskManager adds).
+    pub fn report(&self) -> super::OperatorStateStats {
+        super::OperatorStateStats {
+            operator: self.operator.to_string(),
+            table: self.table,
+            backend: self.backend.name().to_string(),
+            keys_in_memory: self.map.len() as u64,
+            bytes_in_memory: self.bytes as u64,
+            bytes_on_disk: 0,
+            cache_hits: self.stats.hits,
+            cache_misses: self.stats.misses,
+            evictions: self.stats.evictions,
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            keys: self.map.len(),
+            bytes: self.bytes,
+            ..self.stats
+        }
+    }
+
+    /// Binds the cache to its subtask's store and slot. The heap backend
+    /// loads every committed key of the subtask's key groups now.
+    pub fn start(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.backend = ctx.backend;
+        self.store = Some(ctx.state.clone());
+        self.pool = Some(ctx.memory.clone());
+        match self.backend {
+            StateBackend::Heap => {
+                for e in ctx.state.scan(self.table, ctx.key_groups.clone())? {
+                    let value = self.codec.decode(&e.value)?;
+                    self.insert_slot(e.key, e.key_group, Some(value), false);
+                }
+                self.complete = true;
+                self.settle()
+            }
+            StateBackend::RocksDb => {
+                // A fresh subtask's store is empty; a restored one holds
+                // the checkpoint, read on demand.
+                self.complete = ctx.restored_from.is_none();
+                ctx.memory.register_cache();
+                Ok(())
+            }
+        }
+    }
+
+    fn insert_slot(&mut self, key: Vec<u8>, key_group: u16, value: Option<C::Value>, dirty: bool) {
+        let index = self.map.len();
+        self.map.insert(
+            key,
+            Slot {
+                value,
+                key_group,
+                bytes: 0,
+                dirty,
+                referenced: true,
+                touched: true,
+            },
+        );
+        self.touched.push(index);
+    }
+
+    /// Reads the keys of `keys` the cache lacks from the store, in one
+    /// batch: call it with a chunk's keys before touching them one by one.
+    pub fn load<'a>(&mut self, keys: impl IntoIterator<Item = (&'a [u8], u16)>) -> Result<()> {
+        if self.complete {
+            return Ok(());
+        }
+        let Some(store) = self.store.clone() else {
+            return Ok(());
+        };
+        let mut missing: Vec<(u16, &[u8])> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (key, key_group) in keys {
+            if !self.map.contains_key(key) && seen.insert(key) {
+                missing.push((key_group, key));
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let values = store.get_many(self.table, &missing)?;
+        for ((key_group, key), value) in missing.into_iter().zip(values) {
+            self.stats.misses += 1;
+            let value = value.map(|v| self.codec.decode(&v)).transpose()?;
+            self.insert_slot(key.to_vec(), key_group, value, false);
+        }
+        Ok(())
+    }
+
+    /// The index of `key`'s entry, read from the store if need be; `None`
+    /// for a key known to have no value, which gets an entry only with
+    /// `create`.
+    fn find(&mut self, key: &[u8], key_group: u16, create: bool) -> Result<Option<usize>> {
+        if let Some(i) = self.map.get_index_of(key) {
+            self.stats.hits += 1;
+            self.map[i].referenced = true;
+            return Ok(Some(i));
+        }
+        let value = match (&self.store, self.complete) {
+            (Some(store), false) => {
+                self.stats.misses += 1;
+                store
+                    .get(self.table, key_group, key)?
+                    .map(|v| self.codec.decode(&v))
+                    .transpose()?
+            }
+            // Absent, and nothing to remember while the cache is complete.
+            _ if !create => return Ok(None),
+            _ => None,
+        };
+        // An absent key is remembered too, so it is read once.
+        self.insert_slot(key.to_vec(), key_group, value, false);
+        Ok(Some(self.map.len() - 1))
+    }
+
+    /// The value of `key`, if it has one.
+    pub fn get(&mut self, key: &[u8], key_group: u16) -> Result<Option<&C::Value>> {
+        Ok(match self.find(key, key_group, false)? {
+            Some(i) => self.map[i].value.as_ref(),
+            None => None,
+        })
+    }
+
+    /// The value of `key` to change (set it to `None` to delete the key).
+    /// The change is written at the next barrier, or when the key leaves
+    /// the cache.
+    pub fn get_mut(&mut self, key: &[u8], key_group: u16) -> Result<&mut Option<C::Value>> {
+        let i = self.find(key, key_group, true)?.expect("created");
+        let slot = &mut self.map[i];
+        slot.dirty = true;
+        if !slot.touched {
+            slot.touched = true;
+            self.touched.push(i);
+        }
+        Ok(&mut self.map[i].value)
+    }
+
+    /// Sets the value of `key`.
+    pub fn insert(&mut self, key: &[u8], key_group: u16, value: C::Value) -> Result<()> {
+        *self.get_mut(key, key_group)? = Some(value);
+        Ok(())
+    }
+
+    /// Deletes `key`, returning its value.
+    pub fn remove(&mut self, key: &[u8], key_group: u16) -> Result<Option<C::Value>> {
+        Ok(self.get_mut(key, key_group)?.take())
+    }
+
+    /// The bytes an entry is accounted as: its key, its value and what the
+    /// map spends on it.
+    fn measure(&self, key: &[u8], value: &Option<C::Value>) -> usize {
+        const MAP: usize = 16;
+        let value = value.as_ref().map_or(0, |v| self.codec.heap_size(v));
+        key.len() + value + std::mem::size_of::<(Vec<u8>, Slot<C::Value>)>() + MAP
+    }
+
+    /// Measures what changed and keeps the cache within its share of the
+    /// slot's managed memory: call it after each chunk. The rocksdb
+    /// backend evicts cold keys; the heap backend fails when the slot has
+    /// no memory left.
+    pub fn settle(&mut self) -> Result<()> {
+        for i in std::mem::take(&mut self.touched) {
+            let (key, slot) = self.map.get_index(i).expect("touched index");
+            let bytes = self.measure(key, &slot.value);
+            let slot = &mut self.map[i];
+            slot.touched = false;
+            self.bytes = self.bytes - slot.bytes + bytes;
+            slot.bytes = bytes;
+        }
+        let Some(pool) = self.pool.clone() else {
+            return Ok(());
+        };
+        match self.backend {
+            StateBackend::Heap => {
+                let step = (pool.capacity() / 64).clamp(1, STEP);
+                if self.bytes > self.reserved {
+                    let need = (self.bytes - self.reserved).div_ceil(step) * step;
+                    if !pool.try_reserve(need) {
+                        return Err(ExecError::OutOfMemory(format!(
+                            "{OUT_OF_MANAGED_MEMORY}: the state of {} needs more than the \
+                             {} MiB the operators of its slot may use (raise \
+                             --managed-memory-mb, or SET state_backend = 'rocksdb' before \
+                             creating the view)",
+                            self.operator,
+                            pool.capacity() >> 20
+                        )));
+                    }
+                    self.reserved += need;
+                } else if self.reserved - self.bytes > 2 * step {
+                    let keep = self.bytes.div_ceil(step) * step + step;
+                    pool.release(self.reserved - keep);
+                    self.reserved = keep;
+                }
+            }
+            StateBackend::RocksDb => {
+                let share = pool.cache_share();
+                if self.bytes > share {
+                    // Below the share, so that the next chunks do not
+                    // evict again at once.
+                    self.evict(share - share / 8)?;
+                }
+                pool.cache_resized(self.reserved, self.bytes);
+                self.reserved = self.bytes;
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts keys until the cache holds at most `target` bytes, writing
+    /// the changed ones to the store.
+    fn evict(&mut self, target: usize) -> Result<()> {
+        let mut spill = Vec::new();
+        while self.bytes > target && !self.map.is_empty() {
+            if self.hand >= self.map.len() {
+                self.hand = 0;
+            }
+            let slot = &mut self.map[self.hand];
+            if slot.referenced {
+                slot.referenced = false;
+                self.hand += 1;
+                continue;
+            }
+            // The last entry moves into the hand's place: look at it next.
+            let (key, slot) = self.map.swap_remove_index(self.hand).expect("in range");
+            self.bytes -= slot.bytes;
+            self.stats.evictions += 1;
+            if slot.dirty {
+                spill.push(StateWrite {
+                    table: self.table,
+                    key_group: slot.key_group,
+                    value: slot.value.as_ref().map(|v| self.codec.encode(v)),
+                    key,
+                });
+            }
+        }
+        self.complete = false;
+        if !spill.is_empty() {
+            let store = self.store.as_ref().ok_or_else(|| {
+                ExecError::Service("a state cache evicted before it started".into())
+            })?;
+            store.put(spill)?;
+        }
+        Ok(())
+    }
+
+    /// The barrier has aligned: every key changed since the last one goes
+    /// into `writes`; deleted keys leave the cache.
+    pub fn checkpoint(&mut self, writes: &mut Vec<StateWrite>) -> Result<()> {
+        self.settle()?;
+        let mut gone = false;
+        for (key, slot) in self.map.iter_mut().filter(|(_, s)| s.dirty) {
+            slot.dirty = false;
+            gone |= slot.value.is_none();
+            writes.push(StateWrite {
+                table: self.table,
+                key_group: slot.key_group,
+                key: key.clone(),
+                value: slot.value.as_ref().map(|v| self.codec.encode(v)),
+            });
+        }
+        if gone && self.complete {
+            // Nothing in the store needs remembering as absent.
+            let mut freed = 0;
+            self.map.retain(|_, s| {
+                if s.value.is_none() {
+                    freed += s.bytes;
+                }
+                s.value.is_some()
+            });
+            self.bytes -= freed;
+            self.hand = 0;
+        }
+        Ok(())
+    }
+}
+
+impl<C: StateCodec> Drop for StateCache<C> {
+    fn drop(&mut self) {
+        match (&self.pool, self.backend) {
+            (Some(pool), StateBackend::Heap) => pool.release(self.reserved),
+            (Some(pool), StateBackend::RocksDb) => pool.unregister_cache(self.reserved),
+            (None, _) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::test_util::{MemState, ctx};
+
+    /// Values are strings; a string's heap bytes are its length.
+    struct Text;
+
+    impl StateCodec for Text {
+        type Value = String;
+        fn encode(&self, v: &String) -> Vec<u8> {
+            v.as_bytes().to_vec()
+        }
+        fn decode(&self, b: &[u8]) -> Result<String> {
+            Ok(String::from_utf8_lossy(b).into_owned())
+        }
+        fn heap_size(&self, v: &String) -> usize {
+            v.len()
+        }
+    }
+
+    fn started(
+        backend: StateBackend,
+        pool_bytes: usize,
+        state: Arc<MemState>,
+        restored: bool,
+    ) -> (StateCache<Text>, Arc<MemoryPool>) {
+        let pool = Arc::new(MemoryPool::new(pool_bytes));
+        let mut c = ctx(state);
+        c.backend = backend;
+        c.memory = pool.clone();
+        c.restored_from = restored.then_some(1);
+        let mut cache = StateCache::new(7, "Test", Text);
+        cache.start(&c).unwrap();
+        (cache, pool)
+    }
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("key-{i:06}").into_bytes()
+    }
+
+    /// The store's value of key `i` (the last write wins).
+    fn stored(state: &MemState, i: usize) -> Option<Option<String>> {
+        let k = key(i);
+        state
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|w| w.table == 7 && w.key == k)
+            .map(|w| w.value.as_ref().map(|v| String::from_utf8_lossy(v).into()))
+    }
+
+    #[test]
+    fn rocksdb_evicts_cold_keys_within_the_pool_and_reads_them_back() {
+        let state = Arc::new(MemState::default());
+        let (mut cache, pool) = started(StateBackend::RocksDb, 2 * STEP, state.clone(), false);
+        let value = "v".repeat(1000);
+        for i in 0..10_000 {
+            cache.insert(&key(i), 0, format!("{i}{value}")).unwrap();
+            cache.settle().unwrap();
+            assert!(pool.used() <= pool.capacity());
+        }
+        let stats = cache.stats();
+        assert!(
+            stats.evictions > 5_000,
+            "10 MB of values in 2 MB: {stats:?}"
+        );
+        assert!(stats.bytes <= 2 * STEP);
+        // Dirty keys went to the store as they left; every key reads back.
+        assert_eq!(stored(&state, 0), Some(Some(format!("0{value}"))));
+        for i in (0..10_000).step_by(997) {
+            assert_eq!(cache.get(&key(i), 0).unwrap(), Some(&format!("{i}{value}")));
+        }
+        assert!(cache.stats().misses > 0);
+        drop(cache);
+        assert_eq!(pool.used(), 0, "a dropped cache gives its memory back");
+    }
+
+    #[test]
+    fn hot_keys_stay_while_cold_ones_go() {
+        let state = Arc::new(MemState::default());
+        let (mut cache, _pool) = started(StateBackend::RocksDb, STEP, state, false);
+        let value = "v".repeat(500);
+        for i in 0..20_000 {
+            // Key 0 is touched between every two others.
+            cache.insert(&key(0), 0, value.clone()).unwrap();
+            cache.insert(&key(i + 1), 0, value.clone()).unwrap();
+            cache.settle().unwrap();
+        }
+        let misses = cache.stats().misses;
+        cache.get(&key(0), 0).unwrap();
+        assert_eq!(cache.stats().misses, misses, "the hot key is still cached");
+    }
+
+    #[test]
+    fn checkpoint_writes_dirty_keys_once_even_after_a_spill() {
+        let state = Arc::new(MemState::default());
+        let (mut cache, _pool) = started(StateBackend::RocksDb, STEP, state.clone(), false);
+        cache.insert(b"a", 3, "1".into()).unwrap();
+        cache.insert(b"b", 3, "2".into()).unwrap();
+        let mut writes = vec![];
+        cache.checkpoint(&mut writes).unwrap();
+        assert_eq!(writes.len(), 2);
+        // Clean now: the next checkpoint writes only what changes.
+        *cache.get_mut(b"a", 3).unwrap() = Some("10".into());
+        cache.remove(b"b", 3).unwrap();
+        let mut writes = vec![];
+        cache.checkpoint(&mut writes).unwrap();
+        writes.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(writes[0].value.as_deref(), Some(&b"10"[..]));
+        assert_eq!(writes[1].value, None, "b deleted");
+        assert_eq!(cache.stats().keys, 1, "a deleted key leaves the cache");
+
+        // Dirty while the barrier comes, after part of it was spilled: the
+        // store plus the checkpoint's writes hold every change.
+        let value = "x".repeat(2000);
+        for i in 0..2_000 {
+            cache.insert(&key(i), 0, value.clone()).unwrap();
+            cache.settle().unwrap();
+        }
+        let mut writes = vec![];
+        cache.checkpoint(&mut writes).unwrap();
+        state.0.lock().unwrap().extend(writes);
+        for i in 0..2_000 {
+            assert_eq!(stored(&state, i), Some(Some(value.clone())), "key {i}");
+        }
+    }
+
+    #[test]
+    fn a_restored_cache_reads_the_store_and_a_fresh_one_does_not() {
+        let state = Arc::new(MemState::default());
+        state.0.lock().unwrap().push(StateWrite {
+            table: 7,
+            key_group: 1,
+            key: b"k".to_vec(),
+            value: Some(b"old".to_vec()),
+        });
+        let (mut restored, _p) = started(StateBackend::RocksDb, STEP, state.clone(), true);
+        restored.load([(&b"k"[..], 1), (&b"z"[..], 1)]).unwrap();
+        assert_eq!(
+            restored.get(b"k", 1).unwrap().map(String::as_str),
+            Some("old")
+        );
+        assert_eq!(restored.get(b"z", 1).unwrap(), None);
+        assert_eq!(restored.stats().misses, 2, "one read each, then cached");
+        let (mut fresh, _p) = started(StateBackend::RocksDb, STEP, state.clone(), false);
+        assert_eq!(fresh.get(b"k", 1).unwrap(), None, "a fresh store is empty");
+        assert_eq!(fresh.stats().misses, 0);
+        // The heap backend loads everything at start.
+        let (mut heap, _p) = started(StateBackend::Heap, STEP, state, true);
+        assert_eq!(heap.stats().keys, 1);
+        assert_eq!(heap.get(b"k", 1).unwrap().map(String::as_str), Some("old"));
+    }
+
+    #[test]
+    fn caches_over_rocksdb_share_the_slot_and_yield_to_heap_state() {
+        let state = Arc::new(MemState::default());
+        let pool = Arc::new(MemoryPool::new(4 * STEP));
+        let start = |backend| {
+            let mut c = ctx(state.clone());
+            c.backend = backend;
+            c.memory = pool.clone();
+            // The heap operator's table is not the caches' (which they
+            // spilled into the store).
+            let table = if backend == StateBackend::Heap { 8 } else { 7 };
+            let mut cache = StateCache::new(table, "Test", Text);
+            cache.start(&c).unwrap();
+            cache
+        };
+        let value = "v".repeat(1000);
+        let fill = |cache: &mut StateCache<Text>, from: usize, n: usize| -> Result<()> {
+            for i in from..from + n {
+                cache.insert(&key(i), 0, value.clone())?;
+                cache.settle()?;
+            }
+            Ok(())
+        };
+        let (mut a, mut b) = (start(StateBackend::RocksDb), start(StateBackend::RocksDb));
+        fill(&mut a, 0, 10_000).unwrap();
+        fill(&mut b, 10_000, 10_000).unwrap();
+        // Neither starves the other: each holds about half.
+        assert!(a.stats().bytes > STEP && a.stats().bytes <= 2 * STEP);
+        assert!(b.stats().bytes > STEP && b.stats().bytes <= 2 * STEP);
+        // Heap state in the same slot gets its memory all the same …
+        let mut heap = start(StateBackend::Heap);
+        fill(&mut heap, 20_000, 2_000).unwrap();
+        // … and the caches give it back at their next chunk.
+        fill(&mut a, 0, 1).unwrap();
+        fill(&mut b, 10_000, 1).unwrap();
+        assert!(pool.used() <= pool.capacity(), "{} bytes used", pool.used());
+    }
+
+    #[test]
+    fn heap_fails_past_its_share_and_keeps_the_pool_for_others() {
+        let state = Arc::new(MemState::default());
+        let (mut cache, pool) = started(StateBackend::Heap, 2 * STEP, state, false);
+        let value = "v".repeat(1000);
+        let mut failed = None;
+        for i in 0..10_000 {
+            cache.insert(&key(i), 0, value.clone()).unwrap();
+            if let Err(e) = cache.settle() {
+                failed = Some((i, e.to_string()));
+                break;
+            }
+        }
+        let (at, message) = failed.expect("2 MB cannot hold 10 MB");
+        assert!(at > 1000, "it used its share first: failed at {at}");
+        assert!(message.starts_with(OUT_OF_MANAGED_MEMORY), "{message}");
+        assert!(message.contains("state_backend"), "{message}");
+        assert!(pool.used() <= pool.capacity());
+    }
+}

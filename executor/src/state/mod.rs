@@ -1,0 +1,88 @@
+//! Keyed state as operators see it: one interface over two backends, as
+//! Flink's `KeyedStateBackend` over its `HashMapStateBackend` and
+//! `EmbeddedRocksDBStateBackend`.
+//!
+//! A stateful subtask owns a RocksDB instance (`storage::backend`), the
+//! [`StateStore`] here. An operator keeps its keys in a [`StateCache`], a
+//! map from key to value with a codec for each value's bytes:
+//!
+//! * with the **heap** backend the cache holds every key, loaded when the
+//!   subtask starts; the store is written only at checkpoint barriers;
+//! * with the **rocksdb** backend the cache holds the hot keys only: a key
+//!   it lacks is read from the store when touched, and when the slot's
+//!   managed memory is spent the coldest keys leave the cache, the changed
+//!   ones written to the store first.
+//!
+//! Writing a changed key into the live store between barriers is safe: a
+//! checkpoint is the live store *plus* the keys still dirty in caches, taken
+//! once the barrier has aligned, so it holds exactly the state as of the
+//! barrier either way; a failed task's store is thrown away and rebuilt
+//! from the last completed checkpoint.
+//!
+//! Either way every cached byte is reserved from the slot's operator share
+//! of managed memory (`storage::memory::MemoryPool`): a heap-backed operator
+//! that needs more fails its job with "out of managed memory" (SQLSTATE
+//! `53200` at the server) instead of growing the process without bound.
+
+mod cache;
+
+use std::ops::Range;
+
+pub use cache::{CacheStats, StateCache, StateCodec};
+pub use planner::spec::StateBackend;
+use storage::state::{StateEntry, StateWrite};
+
+use crate::Result;
+
+/// One operator's state in one subtask, as of its latest checkpoint
+/// (`weir_catalog.state`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OperatorStateStats {
+    pub operator: String,
+    pub table: u64,
+    /// `rocksdb` or `heap`.
+    pub backend: String,
+    /// Keys in memory; with the heap backend, all of them.
+    pub keys_in_memory: u64,
+    pub bytes_in_memory: u64,
+    /// The table's bytes in the subtask's RocksDB files (compressed; what
+    /// is still in its write buffers is not counted).
+    pub bytes_on_disk: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub evictions: u64,
+}
+
+/// The words every "out of managed memory" error starts with.
+pub const OUT_OF_MANAGED_MEMORY: &str = "out of managed memory";
+
+/// A subtask's keyed state store: the committed state it restored from,
+/// plus what its operators wrote since (see the module docs).
+pub trait StateStore: Send + Sync {
+    /// The entries of `table` in `key_groups`, in key order.
+    fn scan(&self, table: u64, key_groups: Range<u16>) -> Result<Vec<StateEntry>>;
+
+    /// At most `limit` entries of `table` in `key_group` from key `from`
+    /// on, in key order: a page of a range that may be large.
+    fn scan_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>>;
+
+    /// The value of one key.
+    fn get(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// The values of several keys of `table`, in the order asked.
+    fn get_many(&self, table: u64, keys: &[(u16, &[u8])]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter()
+            .map(|(key_group, key)| self.get(table, *key_group, key))
+            .collect()
+    }
+
+    /// Writes keys a cache let go of before the barrier that would have
+    /// written them.
+    fn put(&self, writes: Vec<StateWrite>) -> Result<()>;
+}

@@ -1,0 +1,165 @@
+//! State backends through pgwire, on a real server with little managed
+//! memory: a `GROUP BY` whose state is many times its slots' memory keeps
+//! only hot groups in memory with the `rocksdb` backend, gives results
+//! equal to their closed forms, survives `kill -9`, and shows what it holds
+//! in `weir_catalog.state`; the `heap` backend fails the view with `53200`
+//! and leaves the server and the other views running.
+
+mod common;
+
+use common::{Server, expect_error, one, rows};
+
+/// Rows of the generated sequence, and groups (`k % GROUPS`).
+const N: i64 = 400_000;
+const GROUPS: i64 = 200_000;
+
+/// A process's peak resident memory in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `sql` until it returns `want` (or a minute passes).
+async fn eventually(client: &tokio_postgres::Client, sql: &str, want: &str, server: &Server) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let got = one(client, sql).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{sql}: {got}, not {want}\n{}",
+            server.log_tail(30)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_53200() {
+    // 4 slots of 4 MiB: 2 MiB per slot for operator caches, while the
+    // view's groups take tens of MiB.
+    let mut server = Server::start_with(&[
+        "--managed-memory-mb",
+        "16",
+        "--heartbeat-interval-ms",
+        "200",
+        "--checkpoint-interval-ms",
+        "500",
+    ]);
+    let c = server.client().await;
+    c.batch_execute(&format!(
+        "CREATE SOURCE seq (k bigint) WITH (connector = 'datagen', \
+         datagen.rows.per.second = '0', fields.k.kind = 'sequence', \
+         fields.k.start = '1', fields.k.end = '{N}')"
+    ))
+    .await
+    .unwrap();
+    let view = format!("SELECT k % {GROUPS} AS g, count(*) AS c, sum(k) AS s FROM seq GROUP BY 1");
+    c.batch_execute("SET streaming_parallelism = 2; SET state_backend = 'rocksdb'")
+        .await
+        .unwrap();
+    let plan = rows(&c, &format!("EXPLAIN CREATE MATERIALIZED VIEW g AS {view}")).await;
+    assert_eq!(plan[0][0], "StreamGraph (state backend: rocksdb):");
+    c.batch_execute(&format!("CREATE MATERIALIZED VIEW g AS {view}"))
+        .await
+        .unwrap();
+
+    // kill -9 once a checkpoint holds part of the state, and go on.
+    eventually(
+        &c,
+        "SELECT count(*) > 0 FROM weir_catalog.checkpoints WHERE view = 'g' AND state = 'COMPLETED'",
+        "t",
+        &server,
+    )
+    .await;
+    server.crash_and_restart();
+    let c = server.client().await;
+    c.batch_execute("FLUSH").await.unwrap();
+
+    // Closed forms: every group holds k = g and k = g + GROUPS.
+    let total = N * (N + 1) / 2;
+    assert_eq!(
+        rows(&c, "SELECT count(*), sum(c), sum(s) FROM g").await,
+        vec![vec![GROUPS.to_string(), N.to_string(), total.to_string()]]
+    );
+    for g in [0, 1, 123_457, GROUPS - 1] {
+        let k = if g == 0 { GROUPS } else { g };
+        assert_eq!(
+            rows(&c, &format!("SELECT c, s FROM g WHERE g = {g}")).await,
+            vec![vec!["2".to_string(), (2 * k + GROUPS).to_string()]],
+            "group {g}"
+        );
+    }
+
+    // What the operators hold: a fraction of the groups, within the slots'
+    // share; the rest on disk.
+    c.batch_execute("CHECKPOINT").await.unwrap();
+    let state = rows(
+        &c,
+        "SELECT operator, backend, keys_in_memory, bytes_in_memory, bytes_on_disk \
+         FROM weir_catalog.state WHERE name = 'g' ORDER BY operator, subtask",
+    )
+    .await;
+    assert_eq!(
+        state.len(),
+        4,
+        "two subtasks of HashAgg and Materialize: {state:?}"
+    );
+    let mut on_disk = 0;
+    for r in &state {
+        assert_eq!(r[1], "rocksdb", "{r:?}");
+        let (keys, bytes): (i64, i64) = (r[2].parse().unwrap(), r[3].parse().unwrap());
+        assert!(
+            keys < GROUPS / 4,
+            "a fraction of the groups in memory: {r:?}"
+        );
+        assert!(bytes <= 2 << 20, "within the slot's operator share: {r:?}");
+        on_disk += r[4].parse::<i64>().unwrap();
+    }
+    assert!(on_disk > 0, "the groups are on disk: {state:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    for r in rows(
+        &c,
+        "SELECT managed_memory_bytes, operator_memory_used FROM weir_catalog.slots",
+    )
+    .await
+    {
+        let (share, used): (i64, i64) = (r[0].parse().unwrap(), r[1].parse().unwrap());
+        assert!(
+            used <= share / 2,
+            "operators use at most half a slot: {r:?}"
+        );
+    }
+
+    // The heap backend cannot hold the same state in the same memory: the
+    // view fails, named, with 53200; the server and `g` go on.
+    c.batch_execute("SET state_backend = 'heap'").await.unwrap();
+    expect_error(
+        &c,
+        &format!("CREATE MATERIALIZED VIEW h AS {view}"),
+        "53200",
+        "materialized view \"h\" failed: out of managed memory",
+    )
+    .await;
+    assert_eq!(one(&c, "SELECT sum(c) FROM g").await, N.to_string());
+
+    // A global aggregate's state is provably small: heap by default.
+    c.batch_execute("RESET state_backend").await.unwrap();
+    let plan = rows(
+        &c,
+        "EXPLAIN CREATE MATERIALIZED VIEW n AS SELECT count(*) FROM seq",
+    )
+    .await;
+    assert_eq!(plan[0][0], "StreamGraph (state backend: heap):");
+
+    let pid = server.pid().expect("running");
+    let peak = peak_rss_kib(pid);
+    eprintln!("peak RSS of the server: {} MiB", peak >> 10);
+    assert!(peak < 1_500 << 10, "peak RSS {peak} KiB");
+}
