@@ -471,7 +471,7 @@ impl TaskExecutor {
             "slot-{}/job-{}-{}-{}-{}",
             deployment.slot, id.job, id.vertex, id.subtask, id.attempt
         ));
-        let backend = Arc::new(KeyedStateBackend::create(
+        let mut backend = KeyedStateBackend::create(
             dir,
             memory,
             (id.vertex, id.subtask),
@@ -482,7 +482,7 @@ impl TaskExecutor {
                     key_groups: key_groups.clone(),
                 })
                 .collect(),
-        )?);
+        )?;
         if let Some(restore) = &deployment.restore {
             let restored = backend
                 .restore(&storage, restore.checkpoint, &restore.handles)
@@ -491,8 +491,9 @@ impl TaskExecutor {
                     storage::StorageError::Corrupt(why) => ClusterError::CorruptCheckpoint(why),
                     e => e.into(),
                 })?;
-            tracing::debug!(task = %id, checkpoint = restore.checkpoint, entries = restored, "state restored");
+            tracing::debug!(task = %id, checkpoint = restore.checkpoint, entries_copied = restored, "state restored");
         }
+        let backend = Arc::new(backend);
         self.backends
             .lock()
             .map_err(|_| poisoned())?

@@ -60,6 +60,8 @@ struct Inner {
 pub struct KeyedStateBackend {
     /// Taken only by `drop`, to close RocksDB before its directory goes.
     kv: Option<KvStore>,
+    /// The slot's memory, for reopening the instance on restore.
+    memory: SlotMemory,
     dir: PathBuf,
     /// Unique prefix of its shared files' names in checkpoint storage.
     instance: String,
@@ -93,6 +95,7 @@ impl KeyedStateBackend {
             .unwrap_or_default();
         Ok(Self {
             kv: Some(kv),
+            memory: memory.clone(),
             dir,
             instance: format!("{vertex}-{subtask}-{nanos:x}"),
             vertex,
@@ -276,17 +279,39 @@ impl KeyedStateBackend {
         Ok(Some(kv))
     }
 
-    /// Loads the state of `handles` (a completed checkpoint's, for this
+    /// Restores the state of `handles` (a completed checkpoint's, for this
     /// subtask's tables and key groups), then makes it the read view of
-    /// checkpoint `id`. Returns the entries restored.
+    /// checkpoint `id`.
+    ///
+    /// The handle that holds most of the subtask's key groups becomes the
+    /// instance itself: its files are downloaded into the instance's
+    /// directory and opened, and the key groups that are not the subtask's
+    /// are deleted as ranges, so the time this takes depends on the files,
+    /// not on the number of keys (Flink's incremental RocksDB restore).
+    /// Other handles (after a rescale) have their overlapping key groups
+    /// copied in. Returns the entries copied.
     pub async fn restore(
-        &self,
+        &mut self,
         storage: &CheckpointStorage,
         id: u64,
         handles: &[StateHandle],
     ) -> Result<usize> {
+        let base = handles
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.format == HandleFormat::RocksDb)
+            .map(|(i, h)| (self.overlap(h), i))
+            .filter(|(n, _)| *n > 0)
+            .max()
+            .map(|(_, i)| i);
+        if let Some(i) = base {
+            self.open_in_place(storage, &handles[i]).await?;
+        }
         let mut restored = 0;
         for (i, handle) in handles.iter().enumerate() {
+            if Some(i) == base {
+                continue;
+            }
             if handle.format == HandleFormat::Canonical {
                 for t in &self.tables {
                     let entries =
@@ -295,6 +320,9 @@ impl KeyedStateBackend {
                     restored += entries.len();
                     self.kv()?.import_state(t.table, entries)?;
                 }
+                continue;
+            }
+            if self.overlap(handle) == 0 {
                 continue;
             }
             let scratch = self.dir.join(format!("restore-{i}"));
@@ -316,6 +344,53 @@ impl KeyedStateBackend {
         self.local_checkpoint(id)?;
         self.complete(id)?;
         Ok(restored)
+    }
+
+    /// How many (table, key group) pairs of this subtask `handle` holds.
+    fn overlap(&self, handle: &StateHandle) -> usize {
+        let mut n = 0;
+        for t in &self.tables {
+            for h in handle.tables.iter().filter(|h| h.table == t.table) {
+                let from = t.key_groups.start.max(h.key_groups.start);
+                let to = t.key_groups.end.min(h.key_groups.end);
+                n += to.saturating_sub(from) as usize;
+            }
+        }
+        n
+    }
+
+    /// Makes `handle`'s snapshot the live instance, without what is not
+    /// this subtask's.
+    async fn open_in_place(
+        &mut self,
+        storage: &CheckpointStorage,
+        handle: &StateHandle,
+    ) -> Result<()> {
+        let db = self.dir.join("db");
+        drop(self.kv.take());
+        std::fs::remove_dir_all(&db).map_err(io_err)?;
+        storage.fetch(handle, &db).await?;
+        let kv = KvStore::open_in_slot(&db, &self.memory)?;
+        for h in &handle.tables {
+            let ours = self
+                .tables
+                .iter()
+                .find(|t| t.table == h.table)
+                .map(|t| t.key_groups.clone());
+            let foreign = match ours {
+                None => vec![h.key_groups.clone()],
+                Some(r) => vec![
+                    h.key_groups.start..r.start.min(h.key_groups.end),
+                    r.end.max(h.key_groups.start)..h.key_groups.end,
+                ],
+            };
+            for range in foreign.into_iter().filter(|r| r.start < r.end) {
+                let (from, to) = crate::keys::state_range(h.table, range);
+                kv.delete_range(&from, &to, false)?;
+            }
+        }
+        self.kv = Some(kv);
+        Ok(())
     }
 }
 
@@ -462,23 +537,19 @@ mod tests {
             3
         );
 
-        // Two subtasks restore half each.
-        let left = backend(local.path(), 1, 0..64);
-        let right = backend(local.path(), 2, 64..128);
-        assert_eq!(
-            left.restore(&storage, 2, std::slice::from_ref(&h2))
-                .await
-                .unwrap(),
-            2
-        );
-        assert_eq!(
-            right
-                .restore(&storage, 2, std::slice::from_ref(&h2))
-                .await
-                .unwrap(),
-            1
-        );
-        assert_eq!(right.scan_state(7, 0..128).unwrap()[0].key, b"b");
+        // Two subtasks restore half each: each opens the checkpoint's files
+        // in place (nothing copied) and drops the other half.
+        let mut left = backend(local.path(), 1, 0..64);
+        let mut right = backend(local.path(), 2, 64..128);
+        for b in [&mut left, &mut right] {
+            let copied = b.restore(&storage, 2, std::slice::from_ref(&h2)).await;
+            assert_eq!(copied.unwrap(), 0);
+        }
+        let right_keys = right.scan_state(7, 0..128).unwrap();
+        assert_eq!(right_keys.len(), 1);
+        assert_eq!(right_keys[0].key, b"b");
+        assert_eq!(right.get(7, 100, b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        assert_eq!(right.get(7, 3, b"a").unwrap(), None, "not its key group");
         assert_eq!(
             left.read_view()
                 .unwrap()
@@ -488,6 +559,18 @@ mod tests {
                 .len(),
             2
         );
+        // One subtask restores both halves again: one opened in place,
+        // the other copied.
+        let sl = left.snapshot(3, vec![]).unwrap();
+        let hl = left.upload(&storage, 1, 3, &sl).await.unwrap();
+        let sr = right.snapshot(3, vec![]).unwrap();
+        let hr = right.upload(&storage, 1, 3, &sr).await.unwrap();
+        let mut whole = backend(local.path(), 3, 0..128);
+        let copied = whole.restore(&storage, 3, &[hl, hr]).await.unwrap();
+        // Equal halves: the later opens in place, the earlier's 2 keys are
+        // copied.
+        assert_eq!(copied, 2);
+        assert_eq!(whole.scan_state(7, 0..128).unwrap().len(), 3);
         let scratch = local.path().join("scratch");
         let read = read_handles(&storage, &[h2], 7, 64..128, &scratch)
             .await

@@ -182,7 +182,8 @@ impl KvStore {
         let mut batch = WriteBatch::default();
         batch.delete_range(from, to);
         let mut opts = WriteOptions::default();
-        opts.set_sync(sync);
+        opts.set_sync(sync && !self.no_wal);
+        opts.disable_wal(self.no_wal);
         self.db.write_opt(batch, &opts)?;
         Ok(())
     }
