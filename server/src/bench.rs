@@ -53,6 +53,14 @@ pub struct BenchArgs {
     /// default: the server's).
     #[arg(long)]
     retain_history: Option<String>,
+    /// The view's `state_backend` (rocksdb, heap; default: the server's
+    /// choice).
+    #[arg(long)]
+    state_backend: Option<String>,
+    /// Managed memory of the (each) TaskManager, in MiB (default: the
+    /// server's).
+    #[arg(long)]
+    managed_memory_mb: Option<usize>,
 }
 
 /// The Nexmark queries and sources, as tested: the bench runs exactly
@@ -171,7 +179,20 @@ async fn run_nexmark(
         read as f64 / total,
         read as f64 / total / cores as f64
     );
+    if let Some(peak) = peak_rss_mib() {
+        println!("peak RSS of the process: {peak} MiB");
+    }
     Ok(())
+}
+
+/// This process's peak resident memory (`VmHWM`), in MiB.
+fn peak_rss_mib() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib >> 10)
 }
 
 /// A JobManager with `n` TaskManagers of `slots` slots, all in this
@@ -180,13 +201,14 @@ async fn open_cluster(
     dir: &std::path::Path,
     n: usize,
     slots: usize,
+    config: &ClusterConfig,
 ) -> Result<std::sync::Arc<Database>, String> {
     let rpc = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?;
     let config = ClusterConfig {
         slots_per_task_manager: slots,
-        ..ClusterConfig::default()
+        ..config.clone()
     };
     let db = Database::open_job_manager(&dir.join("jobmanager"), config.clone(), rpc, slots)
         .await
@@ -238,11 +260,18 @@ async fn run_sql(
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let config = ClusterConfig {
+        managed_memory_bytes: match args.managed_memory_mb {
+            Some(mb) => mb.max(1) << 20,
+            None => cluster::config::default_managed_memory(),
+        },
+        ..ClusterConfig::default()
+    };
     let db = if args.task_managers > 0 {
         let slots = args.parallelism.div_ceil(args.task_managers).max(1);
-        open_cluster(&dir, args.task_managers, slots).await?
+        open_cluster(&dir, args.task_managers, slots, &config).await?
     } else {
-        Database::open(&dir, ClusterConfig::default())
+        Database::open(&dir, config)
             .await
             .map_err(|e| e.to_string())?
     };
@@ -250,6 +279,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     session
         .set("streaming_parallelism", &args.parallelism.to_string())
         .map_err(|e| e.to_string())?;
+    if let Some(backend) = &args.state_backend {
+        session
+            .set("state_backend", backend)
+            .map_err(|e| e.to_string())?;
+    }
     match args.workload {
         Workload::Nexmark => {
             let result = run_nexmark(&db, &mut session, &args).await;

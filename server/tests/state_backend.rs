@@ -61,6 +61,14 @@ async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_
     .await
     .unwrap();
     let view = format!("SELECT k % {GROUPS} AS g, count(*) AS c, sum(k) AS s FROM seq GROUP BY 1");
+    assert_eq!(one(&c, "SHOW state_backend").await, "default");
+    expect_error(
+        &c,
+        "SET state_backend = 'disk'",
+        "22023",
+        "rocksdb, heap or default",
+    )
+    .await;
     c.batch_execute("SET streaming_parallelism = 2; SET state_backend = 'rocksdb'")
         .await
         .unwrap();
