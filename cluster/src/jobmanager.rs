@@ -520,15 +520,19 @@ impl JobManager {
     /// subtasks `0..writers` writing the table (see
     /// `executor::operators::connector_source`).
     pub fn dead_letter_writers(&self) -> Vec<(u64, u64, usize)> {
+        self.of_every_job(JobMaster::dead_letter_tables)
+            .into_iter()
+            .map(|(job, (table, writers))| (job, table, writers))
+            .collect()
+    }
+
+    /// `f` of every job's JobMaster, each item with its job.
+    fn of_every_job<T>(&self, f: impl Fn(&JobMaster) -> Vec<T>) -> Vec<(u64, T)> {
         let Ok(jobs) = self.jobs.lock() else {
             return Vec::new();
         };
         jobs.values()
-            .flat_map(|jm| {
-                jm.dead_letter_tables()
-                    .into_iter()
-                    .map(|(table, writers)| (jm.job, table, writers))
-            })
+            .flat_map(|jm| f(jm).into_iter().map(move |t| (jm.job, t)))
             .collect()
     }
 
@@ -635,30 +639,15 @@ impl JobManager {
 
     /// Recent checkpoints of every job: `(job, checkpoint)`.
     pub fn checkpoints(&self) -> Vec<(u64, crate::CheckpointStats)> {
-        let Ok(jobs) = self.jobs.lock() else {
-            return Vec::new();
-        };
-        jobs.values()
-            .flat_map(|jm| {
-                jm.checkpoint_history()
-                    .into_iter()
-                    .map(move |c| (jm.job, c))
-            })
-            .collect()
+        self.of_every_job(JobMaster::checkpoint_history)
     }
 
     /// Every job's operator state per subtask: (job, vertex, subtask,
     /// stats).
     pub fn state_stats(&self) -> Vec<(u64, usize, usize, executor::state::OperatorStateStats)> {
-        let Ok(jobs) = self.jobs.lock() else {
-            return Vec::new();
-        };
-        jobs.values()
-            .flat_map(|jm| {
-                jm.state_stats()
-                    .into_iter()
-                    .map(move |(v, s, st)| (jm.job, v, s, st))
-            })
+        self.of_every_job(JobMaster::state_stats)
+            .into_iter()
+            .map(|(job, (v, s, st))| (job, v, s, st))
             .collect()
     }
 

@@ -438,6 +438,13 @@ impl TaskExecutor {
         Ok(())
     }
 
+    /// Slot `slot`'s managed memory.
+    fn slot_memory(&self, slot: usize) -> Result<&SlotMemory> {
+        self.slot_memory
+            .get(slot)
+            .ok_or_else(|| ClusterError::Internal(format!("no slot {slot}")))
+    }
+
     /// Creates a stateful task's backend and fills it from the checkpoint
     /// its deployment names; `None` for a stateless task.
     async fn restore_state(
@@ -450,10 +457,7 @@ impl TaskExecutor {
         if tables.is_empty() {
             return Ok(None);
         }
-        let memory = self
-            .slot_memory
-            .get(deployment.slot)
-            .ok_or_else(|| ClusterError::Internal(format!("no slot {}", deployment.slot)))?;
+        let memory = self.slot_memory(deployment.slot)?;
         let parallelism = graph.vertices[id.vertex].parallelism;
         let key_groups = key_group_range(id.subtask, parallelism);
         let storage = match self.storage_of(id.job) {
@@ -628,12 +632,7 @@ impl TaskExecutorGateway for TaskExecutor {
             .lock()
             .map_err(|_| poisoned())?
             .insert(deployment.id.job, job_master);
-        let memory = self
-            .slot_memory
-            .get(deployment.slot)
-            .ok_or_else(|| ClusterError::Internal(format!("no slot {}", deployment.slot)))?
-            .operators()
-            .clone();
+        let memory = self.slot_memory(deployment.slot)?.operators().clone();
         let env = TaskEnvironment {
             tables: self.tables.clone(),
             state: Arc::new(BackendReader(backend)),

@@ -121,12 +121,8 @@ impl StreamGraph {
                     }
                     true
                 }
-                S::Materialize { .. } => {
-                    if !inputs_bounded {
-                        return false;
-                    }
-                    true
-                }
+                S::Materialize { .. } if inputs_bounded => true,
+                S::Materialize { .. } => return false,
                 S::Filter { .. } | S::Project { .. } | S::Union { .. } => inputs_bounded,
                 S::TableSource { .. } | S::ConnectorSource { .. } | S::Values { .. } => false,
                 S::Expand { .. } | S::Unnest { .. } => false,

@@ -128,7 +128,23 @@ struct Rows<'a> {
     keep_errors: bool,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
+    /// Borrows only the fields named, so that the groups stay free to
+    /// change while it is in use.
+    fn of(
+        aggs: &'a [Aggregate],
+        global: bool,
+        always: &'a Option<(Vec<u8>, u16)>,
+        errors: &Option<ErrorCollection>,
+    ) -> Self {
+        Rows {
+            aggs,
+            global,
+            always: always.as_ref().map(|(k, _)| k.as_slice()),
+            keep_errors: errors.is_some(),
+        }
+    }
+
     fn visible(&self, key: &[u8], g: &Group) -> bool {
         self.global || g.rows > 0 || self.always == Some(key)
     }
@@ -297,12 +313,7 @@ impl HashAgg {
     }
 
     fn rows(&self) -> Rows<'_> {
-        Rows {
-            aggs: &self.aggs,
-            global: self.global,
-            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
-            keep_errors: self.errors.is_some(),
-        }
+        Rows::of(&self.aggs, self.global, &self.always, &self.errors)
     }
 
     /// Builds the output chunk from (op, group key, aggregate values).
@@ -478,12 +489,7 @@ impl Operator for HashAgg {
             return self.groups.settle();
         }
 
-        let shape = Rows {
-            aggs: &self.aggs,
-            global: self.global,
-            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
-            keep_errors: self.errors.is_some(),
-        };
+        let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
         // Each touched group's output before this chunk, in first-touch order.
         let mut touched: Vec<(&[u8], u16, Option<RowOrError>)> = Vec::new();
         let mut seen: HashSet<&[u8]> = HashSet::new();
@@ -567,12 +573,7 @@ impl Operator for HashAgg {
         let Some(ttl) = &mut self.ttl else {
             return Ok(());
         };
-        let shape = Rows {
-            aggs: &self.aggs,
-            global: self.global,
-            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
-            keep_errors: self.errors.is_some(),
-        };
+        let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
         let mut rows = Vec::new();
         for (key, key_group) in ttl.expired(now_us) {
             if let Some(g) = self.groups.remove(&key, key_group)?
@@ -625,12 +626,7 @@ impl Operator for HashAgg {
         };
         let still_open = w.open.split_off(&first_open);
         let closed = std::mem::replace(&mut w.open, still_open);
-        let shape = Rows {
-            aggs: &self.aggs,
-            global: self.global,
-            always: self.always.as_ref().map(|(k, _)| k.as_slice()),
-            keep_errors: self.errors.is_some(),
-        };
+        let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
         let mut rows = Vec::new();
         for (_, keys) in closed {
             let mut keys: Vec<(Vec<u8>, u16)> = keys.into_iter().collect();
