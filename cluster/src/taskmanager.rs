@@ -117,6 +117,17 @@ impl StateStore for BackendReader {
             None => Ok(Vec::new()),
         }
     }
+
+    fn scan_prefix(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+    ) -> executor::Result<Vec<StateEntry>> {
+        Ok(self
+            .backend()?
+            .scan_state_prefix(table, key_group, prefix)?)
+    }
 }
 
 /// What a TaskManager is made of, besides its slots and tasks.

@@ -3,7 +3,8 @@
 //! only hot groups in memory with the `rocksdb` backend, gives results
 //! equal to their closed forms, survives `kill -9`, and shows what it holds
 //! in `weir_catalog.state`; the `heap` backend fails the view with `53200`
-//! and leaves the server and the other views running.
+//! and leaves the server and the other views running. A join whose rows
+//! are many times the memory keeps them in RocksDB the same way.
 
 mod common;
 
@@ -170,4 +171,83 @@ async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_
     let peak = peak_rss_kib(pid);
     eprintln!("peak RSS of the server: {} MiB", peak >> 10);
     assert!(peak < 1_500 << 10, "peak RSS {peak} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
+    const ROWS: i64 = 200_000;
+    let mut server = Server::start_with(&[
+        "--managed-memory-mb",
+        "16",
+        "--heartbeat-interval-ms",
+        "200",
+        "--checkpoint-interval-ms",
+        "500",
+    ]);
+    let c = server.client().await;
+    for side in ["l", "r"] {
+        c.batch_execute(&format!(
+            "CREATE SOURCE {side} (k bigint) WITH (connector = 'datagen', \
+             datagen.rows.per.second = '0', fields.k.kind = 'sequence', \
+             fields.k.start = '1', fields.k.end = '{ROWS}')"
+        ))
+        .await
+        .unwrap();
+    }
+    c.batch_execute(
+        "SET streaming_parallelism = 2; SET state_backend = 'rocksdb'; \
+         CREATE MATERIALIZED VIEW j AS SELECT l.k, r.k AS rk, r.k * 3 AS r3 \
+         FROM l LEFT JOIN (SELECT k FROM r WHERE k % 2 = 0) r ON l.k = r.k",
+    )
+    .await
+    .unwrap();
+    eventually(
+        &c,
+        "SELECT count(*) > 0 FROM weir_catalog.checkpoints WHERE view = 'j' AND state = 'COMPLETED'",
+        "t",
+        &server,
+    )
+    .await;
+    server.crash_and_restart();
+    let c = server.client().await;
+    c.batch_execute("FLUSH").await.unwrap();
+
+    // Closed forms: every left row once; the even ones matched.
+    let half = ROWS / 2;
+    assert_eq!(
+        rows(&c, "SELECT count(*), count(rk), sum(rk), sum(r3) FROM j").await,
+        vec![vec![
+            ROWS.to_string(),
+            half.to_string(),
+            (half * (half + 1)).to_string(),
+            (3 * half * (half + 1)).to_string(),
+        ]]
+    );
+    for k in [1, 2, 99_999, 100_000, ROWS] {
+        let matched = (k % 2 == 0).then(|| k.to_string());
+        assert_eq!(
+            rows(&c, &format!("SELECT rk FROM j WHERE k = {k}")).await,
+            vec![vec![matched.unwrap_or_else(|| "NULL".into())]],
+            "left row {k}"
+        );
+    }
+
+    c.batch_execute("CHECKPOINT").await.unwrap();
+    let joins = rows(
+        &c,
+        "SELECT backend, keys_in_memory, bytes_in_memory, bytes_on_disk, cache_misses \
+         FROM weir_catalog.state WHERE name = 'j' AND operator = 'HashJoin'",
+    )
+    .await;
+    assert_eq!(joins.len(), 2, "two join subtasks: {joins:?}");
+    for r in &joins {
+        assert_eq!(r[0], "rocksdb", "{r:?}");
+        let (keys, bytes): (i64, i64) = (r[1].parse().unwrap(), r[2].parse().unwrap());
+        assert!(
+            keys < ROWS / 4,
+            "a fraction of the join keys in memory: {r:?}"
+        );
+        assert!(bytes <= 2 << 20, "within the slot's operator share: {r:?}");
+        assert!(r[3].parse::<i64>().unwrap() > 0, "rows on disk: {r:?}");
+    }
 }

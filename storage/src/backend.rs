@@ -409,6 +409,15 @@ impl StateScan for KeyedStateBackend {
     ) -> Result<Vec<StateEntry>> {
         self.kv()?.scan_state_from(table, key_group, from, limit)
     }
+
+    fn scan_state_prefix(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+    ) -> Result<Vec<StateEntry>> {
+        self.kv()?.scan_state_prefix(table, key_group, prefix)
+    }
 }
 
 impl Drop for KeyedStateBackend {

@@ -71,6 +71,19 @@ pub fn state_range(table: u64, key_groups: std::ops::Range<u16>) -> (Vec<u8>, Ve
     (from, to)
 }
 
+/// The first key after every key that starts with `prefix` (`None` if
+/// there is none: the prefix is all `0xff`).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// Splits a state key back into (key group, user key).
 pub fn split_state_key(key: &[u8]) -> (u16, &[u8]) {
     let kg = u16::from_be_bytes([key[9], key[10]]);
@@ -109,5 +122,13 @@ mod tests {
             }
             assert_eq!(next, MAX_PARALLELISM);
         }
+    }
+
+    #[test]
+    fn prefix_end_is_the_first_key_past_the_prefix() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff]), None);
+        assert_eq!(prefix_end(b""), None);
     }
 }

@@ -38,6 +38,15 @@ pub trait StateScan {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<StateEntry>>;
+
+    /// The entries of `table` in `key_group` whose keys start with
+    /// `prefix`, in key order: one key's map state.
+    fn scan_state_prefix(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+    ) -> Result<Vec<StateEntry>>;
 }
 
 impl KvStore {
@@ -108,6 +117,18 @@ impl StateScan for KvStore {
         let (_, end) = keys::state_range(table, key_group..key_group + 1);
         Ok(entries(self.scan(&start, &end, limit)?))
     }
+
+    fn scan_state_prefix(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+    ) -> Result<Vec<StateEntry>> {
+        let start = keys::state_key(table, key_group, prefix);
+        let end = keys::prefix_end(&start)
+            .unwrap_or_else(|| keys::state_range(table, key_group..key_group + 1).1);
+        Ok(entries(self.scan(&start, &end, usize::MAX)?))
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +158,10 @@ mod tests {
         assert_eq!(kv.scan_state(7, 64..128).unwrap()[0].key, b"b");
         kv.write_state(vec![w(7, 3, "c", Some("2")), w(7, 4, "d", Some("3"))])
             .unwrap();
+        let prefixed = kv.scan_state_prefix(7, 3, b"").unwrap();
+        assert_eq!(prefixed.len(), 2, "all of key group 3");
+        assert_eq!(kv.scan_state_prefix(7, 3, b"c").unwrap()[0].value, b"2");
+        assert!(kv.scan_state_prefix(7, 4, b"a").unwrap().is_empty());
         let page = kv.scan_state_from(7, 3, b"b", 10).unwrap();
         assert_eq!(page.len(), 1, "from b in key group 3: only c");
         assert_eq!(page[0].key, b"c");

@@ -15,11 +15,16 @@
 //! degree falls back to 0; a semi join emits a row when its degree leaves
 //! 0 and retracts it when it returns there, an anti join the reverse.
 //!
+//! The rows are map state ([`MapLayout`]): per side and join key, a map
+//! from row to [`Entry`], each row one entry in the store, so that a join
+//! key's rows are read with one prefix scan when the cache lacks them and
+//! a changed degree writes one row, not the key's whole set.
+//!
 //! Rows with a NULL key never match (unless the plan asks for NULL-safe
 //! equality): they are not stored, and pass straight through as unmatched
 //! where the join keeps unmatched rows.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array};
@@ -37,6 +42,7 @@ use super::ttl::Ttl;
 use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
+use crate::state::{MapCodec, MapLayout, MapValue, StateCache, StateCodec};
 use crate::{ExecError, Result, expr};
 
 /// A stored row: how many copies, and how many other-side rows match it.
@@ -71,8 +77,33 @@ impl Entry {
     }
 }
 
-/// Join key → row → entry.
-type Side = HashMap<Vec<u8>, HashMap<Vec<u8>, Entry>>;
+/// The join's state: (side, join key) → row → entry.
+struct JoinCodec;
+
+impl StateCodec for JoinCodec {
+    type Value = Entry;
+
+    fn encode(&self, entry: &Entry) -> Vec<u8> {
+        entry.encode()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Entry> {
+        Ok(Entry::decode(bytes)
+            .ok_or_else(|| storage::StorageError::Corrupt("join count".into()))?)
+    }
+
+    fn heap_size(&self, _: &Entry) -> usize {
+        0
+    }
+}
+
+impl MapCodec for JoinCodec {
+    fn key_len(&self, stored: &[u8]) -> Result<usize> {
+        let (_, key, _) = split_state_key(stored)
+            .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
+        Ok(5 + key.len())
+    }
+}
 
 /// One output row: which side's rows (None = NULLs) with which op.
 type Out = (Op, Option<Vec<u8>>, Option<Vec<u8>>);
@@ -90,9 +121,8 @@ pub struct HashJoin {
     schema: SchemaRef,
     null_equals_null: bool,
     state_table: u64,
-    sides: [Side; 2],
-    /// (side, key, row) changed since the last barrier → key group.
-    dirty: HashMap<(u8, Vec<u8>, Vec<u8>), u16>,
+    /// (side, join key) → row → entry; see the module docs.
+    rows: StateCache<MapLayout<JoinCodec>>,
     /// Interval join: see [`IntervalState`].
     interval: Option<IntervalState>,
     /// Temporal join: see [`OperatorSpec::HashJoin`]'s `temporal`.
@@ -131,6 +161,12 @@ fn state_key(side: u8, key: &[u8], row: &[u8]) -> Vec<u8> {
     k.extend_from_slice(key);
     k.extend_from_slice(row);
     k
+}
+
+/// The state key of one side's rows under a join key: the prefix of each
+/// row's [`state_key`].
+fn side_key(side: usize, key: &[u8]) -> Vec<u8> {
+    state_key(side as u8, key, &[])
 }
 
 fn split_state_key(k: &[u8]) -> Option<(u8, &[u8], &[u8])> {
@@ -195,8 +231,7 @@ impl HashJoin {
             schema: expr::output_schema(output),
             null_equals_null: *null_equals_null,
             state_table: *state_table,
-            sides: [HashMap::new(), HashMap::new()],
-            dirty: HashMap::new(),
+            rows: StateCache::new(*state_table, "HashJoin", MapLayout(JoinCodec)),
             interval: interval.map(|bounds| IntervalState {
                 bounds,
                 by_time: [BTreeMap::new(), BTreeMap::new()],
@@ -251,26 +286,26 @@ impl HashJoin {
     /// back down, and outer-join degrees, which count only matches, agree.
     #[allow(clippy::type_complexity)]
     fn matches(
-        &self,
+        &mut self,
         side: usize,
-        key: &[u8],
+        (key, key_group): (&[u8], u16),
         row: &[u8],
     ) -> Result<(Vec<(Vec<u8>, i64)>, Vec<(String, i64)>)> {
         let other = 1 - side;
-        let Some(theirs) = self.sides[other].get(key) else {
+        let Some(theirs) = self.rows.get(&side_key(other, key), key_group)? else {
             return Ok(Default::default());
         };
-        let candidates: Vec<(&Vec<u8>, i64)> = theirs.iter().map(|(r, e)| (r, e.count)).collect();
+        let candidates: Vec<(&[u8], i64)> = theirs.iter().map(|(r, e)| (r, e.count)).collect();
         let Some(filter) = &self.filter else {
             let all = candidates
                 .into_iter()
-                .map(|(r, c)| (r.clone(), c))
+                .map(|(r, c)| (r.to_vec(), c))
                 .collect();
             return Ok((all, Vec::new()));
         };
         let n = candidates.len();
         let mine = self.row_codecs[side].decode(std::iter::repeat_n(row, n))?;
-        let them = self.row_codecs[other].decode(candidates.iter().map(|(r, _)| r.as_slice()))?;
+        let them = self.row_codecs[other].decode(candidates.iter().map(|(r, _)| *r))?;
         let columns = if side == 0 {
             mine.into_iter().chain(them).collect()
         } else {
@@ -300,7 +335,7 @@ impl HashJoin {
             .into_iter()
             .enumerate()
             .filter(|(i, _)| mask.value(*i))
-            .map(|(_, (r, c))| (r.clone(), c))
+            .map(|(_, (r, c))| (r.to_vec(), c))
             .collect();
         Ok((matched, failed))
     }
@@ -317,9 +352,10 @@ impl HashJoin {
     ) -> Result<()> {
         let other = 1 - side;
         if let (Some(ttl), Some((k, key_group))) = (&mut self.ttl, key) {
-            let stored = self.sides[side]
-                .get(k)
-                .is_some_and(|rows| rows.contains_key(row));
+            let stored = self
+                .rows
+                .get(&side_key(side, k), key_group)?
+                .is_some_and(|rows| rows.contains(row));
             if sign < 0 && !stored && !(self.temporal && side == 0) {
                 // A row the TTL forgot: what it produced stays.
                 return Ok(());
@@ -333,7 +369,7 @@ impl HashJoin {
             }
         }
         let (matched, failed) = match key {
-            Some((k, _)) => self.matches(side, k, row)?,
+            Some(key) => self.matches(side, key, row)?,
             None => Default::default(),
         };
         if let Some(errors) = &mut self.errors {
@@ -351,25 +387,17 @@ impl HashJoin {
         let stored = !(self.temporal && side == 0);
         if let Some((k, key_group)) = key
             && stored
+            && degrees
+            && !matched.is_empty()
+            && let Some(theirs) = self.rows.get_mut(&side_key(other, k), key_group)?
         {
-            self.dirty
-                .insert((side as u8, k.to_vec(), row.to_vec()), key_group);
-            let theirs = self.sides[other].get_mut(k).filter(|_| degrees);
-            if let Some(theirs) = theirs {
-                for (r, _) in &matched {
-                    if let Some(e) = theirs.get_mut(r) {
-                        let before = e.degree;
-                        e.degree += sign;
-                        if (before == 0) != (e.degree == 0) {
-                            crossed.push((r.clone(), e.count));
-                        }
+            for (r, _) in &matched {
+                if let Some(e) = theirs.get_mut(r) {
+                    let before = e.degree;
+                    e.degree += sign;
+                    if (before == 0) != (e.degree == 0) {
+                        crossed.push((r.clone(), e.count));
                     }
-                }
-            }
-            if degrees {
-                for (r, _) in &matched {
-                    self.dirty
-                        .insert((other as u8, k.to_vec(), r.clone()), key_group);
                 }
             }
         }
@@ -447,9 +475,12 @@ impl HashJoin {
             }
         }
         // This side's own state.
-        if let Some((k, _)) = key {
-            let mine = self.sides[side].entry(k.to_vec()).or_default();
-            let e = mine.entry(row.to_vec()).or_default();
+        if let Some((k, key_group)) = key {
+            let mine = self
+                .rows
+                .get_mut(&side_key(side, k), key_group)?
+                .get_or_insert_with(MapValue::default);
+            let e = mine.get_or_insert_with(row, Entry::default);
             e.count += sign;
             e.degree = degree;
             if e.count <= 0 {
@@ -460,9 +491,6 @@ impl HashJoin {
                     );
                 }
                 mine.remove(row);
-                if mine.is_empty() {
-                    self.sides[side].remove(k);
-                }
             }
         }
         Ok(())
@@ -526,22 +554,23 @@ impl Operator for HashJoin {
             .collect()
     }
 
+    fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
+        out.push(self.rows.report());
+    }
+
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
         ErrorCollection::start(&mut self.errors, ctx)?;
+        self.rows.start(ctx)?;
+        if self.ttl.is_none() && self.interval.is_none() {
+            return Ok(());
+        }
+        // The TTL clock and the interval join's time index are rebuilt
+        // from the rows in the store.
         let mut restored: [Vec<Stored>; 2] = [Vec::new(), Vec::new()];
         let now = crate::operator::processing_time_us();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let (side, key, row) = split_state_key(&e.key)
+            let (_, key, row) = split_state_key(&e.key)
                 .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
-            let entry = Entry::decode(&e.value)
-                .ok_or_else(|| storage::StorageError::Corrupt("join count".into()))?;
-            let side = self
-                .sides
-                .get_mut(side as usize)
-                .ok_or_else(|| storage::StorageError::Corrupt("side".into()))?;
-            side.entry(key.to_vec())
-                .or_default()
-                .insert(row.to_vec(), entry);
             if let (Some(ttl), Some(s)) = (&mut self.ttl, e.key.first()) {
                 // Restored rows get a whole TTL from the restart.
                 ttl.touch((*s, key.to_vec()), e.key_group, now);
@@ -575,13 +604,11 @@ impl Operator for HashJoin {
             return Ok(());
         };
         for ((side, key), key_group) in ttl.expired(now_us) {
-            if let Some(rows) = self.sides[side as usize].remove(&key) {
-                for row in rows.into_keys() {
-                    self.dirty.insert((side, key.clone(), row), key_group);
-                }
+            if let Some(rows) = self.rows.get_mut(&side_key(side.into(), &key), key_group)? {
+                rows.clear();
             }
         }
-        Ok(())
+        self.rows.settle()
     }
 
     fn handle_watermark(
@@ -603,15 +630,12 @@ impl Operator for HashJoin {
             let keep = state.by_time[side].split_off(&horizon);
             let gone = std::mem::replace(&mut state.by_time[side], keep);
             for (key, row, kg) in gone.into_values().flatten() {
-                if let Some(rows) = self.sides[side].get_mut(&key) {
+                if let Some(rows) = self.rows.get_mut(&side_key(side, &key), kg)? {
                     rows.remove(&row);
-                    if rows.is_empty() {
-                        self.sides[side].remove(&key);
-                    }
                 }
-                self.dirty.insert((side as u8, key, row), kg);
             }
         }
+        self.rows.settle()?;
         Ok(Some(watermark))
     }
 
@@ -640,13 +664,29 @@ impl Operator for HashJoin {
         let key_groups = expr::key_groups(&keys, n)?;
         let key_bytes = self.key_codec.encode_rows(&keys, n)?;
         let rows = self.row_codecs[side].encode_rows(data.columns(), n)?;
+        let null_key = |r: usize| !self.null_equals_null && keys.iter().any(|k| k.is_null(r));
+        let null_keys: Vec<bool> = (0..n).map(null_key).collect();
+
+        // The join keys' rows on both sides, read in one go where the cache
+        // lacks them (a temporal join keeps no left rows).
+        let sides: &[usize] = if self.temporal && side == 0 {
+            &[1]
+        } else {
+            &[0, 1]
+        };
+        let wanted: Vec<(Vec<u8>, u16)> = (0..n)
+            .filter(|r| !null_keys[*r])
+            .flat_map(|r| sides.iter().map(move |s| (r, *s)))
+            .map(|(r, s)| (side_key(s, &key_bytes[r]), key_groups[r]))
+            .collect();
+        self.rows
+            .load(wanted.iter().map(|(k, kg)| (k.as_slice(), *kg)))?;
 
         let mut emitted: Vec<Out> = Vec::new();
         let mut stored = Vec::new();
         for r in 0..n {
             let sign = chunk.op(r).sign();
-            let null_key = !self.null_equals_null && keys.iter().any(|k| k.is_null(r));
-            if null_key {
+            if null_keys[r] {
                 self.apply(side, None, &rows[r], sign, &mut emitted)?;
                 continue;
             }
@@ -656,6 +696,7 @@ impl Operator for HashJoin {
                 stored.push((r, key_bytes[r].clone(), rows[r].clone(), key_groups[r]));
             }
         }
+        self.rows.settle()?;
         if !stored.is_empty() {
             self.index_times(side, data.columns(), &stored)?;
         }
@@ -680,19 +721,7 @@ impl Operator for HashJoin {
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
         ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
-        for ((side, key, row), key_group) in self.dirty.drain() {
-            let entry = self.sides[side as usize]
-                .get(&key)
-                .and_then(|m| m.get(&row))
-                .copied();
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group,
-                key: state_key(side, &key, &row),
-                value: entry.map(Entry::encode),
-            });
-        }
-        Ok(())
+        self.rows.checkpoint(writes)
     }
 }
 
@@ -700,6 +729,7 @@ impl Operator for HashJoin {
 mod tests {
     use super::*;
     use crate::operators::test_util::*;
+    use crate::state::StateStore;
     use datafusion::common::Column;
     use datafusion::logical_expr::Expr;
     use std::sync::Arc;
@@ -995,10 +1025,13 @@ mod tests {
             timestamp: 111,
         };
         assert_eq!(j.handle_watermark(wm, &mut vec![]).unwrap(), Some(wm));
-        let left_rows: usize = j.sides[0].values().map(|m| m.len()).sum();
-        assert_eq!(left_rows, 1, "the row at 100 is gone, the one at 200 stays");
+        assert_eq!(
+            stored_rows(&j, 0),
+            1,
+            "the row at 100 is gone, the one at 200 stays"
+        );
         // The right row at 105 meets left rows up to 105 + 5 = 110 only.
-        assert!(j.sides[1].is_empty());
+        assert_eq!(stored_rows(&j, 1), 0);
         let mut deletes = vec![];
         j.handle_checkpoint(&Barrier::checkpoint(2), &mut deletes)
             .unwrap();
@@ -1017,6 +1050,73 @@ mod tests {
             timestamp: 1_000,
         };
         k.handle_watermark(wm, &mut vec![]).unwrap();
-        assert!(k.sides[0].is_empty() && k.sides[1].is_empty());
+        assert_eq!(stored_rows(&k, 0) + stored_rows(&k, 1), 0);
+    }
+
+    #[test]
+    fn a_left_join_past_its_cache_spills_rows_and_reads_them_back() {
+        use crate::state::StateBackend;
+        use storage::memory::MemoryPool;
+        let state = Arc::new(MemState::default());
+        let pool = Arc::new(MemoryPool::new(256 << 10));
+        let started = |state: &Arc<MemState>, restored: bool| {
+            let mut j = join_of(StreamJoinType::Left, None);
+            let mut c = ctx(state.clone());
+            c.backend = StateBackend::RocksDb;
+            c.memory = pool.clone();
+            c.restored_from = restored.then_some(1);
+            j.on_start(&c, &mut vec![]).unwrap();
+            j
+        };
+        let mut j = started(&state, false);
+        let n = 5_000i64;
+        let keys: Vec<Option<i64>> = (0..n).map(Some).collect();
+        let values: Vec<Option<i64>> = (0..n).map(|k| Some(k * 10)).collect();
+        let ops = vec![I; n as usize];
+        // Every left row is padded: no right rows yet.
+        let out = feed(&mut j, 0, &ops, &keys, &values);
+        assert_eq!(out.len(), n as usize);
+        assert!(out.iter().all(|r| r.ends_with("NULL NULL")));
+        assert!(j.rows.stats().evictions > 0, "{:?}", j.rows.stats());
+        assert!(pool.used() <= pool.capacity());
+        // A right row for every other key, in batches: each replaces its
+        // key's padding, read back from the store where it was spilled.
+        let even: Vec<Option<i64>> = (0..n).step_by(2).map(Some).collect();
+        let mut out = vec![];
+        for part in even.chunks(1000) {
+            out.extend(feed(&mut j, 1, &vec![I; part.len()], part, part));
+        }
+        assert!(j.rows.stats().misses > 0);
+        assert_eq!(out.len(), n as usize);
+        for k in (0..n).step_by(2).take(50) {
+            assert!(out.contains(&format!("-D {k} {} NULL NULL", k * 10)));
+            assert!(out.contains(&format!("+I {k} {} {k} {k}", k * 10)));
+        }
+        // A checkpoint while rows are dirty, then a restart from the store:
+        // deleting the right rows brings every padding back.
+        let mut writes = vec![];
+        j.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        state.put(writes).unwrap();
+        drop(j);
+        let mut k = started(&state, true);
+        let mut out = vec![];
+        for part in even.chunks(1000) {
+            out.extend(feed(&mut k, 1, &vec![D; part.len()], part, part));
+        }
+        assert_eq!(out.len(), n as usize);
+        for key in (0..n).step_by(2).take(50) {
+            assert!(out.contains(&format!("-D {key} {} {key} {key}", key * 10)));
+            assert!(out.contains(&format!("+I {key} {} NULL NULL", key * 10)));
+        }
+    }
+
+    /// The rows side `side` holds in memory.
+    fn stored_rows(j: &HashJoin, side: u8) -> usize {
+        j.rows
+            .cached()
+            .filter(|(k, _)| k[0] == side)
+            .map(|(_, rows)| rows.len())
+            .sum()
     }
 }

@@ -241,6 +241,17 @@ pub(crate) mod test_util {
             all.truncate(limit);
             Ok(all)
         }
+
+        fn scan_prefix(
+            &self,
+            table: u64,
+            key_group: u16,
+            prefix: &[u8],
+        ) -> crate::Result<Vec<StateEntry>> {
+            let mut all = self.scan(table, key_group..key_group + 1)?;
+            all.retain(|e| e.key.starts_with(prefix));
+            Ok(all)
+        }
     }
 
     pub(crate) fn ctx(state: Arc<MemState>) -> OperatorContext {

@@ -73,6 +73,7 @@ impl OverWindow {
         }
         Ok(Self {
             rows: SortedPartitions::new(
+                "OverWindow",
                 partition_by,
                 order_by,
                 directions,
@@ -87,13 +88,11 @@ impl OverWindow {
     }
 
     /// The partition's output rows, encoded, in the partition's order.
-    fn evaluate(&self, partition: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let rows = self.rows.rows(partition);
-        if rows.is_empty() {
+    fn evaluate(&mut self, partition: &[u8], key_group: u16) -> Result<Vec<Vec<u8>>> {
+        let (n, mut columns) = self.rows.columns(partition, key_group)?;
+        if n == 0 {
             return Ok(Vec::new());
         }
-        let n = rows.len();
-        let mut columns = self.rows.row_codec.decode(rows)?;
         let batch = expr::batch(&self.input_schema, columns.clone(), n)?;
         for f in &self.functions {
             let values: ArrayRef = f.evaluate(&batch)?;
@@ -121,19 +120,24 @@ impl Operator for OverWindow {
         self.rows.restore(ctx)
     }
 
+    fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
+        out.push(self.rows.report());
+    }
+
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let keys = self.rows.keys(chunk.data())?;
         let touched = keys.touched();
+        self.rows.load(&touched)?;
         let before = touched
             .iter()
-            .map(|(p, _)| self.evaluate(p))
+            .map(|(p, kg)| self.evaluate(p, *kg))
             .collect::<Result<Vec<_>>>()?;
-        self.rows.apply_chunk(&keys, &chunk);
+        self.rows.apply_chunk(&keys, &chunk)?;
         let mut changes = Vec::new();
-        for ((p, _), old) in touched.into_iter().zip(before) {
-            changes.extend(diff(old, self.evaluate(&p)?));
-            self.rows.drop_if_empty(&p);
+        for ((p, key_group), old) in touched.into_iter().zip(before) {
+            changes.extend(diff(old, self.evaluate(&p, key_group)?));
         }
+        self.rows.settle()?;
         if changes.is_empty() {
             return Ok(());
         }
@@ -154,8 +158,7 @@ impl Operator for OverWindow {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
-        self.rows.checkpoint(writes);
-        Ok(())
+        self.rows.checkpoint(writes)
     }
 }
 

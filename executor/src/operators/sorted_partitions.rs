@@ -1,15 +1,21 @@
 //! Rows kept per partition in `ORDER BY` order: the state that TopN and
 //! OverWindow share.
 //!
-//! Each partition is an ordered multiset keyed by (sort key, row), the sort
-//! key encoded so that bytes compare as the `ORDER BY` does and the row
-//! breaking ties, so that a partition's order is the same in every run and
-//! after every restore. Changed entries are written at the next barrier, one
-//! state key per (partition, sort key, row) holding its copy count.
+//! Each partition is sorted-map state ([`MapLayout`]): a map from entry
+//! key to copy count, the entry key being the sort key, encoded so that
+//! bytes compare as the `ORDER BY` does, then the row, which breaks ties,
+//! then the sort key's length (to split them again). Sort keys and rows
+//! are Arrow's row format, in which no encoding is a prefix of another, so
+//! entry keys compare as (sort key, row): a partition's order is the same
+//! in every run and after every restore, in memory and on disk.
+//!
+//! A partition is read whole when the cache lacks it (one prefix scan) and
+//! a changed entry is written alone; partitions leave the cache as the
+//! slot's managed memory requires.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::DFSchema;
@@ -21,16 +27,15 @@ use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
 use crate::operator::OperatorContext;
+use crate::state::{MapCodec, MapLayout, MapValue, OperatorStateStats, StateCache, StateCodec};
 use crate::{Result, expr};
 
-/// (sort key, row) → copies.
-pub(super) type Ranked = BTreeMap<(Vec<u8>, Vec<u8>), i64>;
-
-/// (partition, sort key, row): one stored entry.
-type EntryKey = (Vec<u8>, Vec<u8>, Vec<u8>);
+/// A partition's entries: entry key → copies.
+pub(super) type Ranked = MapValue<i64>;
 
 /// A chunk's rows, encoded.
 pub(super) struct Keyed {
+    /// Each row's partition as a state key (its length, then it).
     pub(super) partitions: Vec<Vec<u8>>,
     pub(super) key_groups: Vec<u16>,
     pub(super) sort_keys: Vec<Vec<u8>>,
@@ -51,6 +56,55 @@ impl Keyed {
     }
 }
 
+/// Copy counts, under partitions.
+struct Copies;
+
+impl StateCodec for Copies {
+    type Value = i64;
+
+    fn encode(&self, copies: &i64) -> Vec<u8> {
+        copies.to_be_bytes().to_vec()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<i64> {
+        Ok(i64::from_be_bytes(bytes.try_into().map_err(|_| {
+            storage::StorageError::Corrupt("sorted rows count".into())
+        })?))
+    }
+
+    fn heap_size(&self, _: &i64) -> usize {
+        0
+    }
+}
+
+impl MapCodec for Copies {
+    fn key_len(&self, stored: &[u8]) -> Result<usize> {
+        let len = stored
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+            .filter(|len| stored.len() >= 4 + *len as usize)
+            .ok_or_else(|| storage::StorageError::Corrupt("sorted rows key".into()))?;
+        Ok(4 + len as usize)
+    }
+}
+
+/// Entry key: sort key, row, sort key length.
+fn entry_key(sort: &[u8], row: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(sort.len() + row.len() + 4);
+    k.extend_from_slice(sort);
+    k.extend_from_slice(row);
+    k.extend_from_slice(&(sort.len() as u32).to_be_bytes());
+    k
+}
+
+/// An entry key's sort key and row.
+pub(super) fn split_entry(k: &[u8]) -> (&[u8], &[u8]) {
+    let (rest, len) = k.split_at(k.len().saturating_sub(4));
+    let len = len.try_into().map(u32::from_be_bytes).unwrap_or(0) as usize;
+    rest.split_at(len.min(rest.len()))
+}
+
 pub(super) struct SortedPartitions {
     partition_by: Vec<Arc<dyn PhysicalExpr>>,
     partition_types: Vec<DataType>,
@@ -59,37 +113,13 @@ pub(super) struct SortedPartitions {
     sort_codec: RowCodec,
     /// Encodes whole input rows.
     pub(super) row_codec: RowCodec,
-    state_table: u64,
-    partitions: HashMap<Vec<u8>, Ranked>,
-    /// Entries changed since the last barrier → key group.
-    dirty: HashMap<EntryKey, u16>,
-}
-
-/// State key: partition length, partition, sort key length, sort key, row.
-fn state_key(partition: &[u8], sort: &[u8], row: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + partition.len() + sort.len() + row.len());
-    k.extend_from_slice(&(partition.len() as u32).to_be_bytes());
-    k.extend_from_slice(partition);
-    k.extend_from_slice(&(sort.len() as u32).to_be_bytes());
-    k.extend_from_slice(sort);
-    k.extend_from_slice(row);
-    k
-}
-
-fn split_state_key(k: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
-    let len = |at: usize| -> Option<usize> {
-        Some(u32::from_be_bytes(k.get(at..at + 4)?.try_into().ok()?) as usize)
-    };
-    let p = len(0)?;
-    let partition = k.get(4..4 + p)?;
-    let s = len(4 + p)?;
-    let sort = k.get(8 + p..8 + p + s)?;
-    Some((partition, sort, k.get(8 + p + s..)?))
+    partitions: StateCache<MapLayout<Copies>>,
 }
 
 impl SortedPartitions {
     /// `directions`: per `order_by` expression, (descending, nulls first).
     pub(super) fn new(
+        operator: &'static str,
         partition_by: &[Expr],
         order_by: &[Expr],
         directions: &[(bool, bool)],
@@ -112,14 +142,16 @@ impl SortedPartitions {
             order_by: expr::compile(order_by, input_schema)?,
             sort_codec: RowCodec::sorted(sort_fields)?,
             row_codec: RowCodec::new(expr::types(input_schema))?,
-            state_table,
-            partitions: HashMap::new(),
-            dirty: HashMap::new(),
+            partitions: StateCache::new(state_table, operator, MapLayout(Copies)),
         })
     }
 
     pub(super) fn state_table(&self) -> u64 {
-        self.state_table
+        self.partitions.table()
+    }
+
+    pub(super) fn report(&self) -> OperatorStateStats {
+        self.partitions.report()
     }
 
     /// Every row's partition, key group, sort key and encoding.
@@ -132,11 +164,19 @@ impl SortedPartitions {
             }
         }
         let key_groups = expr::key_groups(&partition_keys, n)?;
-        let partitions = if self.partition_by.is_empty() {
+        let encoded = if self.partition_by.is_empty() {
             vec![Vec::new(); n]
         } else {
             self.partition_codec.encode(&partition_keys)?
         };
+        let partitions = encoded
+            .into_iter()
+            .map(|p| {
+                let mut k = (p.len() as u32).to_be_bytes().to_vec();
+                k.extend_from_slice(&p);
+                k
+            })
+            .collect();
         let sort_keys = if self.order_by.is_empty() {
             vec![Vec::new(); n]
         } else {
@@ -152,113 +192,105 @@ impl SortedPartitions {
         })
     }
 
-    /// The partition's rows in order, if it has any.
-    pub(super) fn get(&self, partition: &[u8]) -> Option<&Ranked> {
-        self.partitions.get(partition)
+    /// Reads the partitions the cache lacks, in one go.
+    pub(super) fn load(&mut self, partitions: &[(Vec<u8>, u16)]) -> Result<()> {
+        self.partitions
+            .load(partitions.iter().map(|(p, kg)| (p.as_slice(), *kg)))
     }
 
-    /// The partition's rows in order, one entry per copy.
-    pub(super) fn rows(&self, partition: &[u8]) -> Vec<&[u8]> {
-        let mut out = Vec::new();
-        for ((_, row), copies) in self.get(partition).into_iter().flatten() {
+    /// The partition's entries in order, if it has any.
+    pub(super) fn get(&mut self, partition: &[u8], key_group: u16) -> Result<Option<&Ranked>> {
+        self.partitions.get(partition, key_group)
+    }
+
+    /// The partition's rows in order, one per copy, decoded: the number
+    /// of rows and the columns.
+    pub(super) fn columns(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+    ) -> Result<(usize, Vec<ArrayRef>)> {
+        let mut rows = Vec::new();
+        let ranked = self.partitions.get(partition, key_group)?;
+        for (entry, copies) in ranked.into_iter().flat_map(|r| r.iter()) {
+            let (_, row) = split_entry(entry);
             for _ in 0..(*copies).max(0) {
-                out.push(row.as_slice());
+                rows.push(row);
             }
         }
-        out
+        let n = rows.len();
+        Ok((n, self.row_codec.decode(rows)?))
     }
 
     /// Applies every row of `chunk` (encoded as `keys`).
-    pub(super) fn apply_chunk(&mut self, keys: &Keyed, chunk: &Chunk) {
+    pub(super) fn apply_chunk(&mut self, keys: &Keyed, chunk: &Chunk) -> Result<()> {
         for r in 0..chunk.num_rows() {
-            self.apply(keys, r, chunk.op(r).sign());
+            self.apply(keys, r, chunk.op(r).sign())?;
         }
+        Ok(())
     }
 
     /// Adds (`sign` 1) or retracts (-1) one copy of row `r` of `keys`.
-    fn apply(&mut self, keys: &Keyed, r: usize, sign: i64) {
-        let p = &keys.partitions[r];
-        let ranked = self.partitions.entry(p.clone()).or_default();
-        let key = (keys.sort_keys[r].clone(), keys.rows[r].clone());
-        let copies = ranked.entry(key.clone()).or_insert(0);
+    fn apply(&mut self, keys: &Keyed, r: usize, sign: i64) -> Result<()> {
+        let table = self.partitions.table();
+        let ranked = self
+            .partitions
+            .get_mut(&keys.partitions[r], keys.key_groups[r])?
+            .get_or_insert_with(MapValue::default);
+        let key = entry_key(&keys.sort_keys[r], &keys.rows[r]);
+        let copies = ranked.get_or_insert_with(&key, || 0);
         *copies += sign;
         if *copies <= 0 {
             if *copies < 0 {
                 tracing::error!(
-                    state_table = self.state_table,
+                    state_table = table,
                     "sorted partition row retracted below zero"
                 );
             }
             ranked.remove(&key);
         }
-        self.dirty
-            .insert((p.clone(), key.0, key.1), keys.key_groups[r]);
+        Ok(())
     }
 
     /// Keeps only the first `keep` rows of the partition (in `key_group`).
-    pub(super) fn truncate(&mut self, partition: &[u8], key_group: u16, keep: i64) {
-        let Some(ranked) = self.partitions.get_mut(partition) else {
-            return;
+    pub(super) fn truncate(&mut self, partition: &[u8], key_group: u16, keep: i64) -> Result<()> {
+        let Some(ranked) = self.partitions.get_mut(partition, key_group)? else {
+            return Ok(());
         };
         let mut seen = 0i64;
-        let mut forgotten = Vec::new();
-        for (key, copies) in ranked.iter_mut() {
+        let mut cut = Vec::new();
+        for (key, copies) in ranked.iter() {
             let room = (keep - seen).max(0);
             if *copies > room {
-                *copies = room;
-                forgotten.push(key.clone());
+                cut.push((key.to_vec(), room));
             }
-            seen += *copies;
+            seen += (*copies).min(room);
         }
-        ranked.retain(|_, copies| *copies > 0);
-        for (sort, row) in forgotten {
-            self.dirty
-                .insert((partition.to_vec(), sort, row), key_group);
-        }
-    }
-
-    /// Forgets the partition's map once it holds no row.
-    pub(super) fn drop_if_empty(&mut self, partition: &[u8]) {
-        if self.partitions.get(partition).is_some_and(|r| r.is_empty()) {
-            self.partitions.remove(partition);
-        }
-    }
-
-    /// Loads the committed rows of the subtask's key groups.
-    pub(super) fn restore(&mut self, ctx: &OperatorContext) -> Result<()> {
-        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let corrupt =
-                |what: &str| storage::StorageError::Corrupt(format!("sorted rows {what}"));
-            let (partition, sort, row) = split_state_key(&e.key).ok_or_else(|| corrupt("key"))?;
-            let copies = i64::from_be_bytes(
-                e.value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| corrupt("count"))?,
-            );
-            self.partitions
-                .entry(partition.to_vec())
-                .or_default()
-                .insert((sort.to_vec(), row.to_vec()), copies);
+        for (key, room) in cut {
+            match ranked.get_mut(&key) {
+                Some(copies) if room > 0 => *copies = room,
+                _ => {
+                    ranked.remove(&key);
+                }
+            }
         }
         Ok(())
     }
 
+    /// Binds the partitions to the subtask's store and slot.
+    pub(super) fn restore(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.partitions.start(ctx)
+    }
+
+    /// Keeps the partitions in memory within the slot's share: after each
+    /// chunk.
+    pub(super) fn settle(&mut self) -> Result<()> {
+        self.partitions.settle()
+    }
+
     /// Writes every entry changed since the previous barrier.
-    pub(super) fn checkpoint(&mut self, writes: &mut Vec<StateWrite>) {
-        for ((partition, sort, row), key_group) in self.dirty.drain() {
-            let copies = self
-                .partitions
-                .get(&partition)
-                .and_then(|r| r.get(&(sort.clone(), row.clone())))
-                .copied();
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group,
-                key: state_key(&partition, &sort, &row),
-                value: copies.map(|c| c.to_be_bytes().to_vec()),
-            });
-        }
+    pub(super) fn checkpoint(&mut self, writes: &mut Vec<StateWrite>) -> Result<()> {
+        self.partitions.checkpoint(writes)
     }
 }
 

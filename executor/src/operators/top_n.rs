@@ -25,7 +25,7 @@ use planner::spec::{OperatorSpec, RankKind};
 use storage::chunk::{Chunk, Op};
 use storage::state::StateWrite;
 
-use super::sorted_partitions::{SortedPartitions, diff};
+use super::sorted_partitions::{SortedPartitions, diff, split_entry};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
@@ -62,6 +62,7 @@ impl TopN {
         };
         Ok(Self {
             rows: SortedPartitions::new(
+                "TopN",
                 partition_by,
                 order_by,
                 directions,
@@ -80,17 +81,18 @@ impl TopN {
     }
 
     /// The partition's rows numbered within the range, with their numbers.
-    fn top(&self, partition: &[u8]) -> Top {
-        let Some(ranked) = self.rows.get(partition) else {
-            return Vec::new();
+    fn top(&mut self, partition: &[u8], key_group: u16) -> Result<Top> {
+        let Some(ranked) = self.rows.get(partition, key_group)? else {
+            return Ok(Vec::new());
         };
         let (lo, hi) = (self.offset as i64 + 1, (self.offset + self.limit) as i64);
         let mut out = Vec::new();
         let mut position = 0i64;
         let mut distinct = 0i64;
         let mut number = 0i64;
-        let mut previous: Option<&Vec<u8>> = None;
-        for ((sort, row), copies) in ranked {
+        let mut previous: Option<&[u8]> = None;
+        for (entry, copies) in ranked.iter() {
+            let (sort, row) = split_entry(entry);
             let new_key = previous != Some(sort);
             if new_key {
                 distinct += 1;
@@ -105,14 +107,14 @@ impl TopN {
                 };
                 previous = Some(sort);
                 if number > hi {
-                    return out;
+                    return Ok(out);
                 }
                 if number >= lo {
-                    out.push((row.clone(), number));
+                    out.push((row.to_vec(), number));
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     fn emit(&self, rows: Vec<(Op, (Vec<u8>, i64))>, out: &mut Collector) -> Result<()> {
@@ -165,23 +167,31 @@ impl Operator for TopN {
         self.rows.restore(ctx)
     }
 
+    fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
+        out.push(self.rows.report());
+    }
+
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let keys = self.rows.keys(chunk.data())?;
         // Each touched partition's top range before the chunk.
         let touched = keys.touched();
-        let before: Vec<Top> = touched.iter().map(|(p, _)| self.top(p)).collect();
-        self.rows.apply_chunk(&keys, &chunk);
+        self.rows.load(&touched)?;
+        let before = touched
+            .iter()
+            .map(|(p, kg)| self.top(p, *kg))
+            .collect::<Result<Vec<Top>>>()?;
+        self.rows.apply_chunk(&keys, &chunk)?;
         let mut changes = Vec::new();
         for ((p, key_group), old) in touched.into_iter().zip(before) {
             if self.append_only_input {
                 // Rows below the range can never come back up.
                 self.rows
-                    .truncate(&p, key_group, (self.offset + self.limit) as i64);
+                    .truncate(&p, key_group, (self.offset + self.limit) as i64)?;
             }
-            let new = self.top(&p);
+            let new = self.top(&p, key_group)?;
             changes.extend(diff(self.shown(old), self.shown(new)));
-            self.rows.drop_if_empty(&p);
         }
+        self.rows.settle()?;
         self.emit(changes, out)
     }
 
@@ -190,8 +200,7 @@ impl Operator for TopN {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
-        self.rows.checkpoint(writes);
-        Ok(())
+        self.rows.checkpoint(writes)
     }
 }
 
@@ -278,7 +287,8 @@ mod tests {
             vec!["+I 1 7"]
         );
         let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
-        let p = t.rows.keys(c.data()).unwrap().partitions.remove(0);
-        assert_eq!(t.rows.get(&p).unwrap().len(), 2);
+        let keys = t.rows.keys(c.data()).unwrap();
+        let ranked = t.rows.get(&keys.partitions[0], keys.key_groups[0]);
+        assert_eq!(ranked.unwrap().unwrap().len(), 2);
     }
 }

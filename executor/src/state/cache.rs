@@ -14,19 +14,9 @@ use indexmap::IndexMap;
 use storage::memory::MemoryPool;
 use storage::state::StateWrite;
 
-use super::{OUT_OF_MANAGED_MEMORY, StateBackend, StateStore};
+use super::{OUT_OF_MANAGED_MEMORY, StateBackend, StateLayout, StateStore};
 use crate::operator::OperatorContext;
 use crate::{ExecError, Result};
-
-/// How one operator's values become bytes and back, and what a value
-/// costs in memory.
-pub trait StateCodec {
-    type Value;
-    fn encode(&self, value: &Self::Value) -> Vec<u8>;
-    fn decode(&self, bytes: &[u8]) -> Result<Self::Value>;
-    /// Heap bytes a value owns beyond its own `size_of`.
-    fn heap_size(&self, value: &Self::Value) -> usize;
-}
 
 /// Heap reservations from the slot's pool are made in steps of at most
 /// this size (and at most 1/64 of the pool), so that a growing cache does
@@ -63,7 +53,7 @@ pub struct CacheStats {
 }
 
 /// One operator's keyed state; see the module docs.
-pub struct StateCache<C: StateCodec> {
+pub struct StateCache<C: StateLayout> {
     table: u64,
     codec: C,
     /// Names the operator in errors.
@@ -87,7 +77,7 @@ pub struct StateCache<C: StateCodec> {
     stats: CacheStats,
 }
 
-impl<C: StateCodec> StateCache<C> {
+impl<C: StateLayout> StateCache<C> {
     pub fn new(table: u64, operator: &'static str, codec: C) -> Self {
         Self {
             table,
@@ -150,9 +140,9 @@ impl<C: StateCodec> StateCache<C> {
         self.pool = Some(ctx.memory.clone());
         match self.backend {
             StateBackend::Heap => {
-                for e in ctx.state.scan(self.table, ctx.key_groups.clone())? {
-                    let value = self.codec.decode(&e.value)?;
-                    self.insert_slot(e.key, e.key_group, Some(value), false);
+                let entries = ctx.state.scan(self.table, ctx.key_groups.clone())?;
+                for (key, key_group, value) in self.codec.read_all(entries)? {
+                    self.insert_slot(key, key_group, Some(value), false);
                 }
                 self.complete = true;
                 self.settle()
@@ -202,10 +192,9 @@ impl<C: StateCodec> StateCache<C> {
         if missing.is_empty() {
             return Ok(());
         }
-        let values = store.get_many(self.table, &missing)?;
+        let values = self.codec.read(store.as_ref(), self.table, &missing)?;
         for ((key_group, key), value) in missing.into_iter().zip(values) {
             self.stats.misses += 1;
-            let value = value.map(|v| self.codec.decode(&v)).transpose()?;
             self.insert_slot(key.to_vec(), key_group, value, false);
         }
         Ok(())
@@ -223,10 +212,10 @@ impl<C: StateCodec> StateCache<C> {
         let value = match (&self.store, self.complete) {
             (Some(store), false) => {
                 self.stats.misses += 1;
-                store
-                    .get(self.table, key_group, key)?
-                    .map(|v| self.codec.decode(&v))
-                    .transpose()?
+                self.codec
+                    .read(store.as_ref(), self.table, &[(key_group, key)])?
+                    .pop()
+                    .flatten()
             }
             // Absent, and nothing to remember while the cache is complete.
             _ if !create => return Ok(None),
@@ -235,6 +224,14 @@ impl<C: StateCodec> StateCache<C> {
         // An absent key is remembered too, so it is read once.
         self.insert_slot(key.to_vec(), key_group, value, false);
         Ok(Some(self.map.len() - 1))
+    }
+
+    /// The keys in memory with a value, and their values (in no order).
+    #[cfg(test)]
+    pub fn cached(&self) -> impl Iterator<Item = (&[u8], &C::Value)> {
+        self.map
+            .iter()
+            .filter_map(|(k, s)| Some((k.as_slice(), s.value.as_ref()?)))
     }
 
     /// The value of `key`, if it has one.
@@ -272,9 +269,9 @@ impl<C: StateCodec> StateCache<C> {
 
     /// The bytes an entry is accounted as: its key, its value and what the
     /// map spends on it.
-    fn measure(&self, key: &[u8], value: &Option<C::Value>) -> usize {
+    fn measure(codec: &C, key: &[u8], value: &Option<C::Value>) -> usize {
         const MAP: usize = 16;
-        let value = value.as_ref().map_or(0, |v| self.codec.heap_size(v));
+        let value = value.as_ref().map_or(0, |v| codec.heap_size(v));
         key.len() + value + std::mem::size_of::<(Vec<u8>, Slot<C::Value>)>() + MAP
     }
 
@@ -285,7 +282,7 @@ impl<C: StateCodec> StateCache<C> {
     pub fn settle(&mut self) -> Result<()> {
         for i in std::mem::take(&mut self.touched) {
             let (key, slot) = self.map.get_index(i).expect("touched index");
-            let bytes = self.measure(key, &slot.value);
+            let bytes = Self::measure(&self.codec, key, &slot.value);
             let slot = &mut self.map[i];
             slot.touched = false;
             self.bytes = self.bytes - slot.bytes + bytes;
@@ -345,16 +342,13 @@ impl<C: StateCodec> StateCache<C> {
                 continue;
             }
             // The last entry moves into the hand's place: look at it next.
-            let (key, slot) = self.map.swap_remove_index(self.hand).expect("in range");
+            let (key, mut slot) = self.map.swap_remove_index(self.hand).expect("in range");
             self.bytes -= slot.bytes;
             self.stats.evictions += 1;
             if slot.dirty {
-                spill.push(StateWrite {
-                    table: self.table,
-                    key_group: slot.key_group,
-                    value: slot.value.as_ref().map(|v| self.codec.encode(v)),
-                    key,
-                });
+                let (table, key_group) = (self.table, slot.key_group);
+                self.codec
+                    .write(table, &key, key_group, &mut slot.value, &mut spill);
             }
         }
         self.complete = false;
@@ -374,13 +368,13 @@ impl<C: StateCodec> StateCache<C> {
         let mut gone = false;
         for (key, slot) in self.map.iter_mut().filter(|(_, s)| s.dirty) {
             slot.dirty = false;
+            self.codec
+                .write(self.table, key, slot.key_group, &mut slot.value, writes);
             gone |= slot.value.is_none();
-            writes.push(StateWrite {
-                table: self.table,
-                key_group: slot.key_group,
-                key: key.clone(),
-                value: slot.value.as_ref().map(|v| self.codec.encode(v)),
-            });
+            // Written, a map drops the deletions it kept.
+            let bytes = Self::measure(&self.codec, key, &slot.value);
+            self.bytes = self.bytes - slot.bytes + bytes;
+            slot.bytes = bytes;
         }
         if gone && self.complete {
             // Nothing in the store needs remembering as absent.
@@ -398,7 +392,7 @@ impl<C: StateCodec> StateCache<C> {
     }
 }
 
-impl<C: StateCodec> Drop for StateCache<C> {
+impl<C: StateLayout> Drop for StateCache<C> {
     fn drop(&mut self) {
         match (&self.pool, self.backend) {
             (Some(pool), StateBackend::Heap) => pool.release(self.reserved),
@@ -412,6 +406,7 @@ impl<C: StateCodec> Drop for StateCache<C> {
 mod tests {
     use super::*;
     use crate::operators::test_util::{MemState, ctx};
+    use crate::state::StateCodec;
 
     /// Values are strings; a string's heap bytes are its length.
     struct Text;

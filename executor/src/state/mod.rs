@@ -4,7 +4,10 @@
 //!
 //! A stateful subtask owns a RocksDB instance (`storage::backend`), the
 //! [`StateStore`] here. An operator keeps its keys in a [`StateCache`], a
-//! map from key to value with a codec for each value's bytes:
+//! map from key to value whose [`StateLayout`] says how a value lies in the
+//! store: whole under its key (value state, any [`StateCodec`]), or as a
+//! map with one store entry per map key under the key ([`MapLayout`]: map
+//! and sorted-map state, read back with one prefix scan). Either way:
 //!
 //! * with the **heap** backend the cache holds every key, loaded when the
 //!   subtask starts; the store is written only at checkpoint barriers;
@@ -25,10 +28,14 @@
 //! `53200` at the server) instead of growing the process without bound.
 
 mod cache;
+mod layout;
+mod map;
 
 use std::ops::Range;
 
-pub use cache::{CacheStats, StateCache, StateCodec};
+pub use cache::{CacheStats, StateCache};
+pub use layout::{KeyedValue, StateCodec, StateLayout};
+pub use map::{MapCodec, MapLayout, MapValue};
 pub use planner::spec::StateBackend;
 use storage::state::{StateEntry, StateWrite};
 
@@ -71,6 +78,10 @@ pub trait StateStore: Send + Sync {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<StateEntry>>;
+
+    /// The entries of `table` in `key_group` whose keys start with
+    /// `prefix`, in key order: one key's map state.
+    fn scan_prefix(&self, table: u64, key_group: u16, prefix: &[u8]) -> Result<Vec<StateEntry>>;
 
     /// The value of one key.
     fn get(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>>;
