@@ -125,6 +125,17 @@ impl KvStore {
         block.set_bloom_filter(10.0, false);
         block.set_cache_index_and_filter_blocks(true);
         block.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        // Partitioned, as Flink's bounded-memory RocksDB setup: a lookup
+        // loads one small filter (and index) partition, not a whole file's
+        // filter; with a cache far smaller than the state, whole filters
+        // would be read from disk and checksummed on every miss. The
+        // top-level indexes stay pinned, and index and filter blocks are
+        // evicted after data blocks.
+        block.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+        block.set_partition_filters(true);
+        block.set_metadata_block_size(4096);
+        block.set_pin_top_level_index_and_filter(true);
+        block.set_cache_index_and_filter_blocks_with_high_priority(true);
         opts.set_block_based_table_factory(&block);
         let db = DB::open(&opts, path)?;
         Ok(Self { db, no_wal: true })

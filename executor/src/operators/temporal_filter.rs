@@ -14,8 +14,10 @@
 //! Whether a row is out is decided by the operator's own timers, never by
 //! re-reading the clock, so what it emitted and what it keeps agree, and
 //! after a restore each row's `shown` flag says what downstream has.
-
-use std::collections::{BTreeSet, HashMap};
+//!
+//! The waiting rows are keyed state (`r ‖ row`) in a [`StateCache`], their
+//! timers a [`TimerQueue`] (`t ‖ due ‖ row`) in the same table: with the
+//! `rocksdb` backend a window of rows larger than memory stays on disk.
 
 use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
@@ -29,6 +31,7 @@ use storage::state::StateWrite;
 
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext, processing_time_us};
+use crate::state::{StateCache, StateCodec, TimerQueue};
 use crate::{ExecError, Result, expr};
 
 /// A row that is waiting to go out or to be retracted.
@@ -39,7 +42,6 @@ struct Pending {
     until: i64,
     /// Whether the row is out (downstream has it).
     shown: bool,
-    key_group: u16,
 }
 
 impl Pending {
@@ -57,7 +59,7 @@ impl Pending {
         v
     }
 
-    fn decode(bytes: &[u8], key_group: u16) -> Option<Self> {
+    fn decode(bytes: &[u8]) -> Option<Self> {
         let word = |i: usize| -> Option<i64> {
             Some(i64::from_be_bytes(
                 bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?,
@@ -68,8 +70,37 @@ impl Pending {
             from: word(1)?,
             until: word(2)?,
             shown: *bytes.get(24)? != 0,
-            key_group,
         })
+    }
+}
+
+/// Store key prefixes of the waiting rows and of their timers.
+const ROW: u8 = b'r';
+const TIMER: u8 = b't';
+
+fn row_key(row: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + row.len());
+    k.push(ROW);
+    k.extend_from_slice(row);
+    k
+}
+
+struct PendingCodec;
+
+impl StateCodec for PendingCodec {
+    type Value = Pending;
+
+    fn encode(&self, p: &Pending) -> Vec<u8> {
+        p.encode()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Pending> {
+        Ok(Pending::decode(bytes)
+            .ok_or_else(|| storage::StorageError::Corrupt("temporal filter row".into()))?)
+    }
+
+    fn heap_size(&self, _: &Pending) -> usize {
+        0
     }
 }
 
@@ -79,11 +110,10 @@ pub struct TemporalFilter {
     codec: RowCodec,
     schema: SchemaRef,
     state_table: u64,
-    pending: HashMap<Vec<u8>, Pending>,
-    /// (due, row) for every pending row.
-    timers: BTreeSet<(i64, Vec<u8>)>,
-    /// Rows changed since the last barrier → key group.
-    dirty: HashMap<Vec<u8>, u16>,
+    /// `r ‖ row` → the row's fate.
+    pending: StateCache<PendingCodec>,
+    /// (due, row) for every pending row that has something due.
+    timers: TimerQueue,
 }
 
 impl TemporalFilter {
@@ -105,9 +135,8 @@ impl TemporalFilter {
             codec: RowCodec::new(expr::types(input_schema))?,
             schema: expr::output_schema(output),
             state_table: *state_table,
-            pending: HashMap::new(),
-            timers: BTreeSet::new(),
-            dirty: HashMap::new(),
+            pending: StateCache::new(*state_table, "TemporalFilter", PendingCodec).under(ROW),
+            timers: TimerQueue::new(*state_table, TIMER),
         })
     }
 
@@ -136,23 +165,26 @@ impl TemporalFilter {
         Ok(out)
     }
 
-    fn set(&mut self, row: Vec<u8>, p: Option<Pending>, old: Option<Pending>) {
-        if let Some(old) = old {
-            self.timers.remove(&(old.due(), row.clone()));
+    /// Row `row` (in `key_group`) goes from `old` to `p`.
+    fn set(
+        &mut self,
+        row: &[u8],
+        key_group: u16,
+        p: Option<Pending>,
+        old: Option<Pending>,
+    ) -> Result<()> {
+        if let Some(old) = old
+            && old.due() != i64::MAX
+        {
+            self.timers.remove(old.due(), row, key_group);
         }
-        let key_group = p.or(old).map(|p| p.key_group).unwrap_or_default();
-        self.dirty.insert(row.clone(), key_group);
-        match p {
-            Some(p) => {
-                if p.due() != i64::MAX {
-                    self.timers.insert((p.due(), row.clone()));
-                }
-                self.pending.insert(row, p);
-            }
-            None => {
-                self.pending.remove(&row);
-            }
+        if let Some(p) = p
+            && p.due() != i64::MAX
+        {
+            self.timers.add(p.due(), row, key_group);
         }
+        *self.pending.get_mut(&row_key(row), key_group)? = p;
+        Ok(())
     }
 
     fn emit(&self, rows: Vec<(Op, &[u8])>, out: &mut Collector) -> Result<()> {
@@ -180,13 +212,12 @@ impl Operator for TemporalFilter {
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
-        for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let p = Pending::decode(&e.value, e.key_group)
-                .ok_or_else(|| storage::StorageError::Corrupt("temporal filter row".into()))?;
-            self.timers.insert((p.due(), e.key.clone()));
-            self.pending.insert(e.key, p);
-        }
-        Ok(())
+        self.pending.start(ctx)?;
+        self.timers.start(ctx)
+    }
+
+    fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
+        out.push(self.pending.report());
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
@@ -195,19 +226,26 @@ impl Operator for TemporalFilter {
         let intervals = self.intervals(data)?;
         let rows = self.codec.encode_rows(data.columns(), chunk.num_rows())?;
         let key_groups = expr::key_groups(data.columns(), chunk.num_rows())?;
+        let keys: Vec<Vec<u8>> = rows.iter().map(|r| row_key(r)).collect();
+        self.pending.load(
+            keys.iter()
+                .zip(&key_groups)
+                .map(|(k, kg)| (k.as_slice(), *kg)),
+        )?;
         let mut passed = vec![false; chunk.num_rows()];
-        for (r, row) in rows.into_iter().enumerate() {
+        for (r, row) in rows.iter().enumerate() {
             let Some((from, until)) = intervals[r] else {
                 continue;
             };
+            let key_group = key_groups[r];
             let insert = chunk.op(r).sign() > 0;
-            let old = self.pending.get(&row).copied();
+            let old = self.pending.get(&keys[r], key_group)?.copied();
             match (insert, old) {
                 (true, Some(mut p)) => {
                     // More copies of a waiting row share its fate.
                     p.copies += 1;
                     passed[r] = p.shown;
-                    self.set(row, Some(p), old);
+                    self.set(row, key_group, Some(p), old)?;
                 }
                 (true, None) if now >= until => {} // already expired
                 (true, None) => {
@@ -219,22 +257,23 @@ impl Operator for TemporalFilter {
                             from,
                             until,
                             shown,
-                            key_group: key_groups[r],
                         };
-                        self.set(row, Some(p), None);
+                        self.set(row, key_group, Some(p), None)?;
                     }
                 }
                 (false, Some(mut p)) => {
                     p.copies -= 1;
                     passed[r] = p.shown;
                     let next = (p.copies > 0).then_some(p);
-                    self.set(row, next, old);
+                    self.set(row, key_group, next, old)?;
                 }
                 // Out with no end, or expired (then downstream has it no
                 // more).
                 (false, None) => passed[r] = until == i64::MAX,
             }
         }
+        self.pending.settle()?;
+        self.timers.settle()?;
         let kept = chunk.filter(&BooleanArray::from(passed))?;
         if !kept.is_empty() {
             out.push(kept);
@@ -243,20 +282,20 @@ impl Operator for TemporalFilter {
     }
 
     fn next_timer(&self) -> Option<i64> {
-        self.timers.first().map(|(t, _)| *t)
+        self.timers.next()
     }
 
     fn on_timer(&mut self, now_us: i64, out: &mut Collector) -> Result<()> {
         let mut changes: Vec<(Op, Vec<u8>, i64)> = Vec::new();
-        while let Some((due, _)) = self.timers.first()
-            && *due <= now_us
-        {
-            let Some((_, row)) = self.timers.pop_first() else {
-                break;
-            };
-            let Some(old) = self.pending.get(&row).copied() else {
+        for (due, row, key_group) in self.timers.expired(now_us)? {
+            let Some(old) = self.pending.get(&row_key(&row), key_group)?.copied() else {
                 continue;
             };
+            if old.due() != due {
+                return Err(ExecError::Protocol(
+                    "a temporal filter's timer and row disagree".into(),
+                ));
+            }
             let mut p = old;
             let next = if !p.shown && now_us < p.until {
                 changes.push((Op::Insert, row.clone(), p.copies));
@@ -269,8 +308,11 @@ impl Operator for TemporalFilter {
                 }
                 None
             };
-            self.set(row, next, Some(old));
+            // Its timer at `due` is gone already: no old one to remove.
+            self.set(&row, key_group, next, None)?;
         }
+        self.pending.settle()?;
+        self.timers.settle()?;
         let rows: Vec<(Op, &[u8])> = changes
             .iter()
             .flat_map(|(op, row, copies)| {
@@ -285,14 +327,8 @@ impl Operator for TemporalFilter {
         _barrier: &Barrier,
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
-        for (row, key_group) in self.dirty.drain() {
-            writes.push(StateWrite {
-                table: self.state_table,
-                key_group,
-                value: self.pending.get(&row).map(Pending::encode),
-                key: row,
-            });
-        }
+        self.pending.checkpoint(writes)?;
+        self.timers.checkpoint(writes);
         Ok(())
     }
 }
@@ -355,16 +391,14 @@ mod tests {
         f.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
             .unwrap();
         let mut g = filter(TemporalCmp::Gt, -10 * S);
-        g.on_start(
-            &ctx(Arc::new(MemState(std::sync::Mutex::new(writes)))),
-            &mut vec![],
-        )
-        .unwrap();
+        let mut c = ctx(Arc::new(MemState(std::sync::Mutex::new(writes))));
+        c.restored_from = Some(1);
+        g.on_start(&c, &mut vec![]).unwrap();
         assert_eq!(
             tick(&mut g, fresh + 10 * S),
             vec![format!("-D {fresh}"), format!("-D {fresh}")]
         );
-        assert!(g.pending.is_empty() && g.timers.is_empty());
+        assert!(g.pending.cached().next().is_none() && g.timers.next().is_none());
         // A delete of an expired row has nothing to retract.
         assert_eq!(feed(&mut g, &[D], &[old]), Vec::<String>::new());
     }
@@ -379,7 +413,10 @@ mod tests {
         // Deleted before its time: it never goes out.
         assert_eq!(feed(&mut f, &[D, I], &[later, later]), Vec::<String>::new());
         assert_eq!(tick(&mut f, later), vec![format!("+I {later}")]);
-        assert!(f.pending.is_empty(), "out for good: forgotten");
+        assert!(
+            f.pending.cached().next().is_none(),
+            "out for good: forgotten"
+        );
         assert_eq!(feed(&mut f, &[D], &[later]), vec![format!("-D {later}")]);
     }
 }

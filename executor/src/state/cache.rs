@@ -58,6 +58,8 @@ pub struct StateCache<C: StateLayout> {
     codec: C,
     /// Names the operator in errors.
     operator: &'static str,
+    /// The first byte of every key, when the table holds other state too.
+    prefix: Option<u8>,
     backend: StateBackend,
     store: Option<Arc<dyn StateStore>>,
     /// `None` before [`StateCache::start`] (unit tests): unbounded.
@@ -83,6 +85,7 @@ impl<C: StateLayout> StateCache<C> {
             table,
             codec,
             operator,
+            prefix: None,
             backend: StateBackend::Heap,
             store: None,
             pool: None,
@@ -94,6 +97,13 @@ impl<C: StateLayout> StateCache<C> {
             complete: true,
             stats: CacheStats::default(),
         }
+    }
+
+    /// The cache's keys all start with `prefix`: the rest of its table is
+    /// other state (such as a [`super::TimerQueue`]'s), not read at start.
+    pub fn under(mut self, prefix: u8) -> Self {
+        self.prefix = Some(prefix);
+        self
     }
 
     pub fn table(&self) -> u64 {
@@ -140,7 +150,20 @@ impl<C: StateLayout> StateCache<C> {
         self.pool = Some(ctx.memory.clone());
         match self.backend {
             StateBackend::Heap => {
-                let entries = ctx.state.scan(self.table, ctx.key_groups.clone())?;
+                let entries = match self.prefix {
+                    None => ctx.state.scan(self.table, ctx.key_groups.clone())?,
+                    Some(prefix) => {
+                        let mut entries = Vec::new();
+                        for key_group in ctx.key_groups.clone() {
+                            entries.extend(ctx.state.scan_prefix(
+                                self.table,
+                                key_group,
+                                &[prefix],
+                            )?);
+                        }
+                        entries
+                    }
+                };
                 for (key, key_group, value) in self.codec.read_all(entries)? {
                     self.insert_slot(key, key_group, Some(value), false);
                 }

@@ -30,6 +30,7 @@
 mod cache;
 mod layout;
 mod map;
+mod timers;
 
 use std::ops::Range;
 
@@ -38,6 +39,7 @@ pub use layout::{KeyedValue, StateCodec, StateLayout};
 pub use map::{MapCodec, MapLayout, MapValue};
 pub use planner::spec::StateBackend;
 use storage::state::{StateEntry, StateWrite};
+pub use timers::TimerQueue;
 
 use crate::Result;
 
