@@ -24,7 +24,6 @@
 //! equality): they are not stored, and pass straight through as unmatched
 //! where the join keeps unmatched rows.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array};
@@ -42,7 +41,7 @@ use super::ttl::Ttl;
 use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
-use crate::state::{MapCodec, MapLayout, MapValue, StateCache, StateCodec};
+use crate::state::{MapCodec, MapLayout, MapValue, StateCache, StateCodec, TimerQueue};
 use crate::{ExecError, Result, expr};
 
 /// A stored row: how many copies, and how many other-side rows match it.
@@ -141,16 +140,27 @@ pub struct HashJoin {
     errors: Option<ErrorCollection>,
 }
 
-/// A stored row: its key, its values, its key group.
-type Stored = (Vec<u8>, Vec<u8>, u16);
+/// Store key tags of each side's time index (rows' keys start with their
+/// side, 0 or 1).
+const TIME_TAGS: [u8; 2] = [0x10, 0x11];
 
 /// An interval join's rows by event time, so that the watermark can drop
 /// those no future row can match: a left row once `l.ts + after` is behind
 /// the watermark, a right row once `r.ts + before` is.
 struct IntervalState {
     bounds: IntervalBounds,
-    /// Per side: time (µs) → (key, row, key group) stored at that time.
-    by_time: [BTreeMap<i64, Vec<Stored>>; 2],
+    /// Per side: each stored row's state key at its time (µs), in the
+    /// store, only the earliest of each key group in memory.
+    by_time: [TimerQueue; 2],
+}
+
+impl IntervalState {
+    fn new(bounds: IntervalBounds, table: u64) -> Self {
+        Self {
+            bounds,
+            by_time: TIME_TAGS.map(|tag| TimerQueue::new(table, tag)),
+        }
+    }
 }
 
 /// State key: side, key length, key, row.
@@ -174,11 +184,6 @@ fn split_state_key(k: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let len = u32::from_be_bytes(k.get(1..5)?.try_into().ok()?) as usize;
     let key = k.get(5..5 + len)?;
     Some((side, key, &k[5 + len..]))
-}
-
-/// Which side a state key belongs to (its first byte).
-fn side_index(k: &[u8]) -> usize {
-    usize::from(k.first().copied().unwrap_or(0).min(1))
 }
 
 fn op(sign: i64) -> Op {
@@ -231,11 +236,8 @@ impl HashJoin {
             schema: expr::output_schema(output),
             null_equals_null: *null_equals_null,
             state_table: *state_table,
-            rows: StateCache::new(*state_table, "HashJoin", MapLayout(JoinCodec)),
-            interval: interval.map(|bounds| IntervalState {
-                bounds,
-                by_time: [BTreeMap::new(), BTreeMap::new()],
-            }),
+            rows: StateCache::new(*state_table, "HashJoin", MapLayout(JoinCodec)).under(&[0, 1]),
+            interval: interval.map(|bounds| IntervalState::new(bounds, *state_table)),
             temporal: *temporal,
             held: temporal.then(Vec::new),
             ttl: state_ttl_us.map(Ttl::new),
@@ -267,11 +269,11 @@ impl HashJoin {
         let times: Vec<Option<i64>> = expr::timestamp_micros(&columns[col])?.iter().collect();
         for (r, key, row, kg) in stored {
             if let Some(t) = times[*r] {
-                state.by_time[side]
-                    .entry(t)
-                    .or_default()
-                    .push((key.clone(), row.clone(), *kg));
+                state.by_time[side].add(t, &state_key(side as u8, key, row), *kg);
             }
+        }
+        for queue in &mut state.by_time {
+            queue.settle()?;
         }
         Ok(())
     }
@@ -561,36 +563,24 @@ impl Operator for HashJoin {
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
         ErrorCollection::start(&mut self.errors, ctx)?;
         self.rows.start(ctx)?;
-        if self.ttl.is_none() && self.interval.is_none() {
-            return Ok(());
+        if let Some(state) = &mut self.interval {
+            for queue in &mut state.by_time {
+                queue.start(ctx)?;
+            }
         }
-        // The TTL clock and the interval join's time index are rebuilt
-        // from the rows in the store.
-        let mut restored: [Vec<Stored>; 2] = [Vec::new(), Vec::new()];
+        let Some(ttl) = &mut self.ttl else {
+            return Ok(());
+        };
+        // The TTL clock is rebuilt from the rows in the store; restored
+        // rows get a whole TTL from the restart.
         let now = crate::operator::processing_time_us();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
-            let (_, key, row) = split_state_key(&e.key)
-                .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
-            if let (Some(ttl), Some(s)) = (&mut self.ttl, e.key.first()) {
-                // Restored rows get a whole TTL from the restart.
-                ttl.touch((*s, key.to_vec()), e.key_group, now);
-            }
-            if self.interval.is_some() {
-                restored[side_index(&e.key)].push((key.to_vec(), row.to_vec(), e.key_group));
-            }
-        }
-        for (s, entries) in restored.into_iter().enumerate() {
-            if entries.is_empty() {
+            if !matches!(e.key.first(), Some(0 | 1)) {
                 continue;
             }
-            let columns =
-                self.row_codecs[s].decode(entries.iter().map(|(_, r, _)| r.as_slice()))?;
-            let stored: Vec<(usize, Vec<u8>, Vec<u8>, u16)> = entries
-                .into_iter()
-                .enumerate()
-                .map(|(i, (k, r, kg))| (i, k, r, kg))
-                .collect();
-            self.index_times(s, &columns, &stored)?;
+            let (side, key, _) = split_state_key(&e.key)
+                .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
+            ttl.touch((side, key.to_vec()), e.key_group, now);
         }
         Ok(())
     }
@@ -627,13 +617,15 @@ impl Operator for HashJoin {
             watermark.timestamp.saturating_sub(state.bounds.before_us),
         ];
         for (side, horizon) in horizon.into_iter().enumerate() {
-            let keep = state.by_time[side].split_off(&horizon);
-            let gone = std::mem::replace(&mut state.by_time[side], keep);
-            for (key, row, kg) in gone.into_values().flatten() {
-                if let Some(rows) = self.rows.get_mut(&side_key(side, &key), kg)? {
-                    rows.remove(&row);
+            // Rows strictly before the horizon go.
+            for (_, stored, kg) in state.by_time[side].expired(horizon.saturating_sub(1))? {
+                let (s, key, row) = split_state_key(&stored)
+                    .ok_or_else(|| storage::StorageError::Corrupt("join time index".into()))?;
+                if let Some(rows) = self.rows.get_mut(&side_key(s.into(), key), kg)? {
+                    rows.remove(row);
                 }
             }
+            state.by_time[side].settle()?;
         }
         self.rows.settle()?;
         Ok(Some(watermark))
@@ -721,6 +713,11 @@ impl Operator for HashJoin {
         writes: &mut Vec<StateWrite>,
     ) -> Result<()> {
         ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
+        if let Some(state) = &mut self.interval {
+            for queue in &mut state.by_time {
+                queue.checkpoint(writes);
+            }
+        }
         self.rows.checkpoint(writes)
     }
 }
@@ -999,15 +996,13 @@ mod tests {
     fn an_interval_join_forgets_rows_the_watermark_has_passed() {
         // d (right time) within [b - 5, b + 10] of b (left time).
         let mut j = join_of(StreamJoinType::Inner, None);
-        j.interval = Some(IntervalState {
-            bounds: IntervalBounds {
-                left_time: 1,
-                right_time: 1,
-                before_us: 5,
-                after_us: 10,
-            },
-            by_time: [BTreeMap::new(), BTreeMap::new()],
-        });
+        let bounds = IntervalBounds {
+            left_time: 1,
+            right_time: 1,
+            before_us: 5,
+            after_us: 10,
+        };
+        j.interval = Some(IntervalState::new(bounds, 5));
         feed(
             &mut j,
             0,
@@ -1035,16 +1030,18 @@ mod tests {
         let mut deletes = vec![];
         j.handle_checkpoint(&Barrier::checkpoint(2), &mut deletes)
             .unwrap();
-        assert_eq!(deletes.iter().filter(|w| w.value.is_none()).count(), 2);
+        let rows_deleted = deletes
+            .iter()
+            .filter(|w| w.value.is_none() && w.key[0] <= 1)
+            .count();
+        assert_eq!(rows_deleted, 2);
         // A restore rebuilds the time index from the stored rows.
         writes.extend(deletes);
         let mut k = join_of(StreamJoinType::Inner, None);
-        k.interval = j.interval.as_ref().map(|s| IntervalState {
-            bounds: s.bounds,
-            by_time: [BTreeMap::new(), BTreeMap::new()],
-        });
-        let state = MemState(std::sync::Mutex::new(writes));
-        k.on_start(&ctx(Arc::new(state)), &mut vec![]).unwrap();
+        k.interval = Some(IntervalState::new(bounds, 5));
+        let mut c = ctx(Arc::new(MemState(std::sync::Mutex::new(writes))));
+        c.restored_from = Some(1);
+        k.on_start(&c, &mut vec![]).unwrap();
         let wm = Watermark {
             column: 0,
             timestamp: 1_000,

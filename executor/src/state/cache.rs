@@ -58,8 +58,9 @@ pub struct StateCache<C: StateLayout> {
     codec: C,
     /// Names the operator in errors.
     operator: &'static str,
-    /// The first byte of every key, when the table holds other state too.
-    prefix: Option<u8>,
+    /// The first bytes its keys may have, when the table holds other state
+    /// too (empty: any).
+    prefixes: Vec<u8>,
     backend: StateBackend,
     store: Option<Arc<dyn StateStore>>,
     /// `None` before [`StateCache::start`] (unit tests): unbounded.
@@ -85,7 +86,7 @@ impl<C: StateLayout> StateCache<C> {
             table,
             codec,
             operator,
-            prefix: None,
+            prefixes: Vec::new(),
             backend: StateBackend::Heap,
             store: None,
             pool: None,
@@ -99,10 +100,11 @@ impl<C: StateLayout> StateCache<C> {
         }
     }
 
-    /// The cache's keys all start with `prefix`: the rest of its table is
-    /// other state (such as a [`super::TimerQueue`]'s), not read at start.
-    pub fn under(mut self, prefix: u8) -> Self {
-        self.prefix = Some(prefix);
+    /// The cache's keys all start with one of `prefixes`: the rest of its
+    /// table is other state (such as a [`super::TimerQueue`]'s), not read
+    /// at start.
+    pub fn under(mut self, prefixes: &[u8]) -> Self {
+        self.prefixes = prefixes.to_vec();
         self
     }
 
@@ -150,20 +152,10 @@ impl<C: StateLayout> StateCache<C> {
         self.pool = Some(ctx.memory.clone());
         match self.backend {
             StateBackend::Heap => {
-                let entries = match self.prefix {
-                    None => ctx.state.scan(self.table, ctx.key_groups.clone())?,
-                    Some(prefix) => {
-                        let mut entries = Vec::new();
-                        for key_group in ctx.key_groups.clone() {
-                            entries.extend(ctx.state.scan_prefix(
-                                self.table,
-                                key_group,
-                                &[prefix],
-                            )?);
-                        }
-                        entries
-                    }
-                };
+                let mut entries = ctx.state.scan(self.table, ctx.key_groups.clone())?;
+                if !self.prefixes.is_empty() {
+                    entries.retain(|e| e.key.first().is_some_and(|b| self.prefixes.contains(b)));
+                }
                 for (key, key_group, value) in self.codec.read_all(entries)? {
                     self.insert_slot(key, key_group, Some(value), false);
                 }
