@@ -24,6 +24,19 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A server with 16 MiB of managed memory (4 slots of 4 MiB: 2 MiB per
+/// slot for operator caches) and frequent checkpoints.
+fn small_server() -> Server {
+    Server::start_with(&[
+        "--managed-memory-mb",
+        "16",
+        "--heartbeat-interval-ms",
+        "200",
+        "--checkpoint-interval-ms",
+        "500",
+    ])
+}
+
 /// Polls `sql` until it returns `want` (or a minute passes).
 async fn eventually(client: &tokio_postgres::Client, sql: &str, want: &str, server: &Server) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -43,16 +56,8 @@ async fn eventually(client: &tokio_postgres::Client, sql: &str, want: &str, serv
 
 #[tokio::test(flavor = "multi_thread")]
 async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_53200() {
-    // 4 slots of 4 MiB: 2 MiB per slot for operator caches, while the
-    // view's groups take tens of MiB.
-    let mut server = Server::start_with(&[
-        "--managed-memory-mb",
-        "16",
-        "--heartbeat-interval-ms",
-        "200",
-        "--checkpoint-interval-ms",
-        "500",
-    ]);
+    // The view's groups take tens of MiB, many times the caches' share.
+    let mut server = small_server();
     let c = server.client().await;
     c.batch_execute(&format!(
         "CREATE SOURCE seq (k bigint) WITH (connector = 'datagen', \
@@ -176,14 +181,7 @@ async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
     const ROWS: i64 = 200_000;
-    let mut server = Server::start_with(&[
-        "--managed-memory-mb",
-        "16",
-        "--heartbeat-interval-ms",
-        "200",
-        "--checkpoint-interval-ms",
-        "500",
-    ]);
+    let mut server = small_server();
     let c = server.client().await;
     for side in ["l", "r"] {
         c.batch_execute(&format!(

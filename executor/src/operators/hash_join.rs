@@ -666,13 +666,15 @@ impl Operator for HashJoin {
         } else {
             &[0, 1]
         };
-        let wanted: Vec<(Vec<u8>, u16)> = (0..n)
-            .filter(|r| !null_keys[*r])
-            .flat_map(|r| sides.iter().map(move |s| (r, *s)))
-            .map(|(r, s)| (side_key(s, &key_bytes[r]), key_groups[r]))
-            .collect();
-        self.rows
-            .load(wanted.iter().map(|(k, kg)| (k.as_slice(), *kg)))?;
+        if self.rows.reads_store() {
+            let wanted: Vec<(Vec<u8>, u16)> = (0..n)
+                .filter(|r| !null_keys[*r])
+                .flat_map(|r| sides.iter().map(move |s| (r, *s)))
+                .map(|(r, s)| (side_key(s, &key_bytes[r]), key_groups[r]))
+                .collect();
+            self.rows
+                .load(wanted.iter().map(|(k, kg)| (k.as_slice(), *kg)))?;
+        }
 
         let mut emitted: Vec<Out> = Vec::new();
         let mut stored = Vec::new();

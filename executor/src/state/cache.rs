@@ -188,6 +188,12 @@ impl<C: StateLayout> StateCache<C> {
         self.touched.push(index);
     }
 
+    /// Whether a key the cache lacks may have a value in the store (else
+    /// [`StateCache::load`] has nothing to read).
+    pub fn reads_store(&self) -> bool {
+        !self.complete && self.store.is_some()
+    }
+
     /// Reads the keys of `keys` the cache lacks from the store, in one
     /// batch: call it with a chunk's keys before touching them one by one.
     pub fn load<'a>(&mut self, keys: impl IntoIterator<Item = (&'a [u8], u16)>) -> Result<()> {
