@@ -249,3 +249,69 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
         assert!(r[3].parse::<i64>().unwrap() > 0, "rows on disk: {r:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn window_and_ttl_timers_live_in_rocksdb_and_survive_kill_9() {
+    // 100,000 rows 100 ms apart (about 2.8 hours), a watermark an hour
+    // behind: tens of thousands of open windows' groups at any time.
+    const ROWS: i64 = 100_000;
+    let mut server = small_server();
+    let c = server.client().await;
+    c.batch_execute(
+        "CREATE STREAM ev (k bigint, ts timestamp, WATERMARK FOR ts AS ts - INTERVAL '1' HOUR); \
+         SET streaming_parallelism = 2; SET state_backend = 'rocksdb'; \
+         CREATE MATERIALIZED VIEW w AS SELECT window_end, k % 1000 AS g, count(*) AS c, \
+         sum(k) AS s FROM TUMBLE(ev, ts, INTERVAL '1' MINUTE) GROUP BY 1, 2 \
+         EMIT ON WINDOW CLOSE; \
+         SET streaming_state_ttl = '3s'; \
+         CREATE MATERIALIZED VIEW t AS SELECT k % 50000 AS g, count(*) AS c FROM ev GROUP BY 1",
+    )
+    .await
+    .unwrap();
+    let insert = |from: i64, to: i64| {
+        format!(
+            "INSERT INTO ev SELECT v, TIMESTAMP '2026-01-01 00:00:00' + v * INTERVAL '100 milliseconds' \
+             FROM generate_series({from}, {to}) AS s(v)"
+        )
+    };
+    c.batch_execute(&insert(1, ROWS / 2)).await.unwrap();
+    c.batch_execute("FLUSH; CHECKPOINT").await.unwrap();
+    // The TTL's groups are still there, each with its timer.
+    assert_ne!(one(&c, "SELECT count(*) FROM t").await, "0");
+    let ttl = rows(
+        &c,
+        "SELECT backend FROM weir_catalog.state WHERE name = 't' AND operator = 'HashAgg (state TTL)'",
+    )
+    .await;
+    assert_eq!(ttl, vec![vec!["rocksdb".to_string()]; 2], "two subtasks");
+
+    server.crash_and_restart();
+    let c = server.client().await;
+    c.batch_execute(&insert(ROWS / 2 + 1, ROWS)).await.unwrap();
+    c.batch_execute("FLUSH").await.unwrap();
+
+    // The watermark ends at 10,000 s - 1 h = 6,400 s: windows ending by
+    // 6,360 s are closed, rows k < 63,600, each its own group.
+    let closed = 63_599i64;
+    assert_eq!(
+        rows(
+            &c,
+            "SELECT count(*), sum(c), sum(s), max(window_end) FROM w"
+        )
+        .await,
+        vec![vec![
+            closed.to_string(),
+            closed.to_string(),
+            (closed * (closed + 1) / 2).to_string(),
+            "2026-01-01 01:46:00".to_string(),
+        ]]
+    );
+    // Every group of `t` expires, those restored from the checkpoint too.
+    eventually(&c, "SELECT count(*) FROM t", "0", &server).await;
+    assert!(
+        !server
+            .log_text()
+            .contains("indexing the groups of an earlier checkpoint"),
+        "the timers came back with the checkpoint"
+    );
+}

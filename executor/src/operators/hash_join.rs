@@ -134,14 +134,15 @@ pub struct HashJoin {
     /// one side that no row has written for the TTL are forgotten; results
     /// already emitted stay, later rows no longer meet them, and a
     /// retraction of a forgotten row is ignored.
-    ttl: Option<Ttl<(u8, Vec<u8>)>>,
+    /// Keyed by [`side_key`].
+    ttl: Option<Ttl>,
     /// Where rows whose join keys fail are counted instead of failing the
     /// task (`crate::errors`).
     errors: Option<ErrorCollection>,
 }
 
 /// Store key tags of each side's time index (rows' keys start with their
-/// side, 0 or 1).
+/// side, 0 or 1; the state TTL's are 0x20 and 0x21).
 const TIME_TAGS: [u8; 2] = [0x10, 0x11];
 
 /// An interval join's rows by event time, so that the watermark can drop
@@ -236,11 +237,11 @@ impl HashJoin {
             schema: expr::output_schema(output),
             null_equals_null: *null_equals_null,
             state_table: *state_table,
-            rows: StateCache::new(*state_table, "HashJoin", MapLayout(JoinCodec)).under(&[0, 1]),
+            rows: StateCache::new(*state_table, "HashJoin", MapLayout(JoinCodec)).under(0..=1),
             interval: interval.map(|bounds| IntervalState::new(bounds, *state_table)),
             temporal: *temporal,
             held: temporal.then(Vec::new),
-            ttl: state_ttl_us.map(Ttl::new),
+            ttl: state_ttl_us.map(|t| Ttl::new(*state_table, "HashJoin", t)),
             errors: None,
         })
     }
@@ -364,10 +365,10 @@ impl HashJoin {
             }
             if !(self.temporal && side == 0) {
                 ttl.touch(
-                    (side as u8, k.to_vec()),
+                    &side_key(side, k),
                     key_group,
                     crate::operator::processing_time_us(),
-                );
+                )?;
             }
         }
         let (matched, failed) = match key {
@@ -558,6 +559,7 @@ impl Operator for HashJoin {
 
     fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
         out.push(self.rows.report());
+        out.extend(self.ttl.as_ref().map(Ttl::report));
     }
 
     fn on_start(&mut self, ctx: &OperatorContext, _out: &mut Collector) -> Result<()> {
@@ -571,8 +573,12 @@ impl Operator for HashJoin {
         let Some(ttl) = &mut self.ttl else {
             return Ok(());
         };
-        // The TTL clock is rebuilt from the rows in the store; restored
-        // rows get a whole TTL from the restart.
+        ttl.start(ctx)?;
+        if ctx.restored_from.is_none() || ttl.next().is_some() {
+            return Ok(());
+        }
+        // A checkpoint from before the TTL's clock was kept in the store:
+        // its rows get a whole TTL from the restart.
         let now = crate::operator::processing_time_us();
         for e in ctx.state.scan(self.state_table, ctx.key_groups.clone())? {
             if !matches!(e.key.first(), Some(0 | 1)) {
@@ -580,9 +586,9 @@ impl Operator for HashJoin {
             }
             let (side, key, _) = split_state_key(&e.key)
                 .ok_or_else(|| storage::StorageError::Corrupt("join state key".into()))?;
-            ttl.touch((side, key.to_vec()), e.key_group, now);
+            ttl.touch(&side_key(side.into(), key), e.key_group, now)?;
         }
-        Ok(())
+        ttl.settle()
     }
 
     fn next_timer(&self) -> Option<i64> {
@@ -593,11 +599,12 @@ impl Operator for HashJoin {
         let Some(ttl) = &mut self.ttl else {
             return Ok(());
         };
-        for ((side, key), key_group) in ttl.expired(now_us) {
-            if let Some(rows) = self.rows.get_mut(&side_key(side.into(), &key), key_group)? {
+        for (key, key_group) in ttl.expired(now_us)? {
+            if let Some(rows) = self.rows.get_mut(&key, key_group)? {
                 rows.clear();
             }
         }
+        ttl.settle()?;
         self.rows.settle()
     }
 
@@ -675,6 +682,16 @@ impl Operator for HashJoin {
             self.rows
                 .load(wanted.iter().map(|(k, kg)| (k.as_slice(), *kg)))?;
         }
+        if let Some(ttl) = &mut self.ttl
+            && !(self.temporal && side == 0)
+        {
+            // The expiries of this side's keys, likewise.
+            let touched: Vec<(Vec<u8>, u16)> = (0..n)
+                .filter(|r| !null_keys[*r])
+                .map(|r| (side_key(side, &key_bytes[r]), key_groups[r]))
+                .collect();
+            ttl.load(touched.iter().map(|(k, kg)| (k.as_slice(), *kg)))?;
+        }
 
         let mut emitted: Vec<Out> = Vec::new();
         let mut stored = Vec::new();
@@ -689,6 +706,9 @@ impl Operator for HashJoin {
             if sign > 0 && self.interval.is_some() {
                 stored.push((r, key_bytes[r].clone(), rows[r].clone(), key_groups[r]));
             }
+        }
+        if let Some(ttl) = &mut self.ttl {
+            ttl.settle()?;
         }
         self.rows.settle()?;
         if !stored.is_empty() {
@@ -719,6 +739,9 @@ impl Operator for HashJoin {
             for queue in &mut state.by_time {
                 queue.checkpoint(writes);
             }
+        }
+        if let Some(ttl) = &mut self.ttl {
+            ttl.checkpoint(writes)?;
         }
         self.rows.checkpoint(writes)
     }

@@ -135,7 +135,7 @@ impl TemporalFilter {
             codec: RowCodec::new(expr::types(input_schema))?,
             schema: expr::output_schema(output),
             state_table: *state_table,
-            pending: StateCache::new(*state_table, "TemporalFilter", PendingCodec).under(&[ROW]),
+            pending: StateCache::new(*state_table, "TemporalFilter", PendingCodec).under(ROW..=ROW),
             timers: TimerQueue::new(*state_table, TIMER),
         })
     }

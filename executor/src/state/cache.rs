@@ -8,6 +8,7 @@
 //! first key whose bit is already clear. It costs one bit per key and no
 //! list to keep in order on every touch.
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -59,8 +60,8 @@ pub struct StateCache<C: StateLayout> {
     /// Names the operator in errors.
     operator: &'static str,
     /// The first bytes its keys may have, when the table holds other state
-    /// too (empty: any).
-    prefixes: Vec<u8>,
+    /// too (an empty key counts as below every byte).
+    first_bytes: RangeInclusive<u8>,
     backend: StateBackend,
     store: Option<Arc<dyn StateStore>>,
     /// `None` before [`StateCache::start`] (unit tests): unbounded.
@@ -86,7 +87,7 @@ impl<C: StateLayout> StateCache<C> {
             table,
             codec,
             operator,
-            prefixes: Vec::new(),
+            first_bytes: 0..=u8::MAX,
             backend: StateBackend::Heap,
             store: None,
             pool: None,
@@ -100,12 +101,19 @@ impl<C: StateLayout> StateCache<C> {
         }
     }
 
-    /// The cache's keys all start with one of `prefixes`: the rest of its
-    /// table is other state (such as a [`super::TimerQueue`]'s), not read
-    /// at start.
-    pub fn under(mut self, prefixes: &[u8]) -> Self {
-        self.prefixes = prefixes.to_vec();
+    /// The cache's keys all start with a byte in `first_bytes` (or are
+    /// empty, when the range starts at 0): the rest of its table is other
+    /// state (such as a [`super::TimerQueue`]'s), not read at start.
+    pub fn under(mut self, first_bytes: RangeInclusive<u8>) -> Self {
+        self.first_bytes = first_bytes;
         self
+    }
+
+    fn owns(&self, key: &[u8]) -> bool {
+        match key.first() {
+            Some(b) => self.first_bytes.contains(b),
+            None => *self.first_bytes.start() == 0,
+        }
     }
 
     pub fn table(&self) -> u64 {
@@ -153,9 +161,7 @@ impl<C: StateLayout> StateCache<C> {
         match self.backend {
             StateBackend::Heap => {
                 let mut entries = ctx.state.scan(self.table, ctx.key_groups.clone())?;
-                if !self.prefixes.is_empty() {
-                    entries.retain(|e| e.key.first().is_some_and(|b| self.prefixes.contains(b)));
-                }
+                entries.retain(|e| self.owns(&e.key));
                 for (key, key_group, value) in self.codec.read_all(entries)? {
                     self.insert_slot(key, key_group, Some(value), false);
                 }
