@@ -122,8 +122,8 @@ async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_
     .await;
     assert_eq!(
         state.len(),
-        4,
-        "two subtasks of HashAgg and Materialize: {state:?}"
+        6,
+        "two subtasks of HashAgg, Materialize and its changelog: {state:?}"
     );
     let mut on_disk = 0;
     for r in &state {

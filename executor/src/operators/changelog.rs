@@ -11,6 +11,9 @@
 //!   epoch and time are big-endian u64, diff a big-endian i64.
 //! * the empty key → the *horizon*: the last epoch trimmed from this key
 //!   group. Every epoch after the largest horizon of any key group is whole.
+//! * [`OPEN_EPOCH`] `· row` → the row's count before the epoch in progress,
+//!   for rows the Materialize operator let go of from memory; deleted at
+//!   the barrier, before the snapshot, so never in a checkpoint.
 //!
 //! Trimming goes by the barrier's time, which every subtask reads from the
 //! same barrier, so all subtasks keep and drop the same epochs.
@@ -28,6 +31,9 @@ use crate::message::Barrier;
 use crate::operator::OperatorContext;
 use crate::state::StateStore;
 use crate::{ExecError, Result};
+
+/// The key prefix of the epoch in progress (see the module docs).
+pub(crate) const OPEN_EPOCH: [u8; 8] = [0xFF; 8];
 
 /// Entries read per page when looking for what to trim.
 const TRIM_PAGE: usize = 1024;
@@ -73,14 +79,26 @@ impl Changelog {
         self.restored = ctx.restored_from.is_some();
     }
 
-    /// Writes epoch `barrier.checkpoint_id`'s changes and deletes the
-    /// epochs older than the retention.
-    pub fn checkpoint(
-        &mut self,
-        barrier: &Barrier,
-        changes: Vec<Change>,
-        writes: &mut Vec<StateWrite>,
-    ) -> Result<()> {
+    /// Writes some of epoch `barrier.checkpoint_id`'s changes into the
+    /// store, before [`Changelog::checkpoint`] of the same barrier (a page
+    /// at a time, so that an epoch with many changes needs no more memory
+    /// than a page).
+    pub fn record(&mut self, barrier: &Barrier, changes: Vec<Change>) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut writes = Vec::with_capacity(changes.len());
+        self.write(barrier, changes, &mut writes);
+        match &self.state {
+            Some(state) => state.put(writes),
+            None => Err(ExecError::Service(
+                "a view's changelog written before it started".into(),
+            )),
+        }
+    }
+
+    /// Deletes the epochs older than the retention, at the barrier.
+    pub fn checkpoint(&mut self, barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
         let cutoff = barrier.timestamp_ms.saturating_sub(self.retain_ms);
         let aged = self
             .epochs
@@ -91,9 +109,10 @@ impl Changelog {
             self.restored = false;
             self.epochs.retain(|_, t| *t >= cutoff);
         }
-        if changes.is_empty() {
-            return Ok(());
-        }
+        Ok(())
+    }
+
+    fn write(&mut self, barrier: &Barrier, changes: Vec<Change>, writes: &mut Vec<StateWrite>) {
         self.epochs
             .insert(barrier.checkpoint_id, barrier.timestamp_ms);
         let mut value = Vec::with_capacity(16);
@@ -111,7 +130,6 @@ impl Changelog {
                 value: Some(value.clone()),
             });
         }
-        Ok(())
     }
 
     /// Deletes, in each key group, the entries written before `cutoff`
@@ -127,6 +145,9 @@ impl Changelog {
                 let page = state.scan_from(self.table, kg, &from, TRIM_PAGE)?;
                 let full = page.len() == TRIM_PAGE;
                 for e in page {
+                    if e.key.starts_with(&OPEN_EPOCH) {
+                        break 'pages;
+                    }
                     let (epoch, time, _) = decode(&e.key, &e.value)?;
                     if time >= cutoff {
                         break 'pages;
@@ -313,14 +334,15 @@ mod tests {
         let mut log = Changelog::new(5, 10_000);
         log.start(&ctx(state.clone()));
         let mut w = vec![];
-        log.checkpoint(&barrier(1, 1_000), vec![change(3, &row(1), 1)], &mut w)
+        log.record(&barrier(1, 1_000), vec![change(3, &row(1), 1)])
             .unwrap();
-        log.checkpoint(&barrier(2, 2_000), vec![change(9, &row(2), -1)], &mut w)
+        log.checkpoint(&barrier(1, 1_000), &mut w).unwrap();
+        log.record(&barrier(2, 2_000), vec![change(9, &row(2), -1)])
             .unwrap();
-        assert_eq!(w.len(), 2);
-        commit(&state, std::mem::take(&mut w));
+        log.checkpoint(&barrier(2, 2_000), &mut w).unwrap();
+        assert!(w.is_empty(), "the changes went into the store");
         // At 11.5 s epoch 1 (1 s) has aged out, epoch 2 (2 s) has not.
-        log.checkpoint(&barrier(4, 11_500), vec![], &mut w).unwrap();
+        log.checkpoint(&barrier(4, 11_500), &mut w).unwrap();
         assert!(w.contains(&StateWrite {
             table: 5,
             key_group: 3,
@@ -336,10 +358,11 @@ mod tests {
         assert_eq!(w.len(), 2, "key group 9 keeps epoch 2: {w:?}");
         commit(&state, std::mem::take(&mut w));
         // Nothing aged: no scan, no writes.
-        log.checkpoint(&barrier(5, 11_600), vec![], &mut w).unwrap();
+        log.checkpoint(&barrier(5, 11_600), &mut w).unwrap();
         assert!(w.is_empty());
-        log.checkpoint(&barrier(6, 12_000), vec![change(9, &row(42), 2)], &mut w)
+        log.record(&barrier(6, 12_000), vec![change(9, &row(42), 2)])
             .unwrap();
+        log.checkpoint(&barrier(6, 12_000), &mut w).unwrap();
         commit(&state, w);
 
         let dir = tempfile::tempdir().unwrap();
@@ -365,17 +388,16 @@ mod tests {
         first.start(&ctx(state.clone()));
         let mut w = vec![];
         first
-            .checkpoint(&barrier(1, 1_000), vec![change(0, b"x", 1)], &mut w)
+            .record(&barrier(1, 1_000), vec![change(0, b"x", 1)])
             .unwrap();
+        first.checkpoint(&barrier(1, 1_000), &mut w).unwrap();
         commit(&state, w);
         let mut restored = Changelog::new(5, 1_000);
         let mut c = ctx(state.clone());
         c.restored_from = Some(1);
         restored.start(&c);
         let mut w = vec![];
-        restored
-            .checkpoint(&barrier(2, 5_000), vec![], &mut w)
-            .unwrap();
+        restored.checkpoint(&barrier(2, 5_000), &mut w).unwrap();
         assert_eq!(w.len(), 2, "entry deleted, horizon set: {w:?}");
     }
 }

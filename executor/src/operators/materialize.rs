@@ -4,7 +4,7 @@
 //! (see [`read_view`]). With a changelog it also records each row's net
 //! change per checkpoint epoch, for `SUBSCRIBE` (see [`super::changelog`]).
 
-use std::collections::HashMap;
+use std::ops::Range;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
@@ -14,7 +14,7 @@ use storage::chunk::Chunk;
 use storage::codec::RowCodec;
 use storage::state::{StateEntry, StateScan, StateWrite};
 
-use super::changelog::{Change, Changelog};
+use super::changelog::{Change, Changelog, OPEN_EPOCH};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::state::{StateCache, StateCodec};
@@ -25,10 +25,20 @@ pub struct Materialize {
     state_table: u64,
     /// Row → count.
     rows: StateCache<CountCodec>,
-    /// With a changelog: the rows changed since the last barrier → (key
-    /// group, count then). It holds one epoch's changes, not the view.
-    before: HashMap<Vec<u8>, (u16, i64)>,
+    /// With a changelog: [`OPEN_EPOCH`] ‖ row → the row's count at the
+    /// last barrier, for the rows changed since. One epoch's changes, kept
+    /// like any state: with the rocksdb backend what outgrows memory waits
+    /// in the changelog's table until the barrier.
+    before: Option<StateCache<CountCodec>>,
     changelog: Option<Changelog>,
+    key_groups: Range<u16>,
+}
+
+fn open_key(row: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(OPEN_EPOCH.len() + row.len());
+    k.extend_from_slice(&OPEN_EPOCH);
+    k.extend_from_slice(row);
+    k
 }
 
 /// A view row's count, as 8 big-endian bytes.
@@ -66,8 +76,12 @@ impl Materialize {
             codec: codec_for(&expr::output_schema(schema))?,
             state_table,
             rows: StateCache::new(state_table, "Materialize", CountCodec),
-            before: HashMap::new(),
+            before: changelog.as_ref().map(|log| {
+                StateCache::new(log.table(), "Materialize (changelog)", CountCodec)
+                    .under(OPEN_EPOCH[0]..=OPEN_EPOCH[0])
+            }),
             changelog,
+            key_groups: 0..storage::keys::MAX_PARALLELISM,
         })
     }
 }
@@ -87,6 +101,10 @@ impl Operator for Materialize {
         if let Some(log) = &mut self.changelog {
             log.start(ctx);
         }
+        if let Some(before) = &mut self.before {
+            before.start(ctx)?;
+        }
+        self.key_groups = ctx.key_groups.clone();
         self.rows.start(ctx)
     }
 
@@ -100,6 +118,18 @@ impl Operator for Materialize {
                 .map(Vec::as_slice)
                 .zip(key_groups.iter().copied()),
         )?;
+        let open: Vec<Vec<u8>> = match &mut self.before {
+            Some(before) => {
+                let open: Vec<Vec<u8>> = encoded.iter().map(|r| open_key(r)).collect();
+                before.load(
+                    open.iter()
+                        .map(Vec::as_slice)
+                        .zip(key_groups.iter().copied()),
+                )?;
+                open
+            }
+            None => Vec::new(),
+        };
         for (r, row) in encoded.into_iter().enumerate() {
             let sign = chunk.op(r).sign();
             let count = self.rows.get_mut(&row, key_groups[r])?;
@@ -109,34 +139,52 @@ impl Operator for Materialize {
             // order. At a barrier every channel has delivered its part, so
             // committed counts are exact.
             *count = Some(before + sign).filter(|c| *c != 0);
-            if self.changelog.is_some() {
-                self.before.entry(row).or_insert((key_groups[r], before));
+            if let Some(cache) = &mut self.before {
+                let then = cache.get_mut(&open[r], key_groups[r])?;
+                if then.is_none() {
+                    *then = Some(before);
+                }
             }
+        }
+        if let Some(before) = &mut self.before {
+            before.settle()?;
         }
         self.rows.settle()
     }
 
     fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
         out.push(self.rows.report());
+        out.extend(self.before.as_ref().map(StateCache::report));
     }
 
     fn handle_checkpoint(&mut self, barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
-        let mut changes = Vec::new();
-        for (key, (key_group, before)) in std::mem::take(&mut self.before) {
-            let now = self.rows.get(&key, key_group)?.copied().unwrap_or(0);
-            if now != before {
-                changes.push(Change {
-                    key_group,
-                    row: key,
-                    diff: now - before,
-                });
-            }
+        if let (Some(before), Some(log)) = (&mut self.before, &mut self.changelog) {
+            // The epoch's net change of each row it touched, a page at a
+            // time, into the changelog.
+            let rows = &mut self.rows;
+            before.drain(self.key_groups.clone(), OPEN_EPOCH[0], |page| {
+                let page: Vec<(Vec<u8>, u16, i64)> = page
+                    .into_iter()
+                    .map(|(key, kg, then)| (key[OPEN_EPOCH.len()..].to_vec(), kg, then))
+                    .collect();
+                rows.load(page.iter().map(|(row, kg, _)| (row.as_slice(), *kg)))?;
+                let mut changes = Vec::new();
+                for (row, key_group, then) in page {
+                    let now = rows.get(&row, key_group)?.copied().unwrap_or(0);
+                    if now != then {
+                        changes.push(Change {
+                            key_group,
+                            row,
+                            diff: now - then,
+                        });
+                    }
+                }
+                rows.settle()?;
+                log.record(barrier, changes)
+            })?;
+            log.checkpoint(barrier, writes)?;
         }
-        self.rows.checkpoint(writes)?;
-        if let Some(log) = &mut self.changelog {
-            log.checkpoint(barrier, changes, writes)?;
-        }
-        Ok(())
+        self.rows.checkpoint(writes)
     }
 }
 
@@ -176,6 +224,8 @@ pub fn rows_from_entries(entries: &[StateEntry], schema: &SchemaRef) -> Result<V
 mod tests {
     use super::*;
     use crate::operators::test_util::{MemState, chunk, ctx, int_schema, ints};
+    use crate::state::StateStore;
+    use datafusion::arrow::array::AsArray;
     use std::sync::Arc;
     use storage::chunk::Op;
 
@@ -230,34 +280,108 @@ mod tests {
     fn the_changelog_holds_each_epochs_net_change_per_row() {
         let schema = int_schema(&["a"]);
         let mut m = Materialize::new(&schema, 9, Some(Changelog::new(10, 60_000))).unwrap();
-        m.on_start(&ctx(Arc::new(MemState::default())), &mut vec![])
-            .unwrap();
-        feed(&mut m, &[Op::Insert, Op::Insert, Op::Insert], &[1, 1, 2]);
-        let mut writes = vec![];
-        m.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
-            .unwrap();
-        let diffs = |writes: &[StateWrite]| -> Vec<(u64, i64)> {
-            let mut d: Vec<(u64, i64)> = writes
+        let state = Arc::new(MemState::default());
+        m.on_start(&ctx(state.clone()), &mut vec![]).unwrap();
+        // The changelog's entries of an epoch, as (epoch, diff).
+        let diffs = |epoch: u64| -> Vec<(u64, i64)> {
+            let mut d: Vec<(u64, i64)> = state
+                .0
+                .lock()
+                .unwrap()
                 .iter()
-                .filter(|w| w.table == 10)
+                .filter(|w| w.table == 10 && w.key[..8] == epoch.to_be_bytes())
                 .map(|w| {
                     let v = w.value.as_ref().unwrap();
-                    (
-                        u64::from_be_bytes(w.key[..8].try_into().unwrap()),
-                        i64::from_be_bytes(v[8..16].try_into().unwrap()),
-                    )
+                    (epoch, i64::from_be_bytes(v[8..16].try_into().unwrap()))
                 })
                 .collect();
             d.sort();
             d
         };
-        assert_eq!(diffs(&writes), vec![(1, 1), (1, 2)]);
+        feed(&mut m, &[Op::Insert, Op::Insert, Op::Insert], &[1, 1, 2]);
+        let mut writes = vec![];
+        m.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        state.put(writes).unwrap();
+        assert_eq!(diffs(1), vec![(1, 1), (1, 2)]);
         // Row 3 comes and goes within the epoch: no change for it.
         feed(&mut m, &[Op::Insert, Op::Delete, Op::Delete], &[3, 3, 1]);
         let mut more = vec![];
         m.handle_checkpoint(&Barrier::checkpoint(2), &mut more)
             .unwrap();
-        assert_eq!(diffs(&more), vec![(2, -1)]);
+        state.put(more).unwrap();
+        assert_eq!(diffs(2), vec![(2, -1)]);
         assert_eq!(m.tables(), vec![9, 10]);
+    }
+
+    #[test]
+    fn an_epoch_with_more_changes_than_memory_waits_in_the_store() {
+        let schema = int_schema(&["a"]);
+        let mut m = Materialize::new(&schema, 9, Some(Changelog::new(10, 60_000))).unwrap();
+        let state = Arc::new(MemState::default());
+        let mut c = ctx(state.clone());
+        c.backend = crate::state::StateBackend::RocksDb;
+        // Room for a few hundred keys per cache.
+        c.memory = Arc::new(storage::memory::MemoryPool::new(64 << 10));
+        m.on_start(&c, &mut vec![]).unwrap();
+        // Epoch 1: rows 0..5000 once; epoch 2: each even row again, each
+        // row divisible by 3 gone.
+        let all: Vec<i64> = (0..5000).collect();
+        for part in all.chunks(500) {
+            feed(&mut m, &vec![Op::Insert; part.len()], part);
+        }
+        let mut writes = vec![];
+        m.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        state.put(writes).unwrap();
+        let before = m.before.as_ref().unwrap().stats();
+        assert!(before.evictions > 0, "the epoch outgrew memory: {before:?}");
+        let even: Vec<i64> = (0..5000).filter(|v| v % 2 == 0).collect();
+        for part in even.chunks(500) {
+            feed(&mut m, &vec![Op::Insert; part.len()], part);
+        }
+        let thirds: Vec<i64> = (0..5000).filter(|v| v % 3 == 0).collect();
+        for part in thirds.chunks(500) {
+            feed(&mut m, &vec![Op::Delete; part.len()], part);
+        }
+        let mut writes = vec![];
+        m.handle_checkpoint(&Barrier::checkpoint(2), &mut writes)
+            .unwrap();
+        state.put(writes).unwrap();
+
+        // Each epoch's diffs, by row, recomputed apart.
+        let codec = codec_for(&expr::output_schema(&schema)).unwrap();
+        let mut got: std::collections::BTreeMap<(u64, i64), i64> = Default::default();
+        let mut open = 0;
+        let entries = state.scan(10, 0..storage::keys::MAX_PARALLELISM).unwrap();
+        for e in &entries {
+            if e.key.starts_with(&OPEN_EPOCH) {
+                open += 1;
+                continue;
+            }
+            if e.key.is_empty() {
+                continue;
+            }
+            let epoch = u64::from_be_bytes(e.key[..8].try_into().unwrap());
+            let cols = codec.decode(std::iter::once(&e.key[8..])).unwrap();
+            let a = cols[0]
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .value(0);
+            got.insert(
+                (epoch, a),
+                i64::from_be_bytes(e.value[8..16].try_into().unwrap()),
+            );
+        }
+        assert_eq!(open, 0, "nothing of an open epoch is left in the store");
+        let mut want = std::collections::BTreeMap::new();
+        for a in 0..5000i64 {
+            want.insert((1, a), 1);
+            let diff = i64::from(a % 2 == 0) - i64::from(a % 3 == 0);
+            if diff != 0 {
+                want.insert((2, a), diff);
+            }
+        }
+        assert_eq!(got.len(), want.len());
+        assert_eq!(got, want);
     }
 }

@@ -8,14 +8,14 @@
 //! first key whose bit is already clear. It costs one bit per key and no
 //! list to keep in order on every touch.
 
-use std::ops::RangeInclusive;
+use std::ops::{Range, RangeInclusive};
 use std::sync::Arc;
 
 use indexmap::IndexMap;
 use storage::memory::MemoryPool;
-use storage::state::StateWrite;
+use storage::state::{StateEntry, StateWrite};
 
-use super::{OUT_OF_MANAGED_MEMORY, StateBackend, StateLayout, StateStore};
+use super::{KeyedValue, OUT_OF_MANAGED_MEMORY, StateBackend, StateLayout, StateStore};
 use crate::operator::OperatorContext;
 use crate::{ExecError, Result};
 
@@ -160,7 +160,17 @@ impl<C: StateLayout> StateCache<C> {
         self.pool = Some(ctx.memory.clone());
         match self.backend {
             StateBackend::Heap => {
-                let mut entries = ctx.state.scan(self.table, ctx.key_groups.clone())?;
+                let mut entries = if self.first_bytes.start() == self.first_bytes.end() {
+                    // One tag: a prefix scan per key group.
+                    let tag = [*self.first_bytes.start()];
+                    let mut all = Vec::new();
+                    for kg in ctx.key_groups.clone() {
+                        all.extend(ctx.state.scan_prefix(self.table, kg, &tag)?);
+                    }
+                    all
+                } else {
+                    ctx.state.scan(self.table, ctx.key_groups.clone())?
+                };
                 entries.retain(|e| self.owns(&e.key));
                 for (key, key_group, value) in self.codec.read_all(entries)? {
                     self.insert_slot(key, key_group, Some(value), false);
@@ -416,6 +426,86 @@ impl<C: StateLayout> StateCache<C> {
             self.hand = 0;
         }
         Ok(())
+    }
+}
+
+/// Entries [`StateCache::drain`] hands over at a time.
+const DRAIN_PAGE: usize = 4096;
+
+impl<C: StateLayout> StateCache<C> {
+    /// Empties state that lives for one epoch: hands every key with a
+    /// value to `each`, a page at a time — those in memory, then those
+    /// evicted to the store under `tag` (deleted there) — and leaves the
+    /// cache empty. Memory stays within a page beyond the cache.
+    pub fn drain(
+        &mut self,
+        key_groups: Range<u16>,
+        tag: u8,
+        mut each: impl FnMut(Vec<KeyedValue<C::Value>>) -> Result<()>,
+    ) -> Result<()> {
+        let evicted = !self.complete;
+        let mut cached = std::collections::HashSet::new();
+        let mut page = Vec::new();
+        for (key, slot) in self.map.drain(..) {
+            if evicted {
+                cached.insert(key.clone());
+            }
+            if let Some(value) = slot.value {
+                page.push((key, slot.key_group, value));
+                if page.len() == DRAIN_PAGE {
+                    each(std::mem::take(&mut page))?;
+                }
+            }
+        }
+        self.touched.clear();
+        self.hand = 0;
+        self.bytes = 0;
+        self.complete = true;
+        if evicted && let Some(store) = self.store.clone() {
+            for kg in key_groups {
+                let mut from = vec![tag];
+                loop {
+                    let entries = store.scan_from(self.table, kg, &from, DRAIN_PAGE)?;
+                    let full = entries.len() == DRAIN_PAGE;
+                    let entries: Vec<StateEntry> = entries
+                        .into_iter()
+                        .take_while(|e| e.key.first() == Some(&tag))
+                        .collect();
+                    let Some(last) = entries.last() else {
+                        break;
+                    };
+                    from = last.key.clone();
+                    from.push(0);
+                    let done = !full || entries.len() < DRAIN_PAGE;
+                    store.put(
+                        entries
+                            .iter()
+                            .map(|e| StateWrite {
+                                table: self.table,
+                                key_group: kg,
+                                key: e.key.clone(),
+                                value: None,
+                            })
+                            .collect(),
+                    )?;
+                    let fresh: Vec<StateEntry> = entries
+                        .into_iter()
+                        .filter(|e| !cached.contains(&e.key))
+                        .collect();
+                    page.extend(self.codec.read_all(fresh)?);
+                    if page.len() >= DRAIN_PAGE {
+                        each(std::mem::take(&mut page))?;
+                    }
+                    if done {
+                        break;
+                    }
+                }
+            }
+        }
+        if !page.is_empty() {
+            each(page)?;
+        }
+        self.settle()
     }
 }
 
