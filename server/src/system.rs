@@ -516,6 +516,10 @@ impl SystemSchema {
                 "backend",
                 Col::Text(all.iter().map(|(.., s)| Some(s.backend.clone())).collect()),
             ),
+            (
+                "keys",
+                Col::Int(all.iter().map(|(.., s)| s.keys.map(|k| k as i64)).collect()),
+            ),
             ("keys_in_memory", int(&|s| s.keys_in_memory)),
             ("bytes_in_memory", int(&|s| s.bytes_in_memory)),
             ("bytes_on_disk", int(&|s| s.bytes_on_disk)),

@@ -137,6 +137,20 @@ async fn group_by_far_past_managed_memory_spills_to_rocksdb_and_heap_fails_with_
         on_disk += r[4].parse::<i64>().unwrap();
     }
     assert!(on_disk > 0, "the groups are on disk: {state:?}");
+    // Counted exactly, wherever they are: every group once in HashAgg and
+    // once, as its row, in Materialize.
+    assert_eq!(
+        rows(
+            &c,
+            "SELECT operator, sum(keys) FROM weir_catalog.state WHERE name = 'g' \
+             AND operator IN ('HashAgg', 'Materialize') GROUP BY 1 ORDER BY 1",
+        )
+        .await,
+        vec![
+            vec!["HashAgg".to_string(), GROUPS.to_string()],
+            vec!["Materialize".to_string(), GROUPS.to_string()],
+        ]
+    );
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     for r in rows(
         &c,
@@ -248,6 +262,15 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
         assert!(bytes <= 2 << 20, "within the slot's operator share: {r:?}");
         assert!(r[3].parse::<i64>().unwrap() > 0, "rows on disk: {r:?}");
     }
+    // Join keys per side: every left key, the even right ones.
+    assert_eq!(
+        one(
+            &c,
+            "SELECT sum(keys) FROM weir_catalog.state WHERE name = 'j' AND operator = 'HashJoin'"
+        )
+        .await,
+        (ROWS + ROWS / 2).to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -79,6 +79,7 @@ impl Materialize {
             before: changelog.as_ref().map(|log| {
                 StateCache::new(log.table(), "Materialize (changelog)", CountCodec)
                     .under(OPEN_EPOCH[0]..=OPEN_EPOCH[0])
+                    .uncounted()
             }),
             changelog,
             key_groups: 0..storage::keys::MAX_PARALLELISM,
@@ -203,8 +204,13 @@ pub fn read_view(
 /// A view's rows from its state entries (row → count).
 pub fn rows_from_entries(entries: &[StateEntry], schema: &SchemaRef) -> Result<Vec<RecordBatch>> {
     let codec = codec_for(schema)?;
+    // The key counts beside the rows (`crate::state`) are not rows.
+    let rows: Vec<&StateEntry> = entries
+        .iter()
+        .filter(|e| e.key.first() != Some(&crate::state::COUNT_TAG))
+        .collect();
     let mut batches = Vec::new();
-    for page in entries.chunks(8192) {
+    for page in rows.chunks(8192) {
         let unique = codec.decode_batch(schema, page.iter().map(|e| e.key.as_slice()))?;
         let mut indices = Vec::with_capacity(page.len());
         for (i, e) in page.iter().enumerate() {

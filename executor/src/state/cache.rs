@@ -38,6 +38,37 @@ struct Slot<V> {
     referenced: bool,
     /// In `touched`: its size is due to be measured again.
     touched: bool,
+    /// The store holds a value for the key (as far as the cache wrote or
+    /// read it): what its key count has counted.
+    stored: bool,
+}
+
+/// Store key tag of the key counts: each cache keeps, in each key group
+/// of its table, `COUNT_TAG ‖ its first byte` → its number of keys there
+/// (an i64), so that `weir_catalog.state` can say how many keys an
+/// operator holds without reading them. No state key starts with it.
+pub const COUNT_TAG: u8 = 0xFE;
+
+/// The number of keys a cache has in each of its subtask's key groups.
+struct KeyCounts {
+    /// As of the last barrier, from `key_groups.start`.
+    committed: Vec<i64>,
+    /// Changes since.
+    delta: Vec<i64>,
+    key_groups: Range<u16>,
+    /// Every key group's count is known (a state from before key counts
+    /// has none; it shows no count until it is rebuilt).
+    known: bool,
+    /// Every key group's count is in the store.
+    written: bool,
+}
+
+impl KeyCounts {
+    fn add(&mut self, key_group: u16, n: i64) {
+        if self.key_groups.contains(&key_group) {
+            self.delta[usize::from(key_group - self.key_groups.start)] += n;
+        }
+    }
 }
 
 /// What a cache holds and how well it serves; `weir_catalog` shows it.
@@ -79,6 +110,9 @@ pub struct StateCache<C: StateLayout> {
     /// evicted yet): a key it lacks has no value, without a read.
     complete: bool,
     stats: CacheStats,
+    /// `None` before start, and for state that lives one epoch.
+    counts: Option<KeyCounts>,
+    counted: bool,
 }
 
 impl<C: StateLayout> StateCache<C> {
@@ -98,7 +132,20 @@ impl<C: StateLayout> StateCache<C> {
             reserved: 0,
             complete: true,
             stats: CacheStats::default(),
+            counts: None,
+            counted: true,
         }
+    }
+
+    /// State that lives for one epoch ([`StateCache::drain`]): no key
+    /// counts.
+    pub fn uncounted(mut self) -> Self {
+        self.counted = false;
+        self
+    }
+
+    fn count_key(&self) -> [u8; 2] {
+        [COUNT_TAG, *self.first_bytes.start()]
     }
 
     /// The cache's keys all start with a byte in `first_bytes` (or are
@@ -111,6 +158,7 @@ impl<C: StateLayout> StateCache<C> {
 
     fn owns(&self, key: &[u8]) -> bool {
         match key.first() {
+            Some(&COUNT_TAG) => false,
             Some(b) => self.first_bytes.contains(b),
             None => *self.first_bytes.start() == 0,
         }
@@ -135,6 +183,10 @@ impl<C: StateLayout> StateCache<C> {
             operator: self.operator.to_string(),
             table: self.table,
             backend: self.backend.name().to_string(),
+            keys: self.counts.as_ref().filter(|c| c.known).map(|c| {
+                let n: i64 = c.committed.iter().chain(&c.delta).sum();
+                n.max(0) as u64
+            }),
             keys_in_memory: self.map.len() as u64,
             bytes_in_memory: self.bytes as u64,
             bytes_on_disk: 0,
@@ -172,9 +224,15 @@ impl<C: StateLayout> StateCache<C> {
                     ctx.state.scan(self.table, ctx.key_groups.clone())?
                 };
                 entries.retain(|e| self.owns(&e.key));
+                let mut counts = self.new_counts(ctx, true);
                 for (key, key_group, value) in self.codec.read_all(entries)? {
+                    counts.add(key_group, 1);
                     self.insert_slot(key, key_group, Some(value), false);
                 }
+                // What was loaded is what the store holds.
+                std::mem::swap(&mut counts.committed, &mut counts.delta);
+                counts.written = false;
+                self.counts = self.counted.then_some(counts);
                 self.complete = true;
                 self.settle()
             }
@@ -182,14 +240,55 @@ impl<C: StateLayout> StateCache<C> {
                 // A fresh subtask's store is empty; a restored one holds
                 // the checkpoint, read on demand.
                 self.complete = ctx.restored_from.is_none();
+                let mut counts = self.new_counts(ctx, self.complete);
+                if !self.complete && self.counted {
+                    let key = self.count_key();
+                    let at: Vec<(u16, &[u8])> = ctx
+                        .key_groups
+                        .clone()
+                        .map(|kg| (kg, key.as_slice()))
+                        .collect();
+                    let stored = ctx.state.get_many(self.table, &at)?;
+                    counts.known = stored.iter().all(Option::is_some);
+                    counts.written = counts.known;
+                    for (n, bytes) in counts.committed.iter_mut().zip(stored) {
+                        if let Some(bytes) = bytes {
+                            *n = crate::operator::stored_count(&bytes, "state key count")?;
+                        }
+                    }
+                }
+                self.counts = self.counted.then_some(counts);
                 ctx.memory.register_cache();
                 Ok(())
             }
         }
     }
 
+    fn new_counts(&self, ctx: &OperatorContext, known: bool) -> KeyCounts {
+        let n = ctx.key_groups.len();
+        KeyCounts {
+            committed: vec![0; n],
+            delta: vec![0; n],
+            key_groups: ctx.key_groups.clone(),
+            known,
+            written: false,
+        }
+    }
+
+    /// A written-back key's value is `present` in the store now.
+    fn count(counts: &mut Option<KeyCounts>, slot: &mut Slot<C::Value>, present: bool) {
+        if present != slot.stored {
+            if let Some(c) = counts {
+                c.add(slot.key_group, if present { 1 } else { -1 });
+            }
+            slot.stored = present;
+        }
+    }
+
+    /// A new entry for `key`, with its value in the store.
     fn insert_slot(&mut self, key: Vec<u8>, key_group: u16, value: Option<C::Value>, dirty: bool) {
         let index = self.map.len();
+        let value_stored = value.is_some();
         self.map.insert(
             key,
             Slot {
@@ -199,6 +298,7 @@ impl<C: StateLayout> StateCache<C> {
                 dirty,
                 referenced: true,
                 touched: true,
+                stored: value_stored,
             },
         );
         self.touched.push(index);
@@ -386,6 +486,8 @@ impl<C: StateLayout> StateCache<C> {
                 let (table, key_group) = (self.table, slot.key_group);
                 self.codec
                     .write(table, &key, key_group, &mut slot.value, &mut spill);
+                let present = slot.value.is_some();
+                Self::count(&mut self.counts, &mut slot, present);
             }
         }
         self.complete = false;
@@ -407,7 +509,9 @@ impl<C: StateLayout> StateCache<C> {
             slot.dirty = false;
             self.codec
                 .write(self.table, key, slot.key_group, &mut slot.value, writes);
-            gone |= slot.value.is_none();
+            let present = slot.value.is_some();
+            Self::count(&mut self.counts, slot, present);
+            gone |= !present;
             // Written, a map drops the deletions it kept.
             let bytes = Self::measure(&self.codec, key, &slot.value);
             self.bytes = self.bytes - slot.bytes + bytes;
@@ -424,6 +528,24 @@ impl<C: StateLayout> StateCache<C> {
             });
             self.bytes -= freed;
             self.hand = 0;
+        }
+        let key = self.count_key();
+        if let Some(c) = &mut self.counts
+            && c.known
+        {
+            for (i, kg) in c.key_groups.clone().enumerate() {
+                if c.delta[i] == 0 && c.written {
+                    continue;
+                }
+                c.committed[i] += std::mem::take(&mut c.delta[i]);
+                writes.push(StateWrite {
+                    table: self.table,
+                    key_group: kg,
+                    key: key.to_vec(),
+                    value: Some(c.committed[i].to_be_bytes().to_vec()),
+                });
+            }
+            c.written = true;
         }
         Ok(())
     }
@@ -461,6 +583,12 @@ impl<C: StateLayout> StateCache<C> {
         self.hand = 0;
         self.bytes = 0;
         self.complete = true;
+        if let Some(c) = &mut self.counts {
+            // Nothing is left, in memory or in the store.
+            for (d, n) in c.delta.iter_mut().zip(&c.committed) {
+                *d = -n;
+            }
+        }
         if evicted && let Some(store) = self.store.clone() {
             for kg in key_groups {
                 let mut from = vec![tag];
@@ -624,16 +752,28 @@ mod tests {
         cache.insert(b"b", 3, "2".into()).unwrap();
         let mut writes = vec![];
         cache.checkpoint(&mut writes).unwrap();
+        // The first checkpoint writes every key group's key count.
+        let counts = writes.iter().filter(|w| w.key[0] == COUNT_TAG).count();
+        assert_eq!(counts, 128);
+        state.put(writes.clone()).unwrap();
+        writes.retain(|w| w.key[0] != COUNT_TAG);
         assert_eq!(writes.len(), 2);
-        // Clean now: the next checkpoint writes only what changes.
+        assert_eq!(cache.report().keys, Some(2));
+        // Clean now: the next checkpoint writes only what changes (and
+        // key group 3's count, 2 then 1).
         *cache.get_mut(b"a", 3).unwrap() = Some("10".into());
         cache.remove(b"b", 3).unwrap();
         let mut writes = vec![];
         cache.checkpoint(&mut writes).unwrap();
+        state.put(writes.clone()).unwrap();
         writes.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(writes.len(), 3);
         assert_eq!(writes[0].value.as_deref(), Some(&b"10"[..]));
         assert_eq!(writes[1].value, None, "b deleted");
+        assert_eq!(writes[2].key, vec![COUNT_TAG, 0]);
+        assert_eq!(writes[2].value, Some(1i64.to_be_bytes().to_vec()));
         assert_eq!(cache.stats().keys, 1, "a deleted key leaves the cache");
+        assert_eq!(cache.report().keys, Some(1));
 
         // Dirty while the barrier comes, after part of it was spilled: the
         // store plus the checkpoint's writes hold every change.
@@ -648,6 +788,22 @@ mod tests {
         for i in 0..2_000 {
             assert_eq!(stored(&state, i), Some(Some(value.clone())), "key {i}");
         }
+        // Counted whether spilled or written at the barrier; a restored
+        // cache reads the counts, and counts on from them.
+        assert!(cache.stats().evictions > 0);
+        assert_eq!(cache.report().keys, Some(2_001));
+        let (mut restored, _p) = started(StateBackend::RocksDb, STEP, state.clone(), true);
+        assert_eq!(restored.report().keys, Some(2_001));
+        restored.remove(&key(7), 0).unwrap();
+        restored.insert(b"new", 5, "n".into()).unwrap();
+        restored.checkpoint(&mut vec![]).unwrap();
+        assert_eq!(restored.report().keys, Some(2_001));
+        restored.remove(&key(8), 0).unwrap();
+        restored.checkpoint(&mut vec![]).unwrap();
+        assert_eq!(restored.report().keys, Some(2_000));
+        // The heap backend counts what it loads.
+        let (heap, _p) = started(StateBackend::Heap, 1 << 30, state, true);
+        assert_eq!(heap.report().keys, Some(2_001));
     }
 
     #[test]
@@ -667,6 +823,11 @@ mod tests {
         );
         assert_eq!(restored.get(b"z", 1).unwrap(), None);
         assert_eq!(restored.stats().misses, 2, "one read each, then cached");
+        assert_eq!(
+            restored.report().keys,
+            None,
+            "a state from before key counts"
+        );
         let (mut fresh, _p) = started(StateBackend::RocksDb, STEP, state.clone(), false);
         assert_eq!(fresh.get(b"k", 1).unwrap(), None, "a fresh store is empty");
         assert_eq!(fresh.stats().misses, 0);

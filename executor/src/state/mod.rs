@@ -34,7 +34,7 @@ mod timers;
 
 use std::ops::Range;
 
-pub use cache::{CacheStats, StateCache};
+pub use cache::{COUNT_TAG, CacheStats, StateCache};
 pub use layout::{KeyedValue, StateCodec, StateLayout};
 pub use map::{MapCodec, MapLayout, MapValue};
 pub use planner::spec::StateBackend;
@@ -51,6 +51,9 @@ pub struct OperatorStateStats {
     pub table: u64,
     /// `rocksdb` or `heap`.
     pub backend: String,
+    /// Keys in state (in memory or not), as of the latest checkpoint;
+    /// `None` for state restored from before keys were counted.
+    pub keys: Option<u64>,
     /// Keys in memory; with the heap backend, all of them.
     pub keys_in_memory: u64,
     pub bytes_in_memory: u64,
