@@ -601,6 +601,14 @@ impl JobMaster {
         }
         let mut inner = self.lock()?;
         if let Some(failure) = inner.deploy_failure.take() {
+            if inner.state == JobState::Created {
+                // A task of the first deployment failed: the job failed
+                // (a new view's CREATE names it).
+                return Err(ClusterError::JobFailed {
+                    job: self.job,
+                    error: failure,
+                });
+            }
             return Err(ClusterError::Internal(failure));
         }
         match inner.state {
