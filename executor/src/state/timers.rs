@@ -8,19 +8,24 @@
 //! up to its own last one (or all of them, when `complete`), so the
 //! smallest head entry is the key group's next timer.
 //!
-//! Adds and removes are written to the live store as they happen (batched
-//! until the next [`TimerQueue::settle`]), which is consistent for the same
-//! reason evictions are (see the module docs of [`crate::state`]).
+//! With the rocksdb backend, adds and removes are written to the live store
+//! as they happen (batched until the next [`TimerQueue::settle`]), which is
+//! consistent for the same reason evictions are (see the module docs of
+//! [`crate::state`]). With the heap backend every timer is in memory,
+//! accounted to the slot like heap state, and the store gets each epoch's
+//! net changes at the barrier: a timer set and fired within one epoch never
+//! reaches it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 
+use storage::memory::MemoryPool;
 use storage::state::StateWrite;
 
-use super::StateStore;
-use crate::Result;
+use super::{OUT_OF_MANAGED_MEMORY, StateBackend, StateStore};
 use crate::operator::OperatorContext;
+use crate::{ExecError, Result};
 
 /// Timers a head holds at most.
 const HEAD: usize = 64;
@@ -41,6 +46,19 @@ pub struct TimerQueue {
     heads: Vec<Head>,
     /// Changes not yet in the store.
     writes: Vec<StateWrite>,
+    backend: StateBackend,
+    /// Heap: store key → (key group, set now, set in the store) for the
+    /// timers changed since the last barrier.
+    changed: HashMap<Vec<u8>, (u16, bool, bool)>,
+    /// Heap: the timers' bytes, and those reserved from the slot's pool.
+    bytes: usize,
+    reserved: usize,
+    pool: Option<Arc<MemoryPool>>,
+}
+
+/// What a timer in memory is accounted as.
+fn timer_bytes(key: &[u8]) -> usize {
+    key.len() + 64
 }
 
 /// Time as bytes that sort as the time does.
@@ -50,6 +68,14 @@ fn time_bytes(time: i64) -> [u8; 8] {
 
 fn time_of(bytes: &[u8]) -> Option<i64> {
     Some((u64::from_be_bytes(bytes.try_into().ok()?) ^ (1 << 63)) as i64)
+}
+
+impl Drop for TimerQueue {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.release(self.reserved);
+        }
+    }
 }
 
 impl TimerQueue {
@@ -63,6 +89,11 @@ impl TimerQueue {
             key_groups: 0..0,
             heads: Vec::new(),
             writes: Vec::new(),
+            backend: StateBackend::RocksDb,
+            changed: HashMap::new(),
+            bytes: 0,
+            reserved: 0,
+            pool: None,
         }
     }
 
@@ -71,7 +102,8 @@ impl TimerQueue {
     pub fn start(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.store = Some(ctx.state.clone());
         self.key_groups = ctx.key_groups.clone();
-        let complete = ctx.restored_from.is_none();
+        self.backend = ctx.backend;
+        let complete = ctx.restored_from.is_none() || self.backend == StateBackend::Heap;
         self.heads = ctx
             .key_groups
             .clone()
@@ -80,7 +112,53 @@ impl TimerQueue {
                 complete,
             })
             .collect();
+        if self.backend == StateBackend::Heap {
+            self.pool = Some(ctx.memory.clone());
+            if ctx.restored_from.is_some() {
+                // Every timer, in memory.
+                for (i, kg) in ctx.key_groups.clone().enumerate() {
+                    for e in ctx.state.scan_prefix(self.table, kg, &[self.tag])? {
+                        let time =
+                            e.key.get(1..9).and_then(time_of).ok_or_else(|| {
+                                storage::StorageError::Corrupt("timer key".into())
+                            })?;
+                        self.bytes += timer_bytes(&e.key[9..]);
+                        self.heads[i].timers.insert((time, e.key[9..].to_vec()));
+                    }
+                }
+            }
+            return self.account();
+        }
         self.refill()
+    }
+
+    fn heap(&self) -> bool {
+        self.backend == StateBackend::Heap && self.store.is_some()
+    }
+
+    /// Heap: keeps the reservation up with the timers' bytes.
+    fn account(&mut self) -> Result<()> {
+        const STEP: usize = 1 << 20;
+        let Some(pool) = &self.pool else {
+            return Ok(());
+        };
+        if self.bytes > self.reserved {
+            let need = (self.bytes - self.reserved).div_ceil(STEP) * STEP;
+            if !pool.try_reserve(need) {
+                return Err(ExecError::OutOfMemory(format!(
+                    "{OUT_OF_MANAGED_MEMORY}: the timers of an operator need more than the \
+                     {} MiB the operators of its slot may use (raise --managed-memory-mb, or \
+                     SET state_backend = 'rocksdb' before creating the view)",
+                    pool.capacity() >> 20
+                )));
+            }
+            self.reserved += need;
+        } else if self.reserved - self.bytes > 2 * STEP {
+            let keep = self.bytes.div_ceil(STEP) * STEP;
+            pool.release(self.reserved - keep);
+            self.reserved = keep;
+        }
+        Ok(())
     }
 
     fn store_key(&self, time: i64, key: &[u8]) -> Vec<u8> {
@@ -113,6 +191,26 @@ impl TimerQueue {
     }
 
     fn write(&mut self, time: i64, key: &[u8], key_group: u16, set: bool) {
+        if self.heap() {
+            // Called before the head changes: whether it holds the timer
+            // is whether the store does, if nothing changed it this epoch.
+            let held = self.heads[usize::from(key_group - self.key_groups.start)]
+                .timers
+                .contains(&(time, key.to_vec()));
+            let entry = self
+                .changed
+                .entry(self.store_key(time, key))
+                .or_insert((key_group, held, held));
+            entry.1 = set;
+            if set != held {
+                if set {
+                    self.bytes += timer_bytes(key);
+                } else {
+                    self.bytes = self.bytes.saturating_sub(timer_bytes(key));
+                }
+            }
+            return;
+        }
         self.writes.push(StateWrite {
             table: self.table,
             key_group,
@@ -124,12 +222,13 @@ impl TimerQueue {
     /// Sets a timer for `key` (in `key_group`) at `time`.
     pub fn add(&mut self, time: i64, key: &[u8], key_group: u16) {
         self.write(time, key, key_group, true);
+        let heap = self.heap();
         let head = self.head(key_group);
         let entry = (time, key.to_vec());
         let within = head.complete || head.timers.last().is_some_and(|last| entry < *last);
         if within {
             head.timers.insert(entry);
-            if head.timers.len() > HEAD {
+            if head.timers.len() > HEAD && !heap {
                 head.timers.pop_last();
                 head.complete = false;
             }
@@ -170,7 +269,17 @@ impl TimerQueue {
                 return Ok(out);
             }
             for (time, key, key_group) in &due {
-                self.write(*time, key, *key_group, false);
+                if self.heap() {
+                    // Popped already: it was held.
+                    let entry = self
+                        .changed
+                        .entry(self.store_key(*time, key))
+                        .or_insert((*key_group, true, true));
+                    entry.1 = false;
+                    self.bytes = self.bytes.saturating_sub(timer_bytes(key));
+                } else {
+                    self.write(*time, key, *key_group, false);
+                }
             }
             out.extend(due);
             // Emptied heads read their next timers, which may be due too.
@@ -188,6 +297,9 @@ impl TimerQueue {
         let Some(store) = self.store.clone() else {
             return Ok(());
         };
+        if self.heap() {
+            return self.account();
+        }
         if !self.writes.is_empty() {
             store.put(std::mem::take(&mut self.writes))?;
         }
@@ -223,6 +335,16 @@ impl TimerQueue {
     /// `writes`.
     pub fn checkpoint(&mut self, writes: &mut Vec<StateWrite>) {
         writes.append(&mut self.writes);
+        for (key, (key_group, set, stored)) in self.changed.drain() {
+            if set != stored {
+                writes.push(StateWrite {
+                    table: self.table,
+                    key_group,
+                    key,
+                    value: set.then(Vec::new),
+                });
+            }
+        }
     }
 
     /// Timers held in memory.
@@ -237,9 +359,14 @@ mod tests {
     use crate::operators::test_util::{MemState, ctx};
 
     fn started(state: Arc<MemState>, restored: bool) -> TimerQueue {
+        started_with(state, restored, StateBackend::RocksDb)
+    }
+
+    fn started_with(state: Arc<MemState>, restored: bool, backend: StateBackend) -> TimerQueue {
         let mut c = ctx(state);
         c.key_groups = 4..8;
         c.restored_from = restored.then_some(1);
+        c.backend = backend;
         let mut q = TimerQueue::new(3, b't');
         q.start(&c).unwrap();
         q
@@ -281,5 +408,40 @@ mod tests {
         assert_eq!(rest[0].0, 1);
         r.settle().unwrap();
         assert_eq!(r.next(), None);
+    }
+
+    #[test]
+    fn heap_timers_stay_in_memory_and_reach_the_store_as_each_epochs_net_change() {
+        let state = Arc::new(MemState::default());
+        let mut q = started_with(state.clone(), false, StateBackend::Heap);
+        for i in 0..1000i64 {
+            q.add(i, format!("k{i}").as_bytes(), 4 + (i % 4) as u16);
+        }
+        q.settle().unwrap();
+        assert_eq!(q.in_memory(), 1000, "all of them");
+        assert!(state.0.lock().unwrap().is_empty(), "nothing written yet");
+        // Fired or removed within the epoch: never written.
+        assert_eq!(q.expired(99).unwrap().len(), 100);
+        q.remove(500, b"k500", 4);
+        q.settle().unwrap();
+        let mut writes = vec![];
+        q.checkpoint(&mut writes);
+        assert_eq!(writes.len(), 899);
+        assert!(writes.iter().all(|w| w.value.is_some()));
+        state.put(writes).unwrap();
+        // The next epoch fires some of those: their deletes.
+        assert_eq!(q.expired(199).unwrap().len(), 100);
+        let mut writes = vec![];
+        q.checkpoint(&mut writes);
+        assert_eq!(writes.len(), 100);
+        assert!(writes.iter().all(|w| w.value.is_none()));
+        state.put(writes).unwrap();
+        // A restored heap queue holds them all again.
+        let mut r = started_with(state, true, StateBackend::Heap);
+        assert_eq!(r.in_memory(), 799);
+        assert_eq!(r.next(), Some(200));
+        let rest = r.expired(i64::MAX).unwrap();
+        assert_eq!(rest.len(), 799);
+        assert!(!rest.iter().any(|(t, _, _)| *t == 500));
     }
 }
