@@ -35,6 +35,10 @@ const STATE_VERSION: u8 = 1;
 /// Arrow rows, start with a byte below 3; see [`super::ttl::EXPIRY`]).
 const WINDOW_TIMERS: u8 = 0x22;
 
+/// The first bytes of group keys; the table's other state (timers,
+/// expiries) uses tags from 0x10 on.
+const GROUP_KEYS: std::ops::RangeInclusive<u8> = 0..=0x0f;
+
 /// The state of EMIT ON WINDOW CLOSE: open groups by window end.
 struct WindowClose {
     /// Which group key is `window_end`.
@@ -230,10 +234,8 @@ impl HashAgg {
             global: group_exprs.is_empty(),
             always: None,
             eowc: None,
-            // Group keys start with a byte below 3; the table's other state
-            // (timers, expiries) with tags from 0x10 on.
             groups: StateCache::new(state_table, "HashAgg", GroupCodec { aggs: aggs.len() })
-                .under(0..=0x0f),
+                .under(GROUP_KEYS),
             ttl: None,
             errors: None,
         })
@@ -365,7 +367,7 @@ impl HashAgg {
             .state
             .scan(self.state_table, ctx.key_groups.clone())?
             .into_iter()
-            .filter(|e| e.key.first().is_none_or(|b| *b < 0x10))
+            .filter(|e| e.key.first().is_none_or(|b| GROUP_KEYS.contains(b)))
             .map(|e| (e.key, e.key_group))
             .collect();
         if groups.is_empty() {

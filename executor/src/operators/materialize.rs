@@ -17,19 +17,19 @@ use storage::state::{StateEntry, StateScan, StateWrite};
 use super::changelog::{Change, Changelog, OPEN_EPOCH};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
-use crate::state::{StateCache, StateCodec};
+use crate::state::{I64Codec, StateCache};
 use crate::{Result, expr};
 
 pub struct Materialize {
     codec: RowCodec,
     state_table: u64,
     /// Row → count.
-    rows: StateCache<CountCodec>,
+    rows: StateCache<I64Codec>,
     /// With a changelog: [`OPEN_EPOCH`] ‖ row → the row's count at the
     /// last barrier, for the rows changed since. One epoch's changes, kept
     /// like any state: with the rocksdb backend what outgrows memory waits
     /// in the changelog's table until the barrier.
-    before: Option<StateCache<CountCodec>>,
+    before: Option<StateCache<I64Codec>>,
     changelog: Option<Changelog>,
     key_groups: Range<u16>,
 }
@@ -41,24 +41,8 @@ fn open_key(row: &[u8]) -> Vec<u8> {
     k
 }
 
-/// A view row's count, as 8 big-endian bytes.
-pub(crate) struct CountCodec;
-
-impl StateCodec for CountCodec {
-    type Value = i64;
-
-    fn encode(&self, count: &i64) -> Vec<u8> {
-        count.to_be_bytes().to_vec()
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Result<i64> {
-        crate::operator::stored_count(bytes, "view row count")
-    }
-
-    fn heap_size(&self, _: &i64) -> usize {
-        0
-    }
-}
+/// A view row's count.
+const COUNT: I64Codec = I64Codec("view row count");
 
 fn codec_for(schema: &SchemaRef) -> Result<RowCodec> {
     Ok(RowCodec::new(
@@ -75,9 +59,9 @@ impl Materialize {
         Ok(Self {
             codec: codec_for(&expr::output_schema(schema))?,
             state_table,
-            rows: StateCache::new(state_table, "Materialize", CountCodec),
+            rows: StateCache::new(state_table, "Materialize", COUNT),
             before: changelog.as_ref().map(|log| {
-                StateCache::new(log.table(), "Materialize (changelog)", CountCodec)
+                StateCache::new(log.table(), "Materialize (changelog)", COUNT)
                     .under(OPEN_EPOCH[0]..=OPEN_EPOCH[0])
                     .uncounted()
             }),

@@ -18,7 +18,7 @@ use storage::state::StateWrite;
 
 use crate::Result;
 use crate::operator::OperatorContext;
-use crate::state::{OperatorStateStats, StateCache, StateCodec, TimerQueue};
+use crate::state::{I64Codec, OperatorStateStats, StateCache, TimerQueue};
 
 /// Store key tag of the expiries. The operator's own keys must not start
 /// with it: Arrow's row format, in which operators encode keys, starts
@@ -27,30 +27,11 @@ pub(crate) const EXPIRY: u8 = 0x20;
 /// Store key tag of the timers.
 pub(crate) const TIMERS: u8 = 0x21;
 
-/// An expiry as 8 big-endian bytes.
-struct ExpiryCodec;
-
-impl StateCodec for ExpiryCodec {
-    type Value = i64;
-
-    fn encode(&self, at: &i64) -> Vec<u8> {
-        at.to_be_bytes().to_vec()
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Result<i64> {
-        crate::operator::stored_count(bytes, "state TTL expiry")
-    }
-
-    fn heap_size(&self, _: &i64) -> usize {
-        0
-    }
-}
-
 pub(crate) struct Ttl {
     ttl_us: i64,
     step_us: i64,
     /// [`EXPIRY`] ‖ key → when the key expires.
-    expiries: StateCache<ExpiryCodec>,
+    expiries: StateCache<I64Codec>,
     /// A timer per key at its expiry.
     timers: TimerQueue,
 }
@@ -69,7 +50,8 @@ impl Ttl {
         Self {
             ttl_us,
             step_us: (ttl_us / 100).clamp(1, 1_000_000),
-            expiries: StateCache::new(table, operator, ExpiryCodec).under(EXPIRY..=EXPIRY),
+            expiries: StateCache::new(table, operator, I64Codec("state TTL expiry"))
+                .under(EXPIRY..=EXPIRY),
             timers: TimerQueue::new(table, TIMERS),
         }
     }

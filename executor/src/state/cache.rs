@@ -15,14 +15,9 @@ use indexmap::IndexMap;
 use storage::memory::MemoryPool;
 use storage::state::{StateEntry, StateWrite};
 
-use super::{KeyedValue, OUT_OF_MANAGED_MEMORY, StateBackend, StateLayout, StateStore};
+use super::{KeyedValue, StateBackend, StateLayout, StateStore};
 use crate::operator::OperatorContext;
 use crate::{ExecError, Result};
-
-/// Heap reservations from the slot's pool are made in steps of at most
-/// this size (and at most 1/64 of the pool), so that a growing cache does
-/// not touch the shared counter on every batch.
-const STEP: usize = 1 << 20;
 
 struct Slot<V> {
     /// `None`: the key has no value (deleted here, or absent from the
@@ -430,25 +425,8 @@ impl<C: StateLayout> StateCache<C> {
         };
         match self.backend {
             StateBackend::Heap => {
-                let step = (pool.capacity() / 64).clamp(1, STEP);
-                if self.bytes > self.reserved {
-                    let need = (self.bytes - self.reserved).div_ceil(step) * step;
-                    if !pool.try_reserve(need) {
-                        return Err(ExecError::OutOfMemory(format!(
-                            "{OUT_OF_MANAGED_MEMORY}: the state of {} needs more than the \
-                             {} MiB the operators of its slot may use (raise \
-                             --managed-memory-mb, or SET state_backend = 'rocksdb' before \
-                             creating the view)",
-                            self.operator,
-                            pool.capacity() >> 20
-                        )));
-                    }
-                    self.reserved += need;
-                } else if self.reserved - self.bytes > 2 * step {
-                    let keep = self.bytes.div_ceil(step) * step + step;
-                    pool.release(self.reserved - keep);
-                    self.reserved = keep;
-                }
+                let what = format!("the state of {}", self.operator);
+                super::reserve_heap(&pool, &mut self.reserved, self.bytes, &what)?;
             }
             StateBackend::RocksDb => {
                 let share = pool.cache_share();
@@ -593,9 +571,8 @@ impl<C: StateLayout> StateCache<C> {
             for kg in key_groups {
                 let mut from = vec![tag];
                 loop {
-                    let entries = store.scan_from(self.table, kg, &from, DRAIN_PAGE)?;
-                    let full = entries.len() == DRAIN_PAGE;
-                    let entries: Vec<StateEntry> = entries
+                    let entries: Vec<StateEntry> = store
+                        .scan_from(self.table, kg, &from, DRAIN_PAGE)?
                         .into_iter()
                         .take_while(|e| e.key.first() == Some(&tag))
                         .collect();
@@ -604,7 +581,8 @@ impl<C: StateLayout> StateCache<C> {
                     };
                     from = last.key.clone();
                     from.push(0);
-                    let done = !full || entries.len() < DRAIN_PAGE;
+                    // A short page: the store or the tag ended.
+                    let done = entries.len() < DRAIN_PAGE;
                     store.put(
                         entries
                             .iter()
@@ -651,7 +629,7 @@ impl<C: StateLayout> Drop for StateCache<C> {
 mod tests {
     use super::*;
     use crate::operators::test_util::{MemState, ctx};
-    use crate::state::StateCodec;
+    use crate::state::{OUT_OF_MANAGED_MEMORY, STEP, StateCodec};
 
     /// Values are strings; a string's heap bytes are its length.
     struct Text;

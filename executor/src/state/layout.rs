@@ -24,6 +24,26 @@ pub trait StateCodec {
     fn heap_size(&self, value: &Self::Value) -> usize;
 }
 
+/// An i64 as 8 big-endian bytes (a count, a time); the name says what it
+/// is when stored bytes are not 8.
+pub struct I64Codec(pub &'static str);
+
+impl StateCodec for I64Codec {
+    type Value = i64;
+
+    fn encode(&self, value: &i64) -> Vec<u8> {
+        value.to_be_bytes().to_vec()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<i64> {
+        crate::operator::stored_count(bytes, self.0)
+    }
+
+    fn heap_size(&self, _: &i64) -> usize {
+        0
+    }
+}
+
 /// A key, its key group and its value, as a table scan yields them.
 pub type KeyedValue<V> = (Vec<u8>, u16, V);
 

@@ -35,7 +35,7 @@ mod timers;
 use std::ops::Range;
 
 pub use cache::{COUNT_TAG, CacheStats, StateCache};
-pub use layout::{KeyedValue, StateCodec, StateLayout};
+pub use layout::{I64Codec, KeyedValue, StateCodec, StateLayout};
 pub use map::{MapCodec, MapLayout, MapValue};
 pub use planner::spec::StateBackend;
 use storage::state::{StateEntry, StateWrite};
@@ -67,6 +67,41 @@ pub struct OperatorStateStats {
 
 /// The words every "out of managed memory" error starts with.
 pub const OUT_OF_MANAGED_MEMORY: &str = "out of managed memory";
+
+/// Heap reservations from the slot's pool are made in steps of at most
+/// this size (and at most 1/64 of the pool), so that growing state does
+/// not touch the shared counter on every batch.
+pub(crate) const STEP: usize = 1 << 20;
+
+/// Keeps `reserved` (bytes taken from the slot's pool for heap state) up
+/// with `bytes` (what the state holds): reserves more in steps, gives back
+/// what is two steps too much, and fails with "out of managed memory"
+/// naming `what` when the pool has no more.
+pub(crate) fn reserve_heap(
+    pool: &storage::memory::MemoryPool,
+    reserved: &mut usize,
+    bytes: usize,
+    what: &str,
+) -> Result<()> {
+    let step = (pool.capacity() / 64).clamp(1, STEP);
+    if bytes > *reserved {
+        let need = (bytes - *reserved).div_ceil(step) * step;
+        if !pool.try_reserve(need) {
+            return Err(crate::ExecError::OutOfMemory(format!(
+                "{OUT_OF_MANAGED_MEMORY}: {what} needs more than the {} MiB the operators of \
+                 its slot may use (raise --managed-memory-mb, or SET state_backend = \
+                 'rocksdb' before creating the view)",
+                pool.capacity() >> 20
+            )));
+        }
+        *reserved += need;
+    } else if *reserved - bytes > 2 * step {
+        let keep = bytes.div_ceil(step) * step + step;
+        pool.release(*reserved - keep);
+        *reserved = keep;
+    }
+    Ok(())
+}
 
 /// A subtask's keyed state store: the committed state it restored from,
 /// plus what its operators wrote since (see the module docs).

@@ -23,9 +23,9 @@ use std::sync::Arc;
 use storage::memory::MemoryPool;
 use storage::state::StateWrite;
 
-use super::{OUT_OF_MANAGED_MEMORY, StateBackend, StateStore};
+use super::{StateBackend, StateStore};
+use crate::Result;
 use crate::operator::OperatorContext;
-use crate::{ExecError, Result};
 
 /// Timers a head holds at most.
 const HEAD: usize = 64;
@@ -68,6 +68,15 @@ fn time_bytes(time: i64) -> [u8; 8] {
 
 fn time_of(bytes: &[u8]) -> Option<i64> {
     Some((u64::from_be_bytes(bytes.try_into().ok()?) ^ (1 << 63)) as i64)
+}
+
+/// A stored timer's time and key.
+fn parse(stored: &[u8]) -> Result<(i64, Vec<u8>)> {
+    let time = stored
+        .get(1..9)
+        .and_then(time_of)
+        .ok_or_else(|| storage::StorageError::Corrupt("timer key".into()))?;
+    Ok((time, stored[9..].to_vec()))
 }
 
 impl Drop for TimerQueue {
@@ -118,12 +127,9 @@ impl TimerQueue {
                 // Every timer, in memory.
                 for (i, kg) in ctx.key_groups.clone().enumerate() {
                     for e in ctx.state.scan_prefix(self.table, kg, &[self.tag])? {
-                        let time =
-                            e.key.get(1..9).and_then(time_of).ok_or_else(|| {
-                                storage::StorageError::Corrupt("timer key".into())
-                            })?;
-                        self.bytes += timer_bytes(&e.key[9..]);
-                        self.heads[i].timers.insert((time, e.key[9..].to_vec()));
+                        let timer = parse(&e.key)?;
+                        self.bytes += timer_bytes(&timer.1);
+                        self.heads[i].timers.insert(timer);
                     }
                 }
             }
@@ -138,27 +144,12 @@ impl TimerQueue {
 
     /// Heap: keeps the reservation up with the timers' bytes.
     fn account(&mut self) -> Result<()> {
-        const STEP: usize = 1 << 20;
-        let Some(pool) = &self.pool else {
-            return Ok(());
-        };
-        if self.bytes > self.reserved {
-            let need = (self.bytes - self.reserved).div_ceil(STEP) * STEP;
-            if !pool.try_reserve(need) {
-                return Err(ExecError::OutOfMemory(format!(
-                    "{OUT_OF_MANAGED_MEMORY}: the timers of an operator need more than the \
-                     {} MiB the operators of its slot may use (raise --managed-memory-mb, or \
-                     SET state_backend = 'rocksdb' before creating the view)",
-                    pool.capacity() >> 20
-                )));
+        match &self.pool {
+            Some(pool) => {
+                super::reserve_heap(pool, &mut self.reserved, self.bytes, "an operator's timers")
             }
-            self.reserved += need;
-        } else if self.reserved - self.bytes > 2 * STEP {
-            let keep = self.bytes.div_ceil(STEP) * STEP;
-            pool.release(self.reserved - keep);
-            self.reserved = keep;
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn store_key(&self, time: i64, key: &[u8]) -> Vec<u8> {
@@ -190,13 +181,19 @@ impl TimerQueue {
         &mut self.heads[usize::from(key_group - self.key_groups.start)]
     }
 
+    /// Called before the head changes.
     fn write(&mut self, time: i64, key: &[u8], key_group: u16, set: bool) {
-        if self.heap() {
-            // Called before the head changes: whether it holds the timer
-            // is whether the store does, if nothing changed it this epoch.
-            let held = self.heads[usize::from(key_group - self.key_groups.start)]
+        let held = self.heap()
+            && self.heads[usize::from(key_group - self.key_groups.start)]
                 .timers
                 .contains(&(time, key.to_vec()));
+        self.write_held(time, key, key_group, set, held);
+    }
+
+    /// `held`: the heap holds the timer (heap only), which is whether the
+    /// store does if nothing changed it this epoch.
+    fn write_held(&mut self, time: i64, key: &[u8], key_group: u16, set: bool, held: bool) {
+        if self.heap() {
             let entry = self
                 .changed
                 .entry(self.store_key(time, key))
@@ -269,17 +266,8 @@ impl TimerQueue {
                 return Ok(out);
             }
             for (time, key, key_group) in &due {
-                if self.heap() {
-                    // Popped already: it was held.
-                    let entry = self
-                        .changed
-                        .entry(self.store_key(*time, key))
-                        .or_insert((*key_group, true, true));
-                    entry.1 = false;
-                    self.bytes = self.bytes.saturating_sub(timer_bytes(key));
-                } else {
-                    self.write(*time, key, *key_group, false);
-                }
+                // Popped already: it was held.
+                self.write_held(*time, key, *key_group, false, true);
             }
             out.extend(due);
             // Emptied heads read their next timers, which may be due too.
@@ -319,12 +307,7 @@ impl TimerQueue {
                 if found > HEAD {
                     break;
                 }
-                let time = e
-                    .key
-                    .get(1..9)
-                    .and_then(time_of)
-                    .ok_or_else(|| storage::StorageError::Corrupt("timer key".into()))?;
-                head.timers.insert((time, e.key[9..].to_vec()));
+                head.timers.insert(parse(&e.key)?);
             }
             head.complete = found <= HEAD;
         }
