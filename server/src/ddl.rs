@@ -898,8 +898,10 @@ pub(crate) async fn start_job(db: &Arc<Database>, entry: Entry, graph: JobGraph)
     crate::control::commit_point()?;
     db.catalog.add(entry)?;
     if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
+        // Named while the entry is still there.
+        let error = db.job_error(e);
         db.catalog.remove(&[id])?;
-        return Err(e.into());
+        return Err(error);
     }
     if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
         // Named while the entry is still there.

@@ -170,7 +170,11 @@ pub(crate) async fn job_graph(entry: &Entry) -> Result<JobGraph> {
 pub(crate) async fn start(db: &Arc<Database>, entry: &Entry) -> Result<()> {
     let graph = job_graph(entry).await?;
     let id = entry.id();
-    db.cluster.job_manager.submit_job(id, graph).await?;
+    db.cluster
+        .job_manager
+        .submit_job(id, graph)
+        .await
+        .map_err(|e| db.job_error(e))?;
     if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
         let _ = db.cluster.job_manager.cancel_job(id, true).await;
         return Err(db.job_error(e));
