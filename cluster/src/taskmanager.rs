@@ -128,6 +128,19 @@ impl StateStore for BackendReader {
             .backend()?
             .scan_state_prefix(table, key_group, prefix)?)
     }
+
+    fn scan_prefix_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> executor::Result<Vec<StateEntry>> {
+        Ok(self
+            .backend()?
+            .scan_state_prefix_from(table, key_group, prefix, from, limit)?)
+    }
 }
 
 /// What a TaskManager is made of, besides its slots and tasks.

@@ -4,7 +4,8 @@
 //! equal to their closed forms, survives `kill -9`, and shows what it holds
 //! in `weir_catalog.state`; the `heap` backend fails the view with `53200`
 //! and leaves the server and the other views running. A join whose rows
-//! are many times the memory keeps them in RocksDB the same way.
+//! are many times the memory keeps them in RocksDB the same way, and so
+//! do a TopN partition and a join key that alone are many times the memory.
 
 mod common;
 
@@ -271,6 +272,106 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
         .await,
         (ROWS + ROWS / 2).to_string()
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
+    // 200,000 rows in one TopN partition (a view's ORDER BY … LIMIT has
+    // no PARTITION BY) and under one join key: tens of MiB each, in a
+    // 2 MiB share.
+    const ROWS: i64 = 200_000;
+    const P: i64 = 200_003; // prime: v = k * 7919 % P is distinct per row
+    let mut server = small_server();
+    let c = server.client().await;
+    c.batch_execute(&format!(
+        "CREATE TABLE t (k bigint, v bigint, g bigint); \
+         CREATE TABLE d (g bigint, name text); \
+         SET state_backend = 'rocksdb'; \
+         CREATE MATERIALIZED VIEW top5 AS SELECT k, v FROM t ORDER BY v DESC LIMIT 5; \
+         CREATE MATERIALIZED VIEW joined AS SELECT d.name, count(*) AS c, sum(t.k) AS s \
+         FROM t LEFT JOIN d ON t.g = d.g GROUP BY 1; \
+         INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
+    ))
+    .await
+    .unwrap();
+    // The top five by a separate recomputation, of the rows with v <= max.
+    let expected = |max: i64| -> Vec<Vec<String>> {
+        let mut all: Vec<(i64, i64)> = (1..=ROWS)
+            .map(|k| (k * 7919 % P, k))
+            .filter(|(v, _)| *v <= max)
+            .collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        all.iter()
+            .take(5)
+            .map(|(v, k)| vec![k.to_string(), v.to_string()])
+            .collect()
+    };
+    let top = "SELECT k, v FROM top5 ORDER BY v DESC";
+    c.batch_execute("FLUSH").await.unwrap();
+    assert_eq!(rows(&c, top).await, expected(P));
+    let sum = ROWS * (ROWS + 1) / 2;
+    assert_eq!(
+        rows(&c, "SELECT name, c, s FROM joined").await,
+        vec![vec!["NULL".to_string(), ROWS.to_string(), sum.to_string()]]
+    );
+
+    // The top rows go: the next ones come up from the store.
+    c.batch_execute("DELETE FROM t WHERE v > 199000; FLUSH")
+        .await
+        .unwrap();
+    assert_eq!(rows(&c, top).await, expected(199_000));
+    let left = one(&c, "SELECT count(*) FROM t").await;
+    assert!(
+        left.parse::<i64>().unwrap() < ROWS - 900,
+        "{left} rows left"
+    );
+
+    // The hot key meets a row of the other side, after a kill -9.
+    eventually(
+        &c,
+        "SELECT count(*) > 0 FROM weir_catalog.checkpoints WHERE view = 'joined' AND state = 'COMPLETED'",
+        "t",
+        &server,
+    )
+    .await;
+    server.crash_and_restart();
+    let c = server.client().await;
+    c.batch_execute("INSERT INTO d VALUES (0, 'x'); DELETE FROM t WHERE v > 198000; FLUSH")
+        .await
+        .unwrap();
+    assert_eq!(rows(&c, top).await, expected(198_000));
+    let (n, s) = (
+        one(&c, "SELECT count(*) FROM t").await,
+        one(&c, "SELECT sum(k) FROM t").await,
+    );
+    assert_eq!(
+        rows(&c, "SELECT name, c, s FROM joined").await,
+        vec![vec!["x".to_string(), n, s]]
+    );
+
+    // Each key is in memory, a page of it (the whole key would be tens of
+    // MiB), and never evicted: cut back instead.
+    c.batch_execute("CHECKPOINT").await.unwrap();
+    let state = rows(
+        &c,
+        "SELECT name, operator, sum(keys), sum(bytes_in_memory), sum(evictions) \
+         FROM weir_catalog.state WHERE operator IN ('TopN', 'HashJoin') GROUP BY 1, 2 ORDER BY 1",
+    )
+    .await;
+    assert_eq!(state.len(), 2, "{state:?}");
+    assert_eq!(
+        state[0][2], "2",
+        "one key on each side of the join: {state:?}"
+    );
+    assert_eq!(state[1][2], "1", "one partition: {state:?}");
+    for r in &state {
+        let bytes: i64 = r[3].parse().unwrap();
+        assert!(
+            bytes > 0 && bytes < 1 << 20,
+            "a page of the key in memory: {r:?}"
+        );
+        assert_eq!(r[4], "0", "{r:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

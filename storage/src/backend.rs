@@ -418,6 +418,18 @@ impl StateScan for KeyedStateBackend {
     ) -> Result<Vec<StateEntry>> {
         self.kv()?.scan_state_prefix(table, key_group, prefix)
     }
+
+    fn scan_state_prefix_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        self.kv()?
+            .scan_state_prefix_from(table, key_group, prefix, from, limit)
+    }
 }
 
 impl Drop for KeyedStateBackend {

@@ -47,6 +47,17 @@ pub trait StateScan {
         key_group: u16,
         prefix: &[u8],
     ) -> Result<Vec<StateEntry>>;
+
+    /// At most `limit` of the entries [`StateScan::scan_state_prefix`]
+    /// yields, from key `from` on: a page of one key's map state.
+    fn scan_state_prefix_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>>;
 }
 
 impl KvStore {
@@ -124,10 +135,21 @@ impl StateScan for KvStore {
         key_group: u16,
         prefix: &[u8],
     ) -> Result<Vec<StateEntry>> {
-        let start = keys::state_key(table, key_group, prefix);
-        let end = keys::prefix_end(&start)
+        self.scan_state_prefix_from(table, key_group, prefix, prefix, usize::MAX)
+    }
+
+    fn scan_state_prefix_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        let end = keys::prefix_end(&keys::state_key(table, key_group, prefix))
             .unwrap_or_else(|| keys::state_range(table, key_group..key_group + 1).1);
-        Ok(entries(self.scan(&start, &end, usize::MAX)?))
+        let start = keys::state_key(table, key_group, from.max(prefix));
+        Ok(entries(self.scan(&start, &end, limit)?))
     }
 }
 
@@ -162,6 +184,14 @@ mod tests {
         assert_eq!(prefixed.len(), 2, "all of key group 3");
         assert_eq!(kv.scan_state_prefix(7, 3, b"c").unwrap()[0].value, b"2");
         assert!(kv.scan_state_prefix(7, 4, b"a").unwrap().is_empty());
+        let page = kv.scan_state_prefix_from(7, 3, b"", b"b", 1).unwrap();
+        assert_eq!(page.len(), 1);
+        assert_eq!(page[0].key, b"c");
+        assert!(
+            kv.scan_state_prefix_from(7, 3, b"a", b"a\0", 5)
+                .unwrap()
+                .is_empty()
+        );
         let page = kv.scan_state_from(7, 3, b"b", 10).unwrap();
         assert_eq!(page.len(), 1, "from b in key group 3: only c");
         assert_eq!(page[0].key, b"c");

@@ -16,9 +16,13 @@
 //! 0 and retracts it when it returns there, an anti join the reverse.
 //!
 //! The rows are map state ([`MapLayout`]): per side and join key, a map
-//! from row to [`Entry`], each row one entry in the store, so that a join
-//! key's rows are read with one prefix scan when the cache lacks them and
-//! a changed degree writes one row, not the key's whole set.
+//! from row to [`Entry`], each row one entry in the store, so that a
+//! changed degree writes one row, not the key's whole set. The maps are
+//! paged: a join key's rows are read a page at a time when the cache lacks
+//! them, and a hot key that outgrows its share of the cache keeps only its
+//! first page in memory. Adding or retracting a row reads that row's entry
+//! alone; only joining with a key's rows reads all of them (which the
+//! output holds anyway), and the next settle cuts the key back.
 //!
 //! Rows with a NULL key never match (unless the plan asks for NULL-safe
 //! equality): they are not stored, and pass straight through as unmatched
@@ -107,6 +111,29 @@ impl MapCodec for JoinCodec {
 /// One output row: which side's rows (None = NULLs) with which op.
 type Out = (Op, Option<Vec<u8>>, Option<Vec<u8>>);
 
+/// Rows of a join key read from the store at a time.
+const JOIN_PAGE: usize = 4096;
+
+type Rows = StateCache<MapLayout<JoinCodec>>;
+
+/// Reads the rows of a paged join key that memory lacks: before iterating
+/// them.
+fn read_whole(rows: &mut Rows, key: &[u8], key_group: u16) -> Result<()> {
+    rows.get_at(key, key_group, false, |layout, at, map| match (at, map) {
+        (Some(at), Some(map)) if map.is_partial() => layout.read_whole(at, map),
+        _ => Ok(()),
+    })
+}
+
+/// Reads `row`'s entry under a paged join key if memory lacks it: before
+/// reading or changing it alone.
+fn fetch(rows: &mut Rows, key: &[u8], key_group: u16, row: &[u8]) -> Result<()> {
+    rows.get_at(key, key_group, false, |layout, at, map| match (at, map) {
+        (Some(at), Some(map)) => layout.fetch(at, map, row),
+        _ => Ok(()),
+    })
+}
+
 pub struct HashJoin {
     join_type: StreamJoinType,
     keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
@@ -121,7 +148,7 @@ pub struct HashJoin {
     null_equals_null: bool,
     state_table: u64,
     /// (side, join key) → row → entry; see the module docs.
-    rows: StateCache<MapLayout<JoinCodec>>,
+    rows: Rows,
     /// Interval join: see [`IntervalState`].
     interval: Option<IntervalState>,
     /// Temporal join: see [`OperatorSpec::HashJoin`]'s `temporal`.
@@ -237,7 +264,12 @@ impl HashJoin {
             schema: expr::output_schema(output),
             null_equals_null: *null_equals_null,
             state_table: *state_table,
-            rows: StateCache::new(*state_table, "HashJoin", MapLayout(JoinCodec)).under(0..=1),
+            rows: StateCache::new(
+                *state_table,
+                "HashJoin",
+                MapLayout::paged(JoinCodec, JOIN_PAGE),
+            )
+            .under(0..=1),
             interval: interval.map(|bounds| IntervalState::new(bounds, *state_table)),
             temporal: *temporal,
             held: temporal.then(Vec::new),
@@ -295,7 +327,9 @@ impl HashJoin {
         row: &[u8],
     ) -> Result<(Vec<(Vec<u8>, i64)>, Vec<(String, i64)>)> {
         let other = 1 - side;
-        let Some(theirs) = self.rows.get(&side_key(other, key), key_group)? else {
+        let theirs_key = side_key(other, key);
+        read_whole(&mut self.rows, &theirs_key, key_group)?;
+        let Some(theirs) = self.rows.get(&theirs_key, key_group)? else {
             return Ok(Default::default());
         };
         let candidates: Vec<(&[u8], i64)> = theirs.iter().map(|(r, e)| (r, e.count)).collect();
@@ -355,6 +389,7 @@ impl HashJoin {
     ) -> Result<()> {
         let other = 1 - side;
         if let (Some(ttl), Some((k, key_group))) = (&mut self.ttl, key) {
+            fetch(&mut self.rows, &side_key(side, k), key_group, row)?;
             let stored = self
                 .rows
                 .get(&side_key(side, k), key_group)?
@@ -479,9 +514,11 @@ impl HashJoin {
         }
         // This side's own state.
         if let Some((k, key_group)) = key {
+            let state_key = side_key(side, k);
+            fetch(&mut self.rows, &state_key, key_group, row)?;
             let mine = self
                 .rows
-                .get_mut(&side_key(side, k), key_group)?
+                .get_mut(&state_key, key_group)?
                 .get_or_insert_with(MapValue::default);
             let e = mine.get_or_insert_with(row, Entry::default);
             e.count += sign;
@@ -600,6 +637,7 @@ impl Operator for HashJoin {
             return Ok(());
         };
         for (key, key_group) in ttl.expired(now_us)? {
+            read_whole(&mut self.rows, &key, key_group)?;
             if let Some(rows) = self.rows.get_mut(&key, key_group)? {
                 rows.clear();
             }
@@ -628,7 +666,9 @@ impl Operator for HashJoin {
             for (_, stored, kg) in state.by_time[side].expired(horizon.saturating_sub(1))? {
                 let (s, key, row) = split_state_key(&stored)
                     .ok_or_else(|| storage::StorageError::Corrupt("join time index".into()))?;
-                if let Some(rows) = self.rows.get_mut(&side_key(s.into(), key), kg)? {
+                let state_key = side_key(s.into(), key);
+                fetch(&mut self.rows, &state_key, kg, row)?;
+                if let Some(rows) = self.rows.get_mut(&state_key, kg)? {
                     rows.remove(row);
                 }
             }
@@ -1131,6 +1171,68 @@ mod tests {
             assert!(out.contains(&format!("-D {key} {} {key} {key}", key * 10)));
             assert!(out.contains(&format!("+I {key} {} NULL NULL", key * 10)));
         }
+    }
+
+    #[test]
+    fn a_hot_join_key_keeps_a_page_in_memory_and_joins_all_its_rows() {
+        use crate::state::StateBackend;
+        use storage::memory::MemoryPool;
+        let state = Arc::new(MemState::default());
+        let pool = Arc::new(MemoryPool::new(64 << 10));
+        let started = |restored: bool| {
+            let mut j = join_of(StreamJoinType::Left, None);
+            let mut c = ctx(state.clone());
+            c.backend = StateBackend::RocksDb;
+            c.memory = pool.clone();
+            c.restored_from = restored.then_some(1);
+            j.on_start(&c, &mut vec![]).unwrap();
+            j
+        };
+        let mut j = started(false);
+        // 3,000 left rows under one key: padded, as the right has none.
+        let n = 3_000i64;
+        for part in (0..n).collect::<Vec<_>>().chunks(100) {
+            let values: Vec<Option<i64>> = part.iter().map(|v| Some(*v)).collect();
+            let out = feed(
+                &mut j,
+                0,
+                &vec![I; part.len()],
+                &vec![Some(1); part.len()],
+                &values,
+            );
+            assert_eq!(out.len(), part.len());
+            assert!(j.rows.stats().bytes <= 64 << 10, "{:?}", j.rows.stats());
+        }
+        assert!(
+            stored_rows(&j, 0) < 1_000,
+            "{} of {n} rows in memory",
+            stored_rows(&j, 0)
+        );
+        // Retracting a row in the store reads that row alone.
+        let out = feed(&mut j, 0, &[D], &[Some(1)], &[Some(2_999)]);
+        assert_eq!(out, vec!["-D 1 2999 NULL NULL"]);
+        // A right row meets every left row, from memory and the store.
+        let out = feed(&mut j, 1, &[I], &[Some(1)], &[Some(7)]);
+        assert_eq!(out.len() as i64, 2 * (n - 1));
+        for v in [0, 1_500, 2_998] {
+            assert!(out.contains(&format!("-D 1 {v} NULL NULL")), "{v}");
+            assert!(out.contains(&format!("+I 1 {v} 1 7")), "{v}");
+        }
+        assert!(!out.iter().any(|r| r.contains(" 2999 ")));
+        assert!(stored_rows(&j, 0) < 1_000, "cut back after the chunk");
+        // Across a checkpoint and a restore, the degrees held: the right
+        // row's going pads every left row again.
+        let mut writes = vec![];
+        j.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+            .unwrap();
+        state.put(writes).unwrap();
+        drop(j);
+        let mut k = started(true);
+        let out = feed(&mut k, 1, &[D], &[Some(1)], &[Some(7)]);
+        assert_eq!(out.len() as i64, 2 * (n - 1));
+        assert!(out.contains(&"+I 1 2998 NULL NULL".to_string()));
+        assert!(out.contains(&"-D 1 0 1 7".to_string()));
+        assert!(k.rows.stats().bytes <= 64 << 10);
     }
 
     /// The rows side `side` holds in memory.

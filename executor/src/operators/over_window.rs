@@ -74,6 +74,7 @@ impl OverWindow {
         Ok(Self {
             rows: SortedPartitions::new(
                 "OverWindow",
+                None,
                 partition_by,
                 order_by,
                 directions,

@@ -9,9 +9,13 @@
 //! entry keys compare as (sort key, row): a partition's order is the same
 //! in every run and after every restore, in memory and on disk.
 //!
-//! A partition is read whole when the cache lacks it (one prefix scan) and
-//! a changed entry is written alone; partitions leave the cache as the
-//! slot's managed memory requires.
+//! A changed entry is written alone; partitions leave the cache as the
+//! slot's managed memory requires. OverWindow reads a partition whole
+//! when the cache lacks it (one prefix scan), as its functions range over
+//! all of it. TopN's partitions are paged ([`MapLayout::paged`]): it reads
+//! a partition's first entries, and more only when its range reaches past
+//! them, so that a partition of millions of rows (any `ORDER BY … LIMIT`
+//! without `PARTITION BY` is one) costs memory for about a page of them.
 
 use std::collections::BTreeMap;
 
@@ -117,9 +121,12 @@ pub(super) struct SortedPartitions {
 }
 
 impl SortedPartitions {
-    /// `directions`: per `order_by` expression, (descending, nulls first).
+    /// `directions`: per `order_by` expression, (descending, nulls first);
+    /// `page`: entries of a partition read at a time (`None`: whole).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         operator: &'static str,
+        page: Option<usize>,
         partition_by: &[Expr],
         order_by: &[Expr],
         directions: &[(bool, bool)],
@@ -142,7 +149,14 @@ impl SortedPartitions {
             order_by: expr::compile(order_by, input_schema)?,
             sort_codec: RowCodec::sorted(sort_fields)?,
             row_codec: RowCodec::new(expr::types(input_schema))?,
-            partitions: StateCache::new(state_table, operator, MapLayout(Copies)),
+            partitions: StateCache::new(
+                state_table,
+                operator,
+                match page {
+                    Some(page) => MapLayout::paged(Copies, page),
+                    None => MapLayout::new(Copies),
+                },
+            ),
         })
     }
 
@@ -198,9 +212,21 @@ impl SortedPartitions {
             .load(partitions.iter().map(|(p, kg)| (p.as_slice(), *kg)))
     }
 
-    /// The partition's entries in order, if it has any.
+    /// The partition's entries in order, if it has any: of a paged
+    /// partition, those known so far (see [`SortedPartitions::read_more`]).
     pub(super) fn get(&mut self, partition: &[u8], key_group: u16) -> Result<Option<&Ranked>> {
         self.partitions.get(partition, key_group)
+    }
+
+    /// Reads the next page of a paged partition's entries.
+    pub(super) fn read_more(&mut self, partition: &[u8], key_group: u16) -> Result<()> {
+        self.partitions
+            .get_at(partition, key_group, false, |layout, at, ranked| {
+                match (at, ranked) {
+                    (Some(at), Some(ranked)) => layout.extend(at, ranked),
+                    _ => Ok(()),
+                }
+            })
     }
 
     /// The partition's rows in order, one per copy, decoded: the number
@@ -233,23 +259,31 @@ impl SortedPartitions {
     /// Adds (`sign` 1) or retracts (-1) one copy of row `r` of `keys`.
     fn apply(&mut self, keys: &Keyed, r: usize, sign: i64) -> Result<()> {
         let table = self.partitions.table();
-        let ranked = self
-            .partitions
-            .get_mut(&keys.partitions[r], keys.key_groups[r])?
-            .get_or_insert_with(MapValue::default);
         let key = entry_key(&keys.sort_keys[r], &keys.rows[r]);
-        let copies = ranked.get_or_insert_with(&key, || 0);
-        *copies += sign;
-        if *copies <= 0 {
-            if *copies < 0 {
-                tracing::error!(
-                    state_table = table,
-                    "sorted partition row retracted below zero"
-                );
-            }
-            ranked.remove(&key);
-        }
-        Ok(())
+        self.partitions.get_at(
+            &keys.partitions[r],
+            keys.key_groups[r],
+            true,
+            |layout, at, ranked| {
+                let ranked = ranked.get_or_insert_with(MapValue::default);
+                if let Some(at) = at {
+                    // Its copies so far, wherever they are.
+                    layout.fetch(at, ranked, &key)?;
+                }
+                let copies = ranked.get_or_insert_with(&key, || 0);
+                *copies += sign;
+                if *copies <= 0 {
+                    if *copies < 0 {
+                        tracing::error!(
+                            state_table = table,
+                            "sorted partition row retracted below zero"
+                        );
+                    }
+                    ranked.remove(&key);
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Keeps only the first `keep` rows of the partition (in `key_group`).

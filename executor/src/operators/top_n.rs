@@ -14,6 +14,8 @@
 //! A retracted row may bring a row from below the range back up, so every
 //! row is kept — unless the input is append-only, when nothing is ever
 //! retracted and rows below the range are forgotten (bounded state).
+//! Kept rows need not be in memory: a partition is paged (see
+//! `sorted_partitions`), and the range is read from its first pages.
 
 use std::sync::Arc;
 
@@ -63,6 +65,9 @@ impl TopN {
         Ok(Self {
             rows: SortedPartitions::new(
                 "TopN",
+                // Twice the range, so that a few deletions from it do
+                // not send it to the store for the next page.
+                Some((2 * (offset + limit)).clamp(64, 4096)),
                 partition_by,
                 order_by,
                 directions,
@@ -82,10 +87,28 @@ impl TopN {
 
     /// The partition's rows numbered within the range, with their numbers.
     fn top(&mut self, partition: &[u8], key_group: u16) -> Result<Top> {
-        let Some(ranked) = self.rows.get(partition, key_group)? else {
-            return Ok(Vec::new());
-        };
-        let (lo, hi) = (self.offset as i64 + 1, (self.offset + self.limit) as i64);
+        let range = (self.offset as i64 + 1, (self.offset + self.limit) as i64);
+        let rank = self.rank;
+        loop {
+            let Some(ranked) = self.rows.get(partition, key_group)? else {
+                return Ok(Vec::new());
+            };
+            let (top, past) = Self::top_of(ranked, range, rank);
+            if past || !ranked.is_partial() {
+                return Ok(top);
+            }
+            // The known rows end within the range: read on.
+            self.rows.read_more(partition, key_group)?;
+        }
+    }
+
+    /// The known rows numbered within the range, and whether a row past
+    /// the range was reached.
+    fn top_of(
+        ranked: &super::sorted_partitions::Ranked,
+        (lo, hi): (i64, i64),
+        rank: RankKind,
+    ) -> (Top, bool) {
         let mut out = Vec::new();
         let mut position = 0i64;
         let mut distinct = 0i64;
@@ -99,7 +122,7 @@ impl TopN {
             }
             for _ in 0..(*copies).max(0) {
                 position += 1;
-                number = match self.rank {
+                number = match rank {
                     RankKind::RowNumber => position,
                     RankKind::Rank if new_key && previous != Some(sort) => position,
                     RankKind::Rank => number,
@@ -107,14 +130,14 @@ impl TopN {
                 };
                 previous = Some(sort);
                 if number > hi {
-                    return Ok(out);
+                    return (out, true);
                 }
                 if number >= lo {
                     out.push((row.to_vec(), number));
                 }
             }
         }
-        Ok(out)
+        (out, false)
     }
 
     fn emit(&self, rows: Vec<(Op, (Vec<u8>, i64))>, out: &mut Collector) -> Result<()> {
@@ -276,6 +299,113 @@ mod tests {
         assert_eq!(
             feed(&mut t, &[I], &[1], &[9]),
             vec!["-D 1 3 2", "-D 1 5 1", "+I 1 3 3", "+I 1 5 2", "+I 1 9 1"]
+        );
+    }
+
+    /// The top range by a separate recomputation: `b` descending, then
+    /// the row (all of whose `a` are 1), numbered.
+    fn expected_top(
+        rows: &std::collections::BTreeMap<i64, i64>,
+        offset: usize,
+        limit: usize,
+    ) -> Vec<String> {
+        let mut out: Vec<String> = rows
+            .iter()
+            .rev()
+            .flat_map(|(b, n)| std::iter::repeat_n(*b, *n as usize))
+            .enumerate()
+            .skip(offset)
+            .take(limit)
+            .map(|(i, b)| format!("1 {b} {}", i + 1))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn one_partition_far_past_memory_keeps_a_page_and_the_right_top() {
+        use crate::state::{StateBackend, StateStore};
+        use storage::memory::MemoryPool;
+        let state = Arc::new(MemState::default());
+        let pool = Arc::new(MemoryPool::new(64 << 10));
+        let start = |restored: bool| {
+            let mut c = ctx(state.clone());
+            c.backend = StateBackend::RocksDb;
+            c.memory = pool.clone();
+            c.restored_from = restored.then_some(1);
+            let mut t = top_n(5, 2, true, false);
+            t.on_start(&c, &mut vec![]).unwrap();
+            t
+        };
+        let mut t = start(false);
+        let mut rows = std::collections::BTreeMap::<i64, i64>::new();
+        let mut shown = std::collections::BTreeMap::<String, i64>::new();
+        let mut seed = 7u64;
+        let mut next = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for step in 0..300 {
+            let (mut ops, mut bs) = (vec![], vec![]);
+            for _ in 0..10 {
+                // Mostly inserts; deletes often of the top rows, so that
+                // rows from past the first page come up.
+                let total: i64 = rows.values().sum();
+                if total > 0 && next(3) == 0 {
+                    let b = if next(2) == 0 {
+                        *rows.keys().next_back().unwrap()
+                    } else {
+                        *rows.keys().nth(next(rows.len() as u64) as usize).unwrap()
+                    };
+                    *rows.get_mut(&b).unwrap() -= 1;
+                    if rows[&b] == 0 {
+                        rows.remove(&b);
+                    }
+                    ops.push(D);
+                    bs.push(b);
+                } else {
+                    let b = next(5_000) as i64;
+                    *rows.entry(b).or_default() += 1;
+                    ops.push(I);
+                    bs.push(b);
+                }
+            }
+            for line in feed(&mut t, &ops, &vec![1; ops.len()], &bs) {
+                let (op, row) = line.split_at(3);
+                *shown.entry(row.to_string()).or_default() += if op == "+I " { 1 } else { -1 };
+            }
+            shown.retain(|_, n| *n != 0);
+            let got: Vec<String> = shown.keys().cloned().collect();
+            assert!(shown.values().all(|n| *n == 1), "step {step}: {shown:?}");
+            assert_eq!(got, expected_top(&rows, 2, 5), "step {step}");
+            assert!(
+                t.rows.report().bytes_in_memory <= 64 << 10,
+                "step {step}: {:?}",
+                t.rows.report()
+            );
+            if step == 150 {
+                // A checkpoint, as the task applies it, then a restore.
+                let mut writes = vec![];
+                t.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+                    .unwrap();
+                state.put(writes).unwrap();
+                drop(t);
+                t = start(true);
+            }
+        }
+        let total: i64 = rows.values().sum();
+        assert!(total > 800, "{total} rows");
+        let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
+        let keys = t.rows.keys(c.data()).unwrap();
+        let ranked = t.rows.get(&keys.partitions[0], keys.key_groups[0]);
+        let ranked = ranked.unwrap().unwrap();
+        assert!(ranked.is_partial());
+        assert!(
+            (ranked.len() as i64) < total / 4,
+            "{} of {total} rows in memory",
+            ranked.len()
         );
     }
 

@@ -15,7 +15,7 @@ use indexmap::IndexMap;
 use storage::memory::MemoryPool;
 use storage::state::{StateEntry, StateWrite};
 
-use super::{KeyedValue, StateBackend, StateLayout, StateStore};
+use super::{KeyedValue, MapAt, StateBackend, StateLayout, StateStore};
 use crate::operator::OperatorContext;
 use crate::{ExecError, Result};
 
@@ -388,6 +388,45 @@ impl<C: StateLayout> StateCache<C> {
         Ok(&mut self.map[i].value)
     }
 
+    /// The value of `key`, with the layout and where the key lies in the
+    /// store (`None` before [`StateCache::start`]), for layouts that read
+    /// a value part by part ([`super::MapLayout::extend`]). `change`: as
+    /// [`StateCache::get_mut`], else as [`StateCache::get`] (what `f`
+    /// reads is measured at the next settle either way). A key in memory
+    /// counts no hit: this is a second look at a key the operator touched.
+    pub fn get_at<R>(
+        &mut self,
+        key: &[u8],
+        key_group: u16,
+        change: bool,
+        f: impl FnOnce(&C, Option<&MapAt>, &mut Option<C::Value>) -> Result<R>,
+    ) -> Result<R> {
+        let found = match self.map.get_index_of(key) {
+            Some(i) => {
+                self.map[i].referenced = true;
+                Some(i)
+            }
+            None => self.find(key, key_group, change)?,
+        };
+        let Some(i) = found else {
+            // Absent, and not to be changed.
+            return f(&self.codec, None, &mut None);
+        };
+        let slot = &mut self.map[i];
+        slot.dirty |= change;
+        if !slot.touched {
+            slot.touched = true;
+            self.touched.push(i);
+        }
+        let at = self.store.as_deref().map(|store| MapAt {
+            store,
+            table: self.table,
+            key_group,
+            key,
+        });
+        f(&self.codec, at.as_ref(), &mut self.map[i].value)
+    }
+
     /// Sets the value of `key`.
     pub fn insert(&mut self, key: &[u8], key_group: u16, value: C::Value) -> Result<()> {
         *self.get_mut(key, key_group)? = Some(value);
@@ -412,13 +451,35 @@ impl<C: StateLayout> StateCache<C> {
     /// backend evicts cold keys; the heap backend fails when the slot has
     /// no memory left.
     pub fn settle(&mut self) -> Result<()> {
+        // With rocksdb, one key may hold a quarter of the cache's share; a
+        // larger one is cut back to an eighth, if its layout can.
+        let most = match (&self.pool, self.backend) {
+            (Some(pool), StateBackend::RocksDb) => Some(pool.cache_share() / 4),
+            _ => None,
+        };
+        let mut spill = Vec::new();
         for i in std::mem::take(&mut self.touched) {
-            let (key, slot) = self.map.get_index(i).expect("touched index");
-            let bytes = Self::measure(&self.codec, key, &slot.value);
-            let slot = &mut self.map[i];
+            let (key, slot) = self.map.get_index_mut(i).expect("touched index");
+            let mut bytes = Self::measure(&self.codec, key, &slot.value);
+            if let Some(most) = most
+                && bytes > most
+                && self.codec.shrink(
+                    self.table,
+                    key,
+                    slot.key_group,
+                    &mut slot.value,
+                    most / 2,
+                    &mut spill,
+                )
+            {
+                bytes = Self::measure(&self.codec, key, &slot.value);
+            }
             slot.touched = false;
             self.bytes = self.bytes - slot.bytes + bytes;
             slot.bytes = bytes;
+        }
+        if !spill.is_empty() {
+            self.store()?.put(spill)?;
         }
         let Some(pool) = self.pool.clone() else {
             return Ok(());
@@ -470,12 +531,15 @@ impl<C: StateLayout> StateCache<C> {
         }
         self.complete = false;
         if !spill.is_empty() {
-            let store = self.store.as_ref().ok_or_else(|| {
-                ExecError::Service("a state cache evicted before it started".into())
-            })?;
-            store.put(spill)?;
+            self.store()?.put(spill)?;
         }
         Ok(())
+    }
+
+    fn store(&self) -> Result<&Arc<dyn StateStore>> {
+        self.store
+            .as_ref()
+            .ok_or_else(|| ExecError::Service("a state cache spilled before it started".into()))
     }
 
     /// The barrier has aligned: every key changed since the last one goes

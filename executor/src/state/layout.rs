@@ -65,6 +65,21 @@ pub trait StateLayout {
     /// Every key's value from a scan of the table (in key order).
     fn read_all(&self, entries: Vec<StateEntry>) -> Result<Vec<KeyedValue<Self::Value>>>;
 
+    /// Cuts a value that outgrew its share of the cache down to about
+    /// `target` bytes, pushing the writes of what it lets go of; `false`
+    /// when the layout keeps values whole (the default).
+    fn shrink(
+        &self,
+        _table: u64,
+        _key: &[u8],
+        _key_group: u16,
+        _value: &mut Option<Self::Value>,
+        _target: usize,
+        _out: &mut Vec<StateWrite>,
+    ) -> bool {
+        false
+    }
+
     /// The writes that bring the store up to date with a changed key's
     /// value; the value is clean after them. A value that turns out to
     /// hold nothing becomes `None`.

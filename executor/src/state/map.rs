@@ -6,6 +6,18 @@
 //! The map is sorted by its keys' bytes, as the store is, so it serves as
 //! sorted-map state too: a map key encoded to compare as an `ORDER BY`
 //! keeps the map, and the key's entries on disk, in that order.
+//!
+//! A **paged** layout ([`MapLayout::paged`]) does not hold a large map
+//! whole (RisingWave's top-N cache, Flink's RocksDB `MapState` iterators):
+//! a map read from the store brings its first page of entries only, and a
+//! map that outgrows its share of the cache is cut back to its first
+//! entries, the changed entries past the cut written to the store. Memory
+//! then holds every entry up to a bound (the *known* entries, in order)
+//! and, past it, only entries fetched or changed one by one; an operator
+//! reads further pages when it needs entries past the bound
+//! ([`MapLayout::extend`]), and fetches an entry before changing it
+//! ([`MapLayout::fetch`]). A view's top 10 of a hundred million rows keeps
+//! about a page of them in memory.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +35,58 @@ pub trait MapCodec: StateCodec {
 }
 
 /// The layout of map state whose map values `C` encodes.
-pub struct MapLayout<C>(pub C);
+pub struct MapLayout<C> {
+    codec: C,
+    /// Paged: entries read at a time, and the most a map may be cut back
+    /// to; `None`: maps are read and kept whole.
+    page: Option<usize>,
+}
+
+impl<C> MapLayout<C> {
+    /// Maps read and kept whole.
+    pub fn new(codec: C) -> Self {
+        Self { codec, page: None }
+    }
+
+    /// Maps read `page` entries at a time and cut back when they outgrow
+    /// their share (see the module docs).
+    pub fn paged(codec: C, page: usize) -> Self {
+        Self {
+            codec,
+            page: Some(page.max(1)),
+        }
+    }
+}
+
+/// Where one key's map lies in the store: what [`MapLayout::fetch`] and
+/// [`MapLayout::extend`] read.
+pub struct MapAt<'a> {
+    pub store: &'a dyn StateStore,
+    pub table: u64,
+    pub key_group: u16,
+    pub key: &'a [u8],
+}
+
+impl MapAt<'_> {
+    fn stored_key(&self, map_key: &[u8]) -> Vec<u8> {
+        let mut stored = Vec::with_capacity(self.key.len() + map_key.len());
+        stored.extend_from_slice(self.key);
+        stored.extend_from_slice(map_key);
+        stored
+    }
+}
+
+/// Which of a map's entries memory holds.
+#[derive(Clone, PartialEq, Eq, Debug)]
+enum Known {
+    /// Every entry.
+    All,
+    /// Every entry with a map key up to this one, and past it only
+    /// entries fetched or changed one by one.
+    UpTo(Vec<u8>),
+    /// Only entries fetched or changed one by one.
+    Nothing,
+}
 
 struct Entry<V> {
     /// `None`: deleted, the deletion not yet written.
@@ -34,12 +97,17 @@ struct Entry<V> {
 
 /// One key's map. Map values are accounted at their inline size: use it
 /// for fixed-size values (counts, degrees), the map keys holding the data.
+///
+/// A map of a paged layout may be partial (see the module docs): then
+/// [`MapValue::iter`] yields the known entries only, and an entry past
+/// them must be fetched before it is read or changed.
 pub struct MapValue<V> {
     entries: BTreeMap<Vec<u8>, Entry<V>>,
-    /// Entries with a value.
+    /// Entries in memory with a value.
     live: usize,
-    /// Heap bytes of `entries`.
+    /// Heap bytes of `entries` (and of the bound).
     bytes: usize,
+    known: Known,
 }
 
 impl<V> Default for MapValue<V> {
@@ -48,6 +116,7 @@ impl<V> Default for MapValue<V> {
             entries: BTreeMap::new(),
             live: 0,
             bytes: 0,
+            known: Known::All,
         }
     }
 }
@@ -57,14 +126,6 @@ impl<V> MapValue<V> {
     /// the spare room of the map's nodes.
     fn entry_bytes(key: &[u8]) -> usize {
         key.len() + std::mem::size_of::<(Vec<u8>, Entry<V>)>() * 3 / 2
-    }
-
-    fn from_entries(entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Self {
-        let mut map = Self::default();
-        for (key, value) in entries {
-            map.load(key, value);
-        }
-        map
     }
 
     /// Adds an entry read from the store (clean).
@@ -80,13 +141,38 @@ impl<V> MapValue<V> {
         );
     }
 
-    /// Map keys with a value.
+    /// Map keys in memory with a value (all of them unless partial).
     pub fn len(&self) -> usize {
         self.live
     }
 
+    /// The map has no entry (a partial map is never known to be empty).
     pub fn is_empty(&self) -> bool {
-        self.live == 0
+        self.live == 0 && !self.is_partial()
+    }
+
+    /// Memory holds only part of the map: entries past
+    /// [`MapValue::iter`]'s may be in the store.
+    pub fn is_partial(&self) -> bool {
+        self.known != Known::All
+    }
+
+    /// `key` is among the known entries, or was fetched.
+    fn knows(&self, key: &[u8]) -> bool {
+        match &self.known {
+            Known::All => true,
+            Known::UpTo(bound) => key <= bound.as_slice() || self.entries.contains_key(key),
+            Known::Nothing => self.entries.contains_key(key),
+        }
+    }
+
+    fn set_known(&mut self, known: Known) {
+        let size = |k: &Known| match k {
+            Known::UpTo(b) => b.len(),
+            _ => 0,
+        };
+        self.bytes = self.bytes + size(&known) - size(&self.known);
+        self.known = known;
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&V> {
@@ -145,11 +231,101 @@ impl<V> MapValue<V> {
         self.live = 0;
     }
 
-    /// The map keys with a value, and their values, in key order.
+    /// The map keys with a value, and their values, in key order: of a
+    /// partial map, the known entries only.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &V)> {
+        let end = match &self.known {
+            Known::All => std::ops::Bound::Unbounded,
+            Known::UpTo(bound) => std::ops::Bound::Included(bound.as_slice()),
+            // Nothing is below the empty key.
+            Known::Nothing => std::ops::Bound::Excluded(&[][..]),
+        };
         self.entries
-            .iter()
+            .range::<[u8], _>((std::ops::Bound::Unbounded, end))
             .filter_map(|(k, e)| Some((k.as_slice(), e.value.as_ref()?)))
+    }
+}
+
+impl<C: MapCodec> MapLayout<C> {
+    /// Reads `map_key`'s entry of a partial map from the store, unless
+    /// memory has it: call it before reading or changing an entry that
+    /// may be past the known ones.
+    pub fn fetch(&self, at: &MapAt, map: &mut MapValue<C::Value>, map_key: &[u8]) -> Result<()> {
+        if map.knows(map_key) {
+            return Ok(());
+        }
+        let value = at
+            .store
+            .get(at.table, at.key_group, &at.stored_key(map_key))?;
+        match value {
+            Some(v) => map.load(map_key.to_vec(), self.codec.decode(&v)?),
+            None => {
+                // Remembered as absent, so it is read once.
+                map.bytes += MapValue::<C::Value>::entry_bytes(map_key);
+                map.entries.insert(
+                    map_key.to_vec(),
+                    Entry {
+                        value: None,
+                        changed: false,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the next page of a partial map's entries past the known
+    /// ones (entries memory has already are kept as they are); the map
+    /// is whole once the store has no more.
+    pub fn extend(&self, at: &MapAt, map: &mut MapValue<C::Value>) -> Result<()> {
+        let page = self.page.unwrap_or(usize::MAX);
+        let from = match &map.known {
+            Known::All => return Ok(()),
+            Known::Nothing => at.key.to_vec(),
+            Known::UpTo(bound) => {
+                let mut from = at.stored_key(bound);
+                from.push(0);
+                from
+            }
+        };
+        let entries = at
+            .store
+            .scan_prefix_from(at.table, at.key_group, at.key, &from, page)?;
+        let full = entries.len() == page;
+        let mut last = None;
+        for e in entries {
+            if self.codec.key_len(&e.key)? != at.key.len() {
+                // Another key that starts with this one's bytes.
+                continue;
+            }
+            let map_key = &e.key[at.key.len()..];
+            if !map.entries.contains_key(map_key) {
+                map.load(map_key.to_vec(), self.codec.decode(&e.value)?);
+            }
+            last = Some(map_key.to_vec());
+        }
+        match last {
+            Some(bound) if full => map.set_known(Known::UpTo(bound)),
+            // A short page: the key's entries ended.
+            _ if !full => map.set_known(Known::All),
+            // A full page of other keys' entries only: cannot happen with
+            // prefix-free keys, and reading on would not end.
+            _ => {
+                return Err(storage::StorageError::Corrupt(
+                    "map state key is a prefix of another".into(),
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes a partial map whole: every page read.
+    pub fn read_whole(&self, at: &MapAt, map: &mut MapValue<C::Value>) -> Result<()> {
+        while map.is_partial() {
+            self.extend(at, map)?;
+        }
+        Ok(())
     }
 }
 
@@ -168,25 +344,93 @@ impl<C: MapCodec> StateLayout for MapLayout<C> {
     ) -> Result<Vec<Option<Self::Value>>> {
         keys.iter()
             .map(|(key_group, key)| {
-                let entries = store.scan_prefix(table, *key_group, key)?;
-                if entries.is_empty() {
-                    return Ok(None);
+                let mut map = MapValue {
+                    known: Known::Nothing,
+                    ..MapValue::default()
+                };
+                let at = MapAt {
+                    store,
+                    table,
+                    key_group: *key_group,
+                    key,
+                };
+                if self.page.is_some() {
+                    self.extend(&at, &mut map)?;
+                } else {
+                    let entries = store.scan_prefix(table, *key_group, key)?;
+                    for e in entries {
+                        let value = self.codec.decode(&e.value)?;
+                        map.load(e.key[key.len()..].to_vec(), value);
+                    }
+                    map.known = Known::All;
                 }
-                let values = entries
-                    .into_iter()
-                    .map(|e| Ok((e.key[key.len()..].to_vec(), self.0.decode(&e.value)?)))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(Some(MapValue::from_entries(values)))
+                Ok((!map.is_empty()).then_some(map))
             })
             .collect()
+    }
+
+    fn shrink(
+        &self,
+        table: u64,
+        key: &[u8],
+        key_group: u16,
+        value: &mut Option<Self::Value>,
+        target: usize,
+        out: &mut Vec<StateWrite>,
+    ) -> bool {
+        let (Some(page), Some(map)) = (self.page, value.as_mut()) else {
+            return false;
+        };
+        // Keep the first entries within `target` bytes (a page at most),
+        // then cut: what was changed past the cut is written.
+        let mut kept_bytes = 0;
+        let mut cut = None;
+        for (kept, k) in map.entries.keys().enumerate() {
+            let bytes = MapValue::<C::Value>::entry_bytes(k);
+            if kept_bytes + bytes > target || kept == page {
+                cut = Some(k.clone());
+                break;
+            }
+            kept_bytes += bytes;
+        }
+        let Some(cut) = cut else {
+            return false;
+        };
+        for (map_key, entry) in map.entries.split_off(&cut) {
+            map.bytes -= MapValue::<C::Value>::entry_bytes(&map_key);
+            if entry.value.is_some() {
+                map.live -= 1;
+            }
+            if entry.changed {
+                let mut stored = Vec::with_capacity(key.len() + map_key.len());
+                stored.extend_from_slice(key);
+                stored.extend_from_slice(&map_key);
+                out.push(StateWrite {
+                    table,
+                    key_group,
+                    key: stored,
+                    value: entry.value.as_ref().map(|v| self.codec.encode(v)),
+                });
+            }
+        }
+        // Known up to the last entry kept, if they were known that far.
+        let last = map.entries.keys().next_back().cloned();
+        let known = match (&map.known, last) {
+            (_, None) => Known::Nothing,
+            (Known::All, Some(last)) => Known::UpTo(last),
+            (Known::UpTo(bound), Some(last)) => Known::UpTo(bound.clone().min(last)),
+            (Known::Nothing, Some(_)) => Known::Nothing,
+        };
+        map.set_known(known);
+        true
     }
 
     fn read_all(&self, entries: Vec<StateEntry>) -> Result<Vec<KeyedValue<Self::Value>>> {
         // A key's entries are adjacent: one map for each run.
         let mut out: Vec<KeyedValue<Self::Value>> = Vec::new();
         for mut e in entries {
-            let len = self.0.key_len(&e.key)?;
-            let value = self.0.decode(&e.value)?;
+            let len = self.codec.key_len(&e.key)?;
+            let value = self.codec.decode(&e.value)?;
             let map_key = e.key.split_off(len);
             match out.last_mut() {
                 Some((key, key_group, map)) if *key == e.key && *key_group == e.key_group => {
@@ -224,7 +468,7 @@ impl<C: MapCodec> StateLayout for MapLayout<C> {
                     table,
                     key_group,
                     key: stored,
-                    value: entry.value.as_ref().map(|v| self.0.encode(v)),
+                    value: entry.value.as_ref().map(|v| self.codec.encode(v)),
                 });
             }
             if entry.value.is_none() {
@@ -268,7 +512,7 @@ mod tests {
 
     #[test]
     fn only_changed_map_entries_are_written_and_a_key_reads_back_whole() {
-        let layout = MapLayout(Counts);
+        let layout = MapLayout::new(Counts);
         let mut value = Some(MapValue::default());
         let map = value.as_mut().unwrap();
         *map.get_or_insert_with(b"x", || 0) += 1;
@@ -308,8 +552,80 @@ mod tests {
     }
 
     #[test]
+    fn a_paged_map_reads_a_page_fetches_past_it_and_is_cut_back() {
+        let layout = MapLayout::paged(Counts, 10);
+        let state = MemState::default();
+        let key = b"\x01k";
+        let map_key = |i: u32| format!("{i:03}").into_bytes();
+        let mut value = Some(MapValue::default());
+        for i in 0..100 {
+            *value
+                .as_mut()
+                .unwrap()
+                .get_or_insert_with(&map_key(i), || 0) = i;
+        }
+        let mut writes = vec![];
+        layout.write(7, key, 3, &mut value, &mut writes);
+        // Another key, after it in the store: not read as its.
+        writes.push(StateWrite {
+            table: 7,
+            key_group: 3,
+            key: b"\x02kk000".to_vec(),
+            value: Some(1u32.to_be_bytes().to_vec()),
+        });
+        state.put(writes).unwrap();
+        let at = MapAt {
+            store: &state,
+            table: 7,
+            key_group: 3,
+            key,
+        };
+
+        // The first page only.
+        let mut map = layout
+            .read(&state, 7, &[(3, key)])
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert!(map.is_partial());
+        assert_eq!(map.iter().count(), 10);
+        assert_eq!(map.get(&map_key(50)), None, "not known yet");
+        layout.fetch(&at, &mut map, &map_key(50)).unwrap();
+        assert_eq!(map.get(&map_key(50)), Some(&50));
+        assert_eq!(
+            map.iter().count(),
+            10,
+            "a fetched entry is not known in order"
+        );
+        *map.get_mut(&map_key(50)).unwrap() = 500;
+        layout.fetch(&at, &mut map, &map_key(200)).unwrap();
+        *map.get_or_insert_with(&map_key(200), || 0) = 2;
+        // The next page; the changed entry stays as memory has it.
+        layout.extend(&at, &mut map).unwrap();
+        assert_eq!(map.iter().count(), 20);
+
+        // Cut back to about five entries: the changed ones past the cut
+        // are written, and read back when the map is read whole.
+        let mut value = Some(map);
+        let target = 5 * MapValue::<u32>::entry_bytes(&map_key(0));
+        let mut spilled = vec![];
+        assert!(layout.shrink(7, key, 3, &mut value, target, &mut spilled));
+        assert_eq!(spilled.len(), 2, "50 and 200 changed");
+        state.put(spilled).unwrap();
+        let map = value.as_mut().unwrap();
+        assert_eq!(map.len(), 5);
+        assert!(map.bytes < 2 * target);
+        layout.read_whole(&at, map).unwrap();
+        assert!(!map.is_partial());
+        let all: Vec<(Vec<u8>, u32)> = map.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
+        assert_eq!(all.len(), 101);
+        assert_eq!(all[50], (map_key(50), 500));
+        assert_eq!(all[100], (map_key(200), 2));
+    }
+
+    #[test]
     fn read_all_groups_a_tables_entries_by_key() {
-        let layout = MapLayout(Counts);
+        let layout = MapLayout::new(Counts);
         let entry = |kg: u16, key: &[u8], v: u32| StateEntry {
             key_group: kg,
             key: key.to_vec(),

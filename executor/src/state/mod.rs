@@ -36,7 +36,7 @@ use std::ops::Range;
 
 pub use cache::{COUNT_TAG, CacheStats, StateCache};
 pub use layout::{I64Codec, KeyedValue, StateCodec, StateLayout};
-pub use map::{MapCodec, MapLayout, MapValue};
+pub use map::{MapAt, MapCodec, MapLayout, MapValue};
 pub use planner::spec::StateBackend;
 use storage::state::{StateEntry, StateWrite};
 pub use timers::TimerQueue;
@@ -122,6 +122,22 @@ pub trait StateStore: Send + Sync {
     /// The entries of `table` in `key_group` whose keys start with
     /// `prefix`, in key order: one key's map state.
     fn scan_prefix(&self, table: u64, key_group: u16, prefix: &[u8]) -> Result<Vec<StateEntry>>;
+
+    /// At most `limit` of the entries [`StateStore::scan_prefix`] yields,
+    /// from key `from` on: a page of one key's map state.
+    fn scan_prefix_from(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        let mut page = self.scan_prefix(table, key_group, prefix)?;
+        page.retain(|e| e.key.as_slice() >= from);
+        page.truncate(limit);
+        Ok(page)
+    }
 
     /// The value of one key.
     fn get(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>>;
