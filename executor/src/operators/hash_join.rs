@@ -388,23 +388,26 @@ impl HashJoin {
         out: &mut Vec<Out>,
     ) -> Result<()> {
         let other = 1 - side;
-        if let (Some(ttl), Some((k, key_group))) = (&mut self.ttl, key) {
-            fetch(&mut self.rows, &side_key(side, k), key_group, row)?;
+        // The row's own entry, wherever it is (a temporal join keeps no
+        // left rows: they only look up).
+        let own = match key {
+            Some((k, key_group)) if !(self.temporal && side == 0) => {
+                let state_key = side_key(side, k);
+                fetch(&mut self.rows, &state_key, key_group, row)?;
+                Some((state_key, key_group))
+            }
+            _ => None,
+        };
+        if let (Some(ttl), Some((state_key, key_group))) = (&mut self.ttl, &own) {
             let stored = self
                 .rows
-                .get(&side_key(side, k), key_group)?
+                .get(state_key, *key_group)?
                 .is_some_and(|rows| rows.contains(row));
-            if sign < 0 && !stored && !(self.temporal && side == 0) {
+            if sign < 0 && !stored {
                 // A row the TTL forgot: what it produced stays.
                 return Ok(());
             }
-            if !(self.temporal && side == 0) {
-                ttl.touch(
-                    &side_key(side, k),
-                    key_group,
-                    crate::operator::processing_time_us(),
-                )?;
-            }
+            ttl.touch(state_key, *key_group, crate::operator::processing_time_us())?;
         }
         let (matched, failed) = match key {
             Some(key) => self.matches(side, key, row)?,
@@ -421,10 +424,7 @@ impl HashJoin {
         // state writes it would cost).
         let mut crossed = Vec::new();
         let degrees = self.join_type != StreamJoinType::Inner && !self.temporal;
-        // A temporal join keeps no left rows: they only look up.
-        let stored = !(self.temporal && side == 0);
         if let Some((k, key_group)) = key
-            && stored
             && degrees
             && !matched.is_empty()
             && let Some(theirs) = self.rows.get_mut(&side_key(other, k), key_group)?
@@ -513,9 +513,7 @@ impl HashJoin {
             }
         }
         // This side's own state.
-        if let Some((k, key_group)) = key {
-            let state_key = side_key(side, k);
-            fetch(&mut self.rows, &state_key, key_group, row)?;
+        if let Some((state_key, key_group)) = own {
             let mine = self
                 .rows
                 .get_mut(&state_key, key_group)?
@@ -795,6 +793,7 @@ mod tests {
     use datafusion::common::Column;
     use datafusion::logical_expr::Expr;
     use std::sync::Arc;
+    use storage::memory::MemoryPool;
 
     fn join() -> HashJoin {
         join_of(StreamJoinType::Inner, None)
@@ -1117,19 +1116,10 @@ mod tests {
 
     #[test]
     fn a_left_join_past_its_cache_spills_rows_and_reads_them_back() {
-        use crate::state::StateBackend;
-        use storage::memory::MemoryPool;
         let state = Arc::new(MemState::default());
         let pool = Arc::new(MemoryPool::new(256 << 10));
-        let started = |state: &Arc<MemState>, restored: bool| {
-            let mut j = join_of(StreamJoinType::Left, None);
-            let mut c = ctx(state.clone());
-            c.backend = StateBackend::RocksDb;
-            c.memory = pool.clone();
-            c.restored_from = restored.then_some(1);
-            j.on_start(&c, &mut vec![]).unwrap();
-            j
-        };
+        let started =
+            |state: &Arc<MemState>, restored: bool| left_join_over(state, &pool, restored);
         let mut j = started(&state, false);
         let n = 5_000i64;
         let keys: Vec<Option<i64>> = (0..n).map(Some).collect();
@@ -1175,19 +1165,9 @@ mod tests {
 
     #[test]
     fn a_hot_join_key_keeps_a_page_in_memory_and_joins_all_its_rows() {
-        use crate::state::StateBackend;
-        use storage::memory::MemoryPool;
         let state = Arc::new(MemState::default());
         let pool = Arc::new(MemoryPool::new(64 << 10));
-        let started = |restored: bool| {
-            let mut j = join_of(StreamJoinType::Left, None);
-            let mut c = ctx(state.clone());
-            c.backend = StateBackend::RocksDb;
-            c.memory = pool.clone();
-            c.restored_from = restored.then_some(1);
-            j.on_start(&c, &mut vec![]).unwrap();
-            j
-        };
+        let started = |restored: bool| left_join_over(&state, &pool, restored);
         let mut j = started(false);
         // 3,000 left rows under one key: padded, as the right has none.
         let n = 3_000i64;
@@ -1233,6 +1213,14 @@ mod tests {
         assert!(out.contains(&"+I 1 2998 NULL NULL".to_string()));
         assert!(out.contains(&"-D 1 0 1 7".to_string()));
         assert!(k.rows.stats().bytes <= 64 << 10);
+    }
+
+    /// A left join started over `state` with the rocksdb backend in `pool`.
+    fn left_join_over(state: &Arc<MemState>, pool: &Arc<MemoryPool>, restored: bool) -> HashJoin {
+        let mut j = join_of(StreamJoinType::Left, None);
+        j.on_start(&rocksdb_ctx(state.clone(), pool, restored), &mut vec![])
+            .unwrap();
+        j
     }
 
     /// The rows side `side` holds in memory.

@@ -213,7 +213,7 @@ pub fn rows_from_entries(entries: &[StateEntry], schema: &SchemaRef) -> Result<V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operators::test_util::{MemState, chunk, ctx, int_schema, ints};
+    use crate::operators::test_util::{MemState, chunk, ctx, int_schema, ints, rocksdb_ctx};
     use crate::state::StateStore;
     use datafusion::arrow::array::AsArray;
     use std::sync::Arc;
@@ -309,10 +309,9 @@ mod tests {
         let schema = int_schema(&["a"]);
         let mut m = Materialize::new(&schema, 9, Some(Changelog::new(10, 60_000))).unwrap();
         let state = Arc::new(MemState::default());
-        let mut c = ctx(state.clone());
-        c.backend = crate::state::StateBackend::RocksDb;
         // Room for a few hundred keys per cache.
-        c.memory = Arc::new(storage::memory::MemoryPool::new(64 << 10));
+        let pool = Arc::new(storage::memory::MemoryPool::new(64 << 10));
+        let c = rocksdb_ctx(state.clone(), &pool, false);
         m.on_start(&c, &mut vec![]).unwrap();
         // Epoch 1: rows 0..5000 once; epoch 2: each even row again, each
         // row divisible by 3 gone.

@@ -266,4 +266,20 @@ pub(crate) mod test_util {
             memory: Arc::new(storage::memory::MemoryPool::new(usize::MAX)),
         }
     }
+
+    /// [`ctx`] with the rocksdb backend and `pool` as the slot's memory;
+    /// `restored`: as after a restore from checkpoint 1 (the store read
+    /// on demand).
+    pub(crate) fn rocksdb_ctx(
+        state: Arc<MemState>,
+        pool: &Arc<storage::memory::MemoryPool>,
+        restored: bool,
+    ) -> OperatorContext {
+        OperatorContext {
+            backend: StateBackend::RocksDb,
+            memory: pool.clone(),
+            restored_from: restored.then_some(1),
+            ..ctx(state)
+        }
+    }
 }

@@ -324,17 +324,14 @@ mod tests {
 
     #[test]
     fn one_partition_far_past_memory_keeps_a_page_and_the_right_top() {
-        use crate::state::{StateBackend, StateStore};
+        use crate::state::StateStore;
         use storage::memory::MemoryPool;
         let state = Arc::new(MemState::default());
         let pool = Arc::new(MemoryPool::new(64 << 10));
         let start = |restored: bool| {
-            let mut c = ctx(state.clone());
-            c.backend = StateBackend::RocksDb;
-            c.memory = pool.clone();
-            c.restored_from = restored.then_some(1);
             let mut t = top_n(5, 2, true, false);
-            t.on_start(&c, &mut vec![]).unwrap();
+            t.on_start(&rocksdb_ctx(state.clone(), &pool, restored), &mut vec![])
+                .unwrap();
             t
         };
         let mut t = start(false);

@@ -69,11 +69,16 @@ pub struct MapAt<'a> {
 
 impl MapAt<'_> {
     fn stored_key(&self, map_key: &[u8]) -> Vec<u8> {
-        let mut stored = Vec::with_capacity(self.key.len() + map_key.len());
-        stored.extend_from_slice(self.key);
-        stored.extend_from_slice(map_key);
-        stored
+        stored_key(self.key, map_key)
     }
+}
+
+/// The store key of a map entry: the key, then the map key.
+fn stored_key(key: &[u8], map_key: &[u8]) -> Vec<u8> {
+    let mut stored = Vec::with_capacity(key.len() + map_key.len());
+    stored.extend_from_slice(key);
+    stored.extend_from_slice(map_key);
+    stored
 }
 
 /// Which of a map's entries memory holds.
@@ -320,6 +325,23 @@ impl<C: MapCodec> MapLayout<C> {
         Ok(())
     }
 
+    /// The write of one map entry as memory has it.
+    fn entry_write(
+        &self,
+        table: u64,
+        key_group: u16,
+        key: &[u8],
+        map_key: &[u8],
+        entry: &Entry<C::Value>,
+    ) -> StateWrite {
+        StateWrite {
+            table,
+            key_group,
+            key: stored_key(key, map_key),
+            value: entry.value.as_ref().map(|v| self.codec.encode(v)),
+        }
+    }
+
     /// Makes a partial map whole: every page read.
     pub fn read_whole(&self, at: &MapAt, map: &mut MapValue<C::Value>) -> Result<()> {
         while map.is_partial() {
@@ -402,15 +424,7 @@ impl<C: MapCodec> StateLayout for MapLayout<C> {
                 map.live -= 1;
             }
             if entry.changed {
-                let mut stored = Vec::with_capacity(key.len() + map_key.len());
-                stored.extend_from_slice(key);
-                stored.extend_from_slice(&map_key);
-                out.push(StateWrite {
-                    table,
-                    key_group,
-                    key: stored,
-                    value: entry.value.as_ref().map(|v| self.codec.encode(v)),
-                });
+                out.push(self.entry_write(table, key_group, key, &map_key, &entry));
             }
         }
         // Known up to the last entry kept, if they were known that far.
@@ -461,15 +475,7 @@ impl<C: MapCodec> StateLayout for MapLayout<C> {
         map.entries.retain(|map_key, entry| {
             if entry.changed {
                 entry.changed = false;
-                let mut stored = Vec::with_capacity(key.len() + map_key.len());
-                stored.extend_from_slice(key);
-                stored.extend_from_slice(map_key);
-                out.push(StateWrite {
-                    table,
-                    key_group,
-                    key: stored,
-                    value: entry.value.as_ref().map(|v| self.codec.encode(v)),
-                });
+                out.push(self.entry_write(table, key_group, key, map_key, entry));
             }
             if entry.value.is_none() {
                 freed += MapValue::<C::Value>::entry_bytes(map_key);
