@@ -275,10 +275,11 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
+async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in_memory() {
     // 200,000 rows in one TopN partition (a view's ORDER BY … LIMIT has
-    // no PARTITION BY) and under one join key: tens of MiB each, in a
-    // 2 MiB share.
+    // no PARTITION BY), under one join key and in one group's value sets
+    // (a retractable min and max, a count of distinct values): tens of
+    // MiB each, in a 2 MiB share.
     const ROWS: i64 = 200_000;
     const P: i64 = 200_003; // prime: v = k * 7919 % P is distinct per row
     let mut server = small_server();
@@ -290,6 +291,8 @@ async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
          CREATE MATERIALIZED VIEW top5 AS SELECT k, v FROM t ORDER BY v DESC LIMIT 5; \
          CREATE MATERIALIZED VIEW joined AS SELECT d.name, count(*) AS c, sum(t.k) AS s \
          FROM t LEFT JOIN d ON t.g = d.g GROUP BY 1; \
+         CREATE MATERIALIZED VIEW extremes AS SELECT count(*) AS c, min(v) AS mn, max(v) AS mx, \
+         count(DISTINCT v % 100000) AS d FROM t; \
          INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
     ))
     .await
@@ -307,8 +310,24 @@ async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
             .collect()
     };
     let top = "SELECT k, v FROM top5 ORDER BY v DESC";
+    // The aggregates of the rows with v <= max, recomputed apart.
+    let extremes = |max: i64| -> Vec<Vec<String>> {
+        let v: Vec<i64> = (1..=ROWS)
+            .map(|k| k * 7919 % P)
+            .filter(|v| *v <= max)
+            .collect();
+        let distinct: std::collections::HashSet<i64> = v.iter().map(|v| v % 100_000).collect();
+        vec![vec![
+            v.len().to_string(),
+            v.iter().min().unwrap().to_string(),
+            v.iter().max().unwrap().to_string(),
+            distinct.len().to_string(),
+        ]]
+    };
+    let agg = "SELECT c, mn, mx, d FROM extremes";
     c.batch_execute("FLUSH").await.unwrap();
     assert_eq!(rows(&c, top).await, expected(P));
+    assert_eq!(rows(&c, agg).await, extremes(P));
     let sum = ROWS * (ROWS + 1) / 2;
     assert_eq!(
         rows(&c, "SELECT name, c, s FROM joined").await,
@@ -320,6 +339,7 @@ async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
         .await
         .unwrap();
     assert_eq!(rows(&c, top).await, expected(199_000));
+    assert_eq!(rows(&c, agg).await, extremes(199_000));
     let left = one(&c, "SELECT count(*) FROM t").await;
     assert!(
         left.parse::<i64>().unwrap() < ROWS - 900,
@@ -340,6 +360,7 @@ async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
         .await
         .unwrap();
     assert_eq!(rows(&c, top).await, expected(198_000));
+    assert_eq!(rows(&c, agg).await, extremes(198_000));
     let (n, s) = (
         one(&c, "SELECT count(*) FROM t").await,
         one(&c, "SELECT sum(k) FROM t").await,
@@ -355,15 +376,17 @@ async fn one_huge_top_n_partition_and_a_hot_join_key_keep_a_page_in_memory() {
     let state = rows(
         &c,
         "SELECT name, operator, sum(keys), sum(bytes_in_memory), sum(evictions) \
-         FROM weir_catalog.state WHERE operator IN ('TopN', 'HashJoin') GROUP BY 1, 2 ORDER BY 1",
+         FROM weir_catalog.state WHERE operator IN ('TopN', 'HashJoin', 'HashAgg (value sets)') \
+         GROUP BY 1, 2 ORDER BY 1",
     )
     .await;
-    assert_eq!(state.len(), 2, "{state:?}");
+    assert_eq!(state.len(), 3, "{state:?}");
+    assert_eq!(state[0][2], "3", "min's, max's and count's sets: {state:?}");
     assert_eq!(
-        state[0][2], "2",
+        state[1][2], "2",
         "one key on each side of the join: {state:?}"
     );
-    assert_eq!(state[1][2], "1", "one partition: {state:?}");
+    assert_eq!(state[2][2], "1", "one partition: {state:?}");
     for r in &state {
         let bytes: i64 = r[3].parse().unwrap();
         assert!(

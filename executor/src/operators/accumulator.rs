@@ -9,6 +9,14 @@
 //! each value under its sort keys (and, for a `string_agg` whose delimiter
 //! is not a constant, with its row's delimiter), so the multiset's order
 //! is the call's.
+//!
+//! The multiset is not part of the group's state: it is map state of its
+//! own ([`super::value_sets`]), paged, so that a group of a hundred million
+//! values does not sit in memory whole. The group keeps only the number of
+//! distinct values ([`AccState::Distinct`]). `max` and `last_value` encode
+//! their values in reverse order, so that the value they answer with is
+//! the set's first entry, which a page read finds. Only min or max over an
+//! append-only input keeps its one value in the group ([`AccState::Values`]).
 
 use std::collections::BTreeMap;
 
@@ -60,8 +68,13 @@ pub(crate) enum AccState {
         /// total while any is in, and leave `sum` alone.
         specials: [i64; 3],
     },
-    /// Encoded value → multiplicity.
+    /// Encoded value → multiplicity: min or max over an append-only
+    /// input (one value), or a multiset of a state written before value
+    /// sets were kept apart (moved out when its group is next touched).
     Values(BTreeMap<Vec<u8>, i64>),
+    /// The number of distinct values in the group's value set, which
+    /// [`super::value_sets::ValueSets`] keeps.
+    Distinct(i64),
     /// n, Σx, Σx² of the non-NULL values.
     Moments {
         n: i64,
@@ -99,6 +112,11 @@ pub(crate) struct Aggregate {
     sum: Option<SumKind>,
     /// Encodes values kept in a multiset.
     codec: Option<RowCodec>,
+    /// `max` or `last_value` with a value set: `codec` sorts the values in
+    /// reverse, so the answer is the first entry. `legacy` encodes them as
+    /// a state written before did.
+    reversed: bool,
+    legacy: Option<RowCodec>,
     /// min or max over an append-only input: only the current extreme is
     /// kept, as nothing is ever retracted.
     keep_extreme_only: bool,
@@ -227,6 +245,35 @@ impl Aggregate {
         } else {
             codec
         };
+        let keep_extreme_only = call.append_only_input
+            && !call.distinct
+            && matches!(call.kind, AggKind::Min | AggKind::Max);
+        // The value of max and last_value first: every field's order
+        // turned around (NULLs too, so that the order is the exact
+        // reverse).
+        let reversed = codec.is_some()
+            && !keep_extreme_only
+            && matches!(call.kind, AggKind::Max | AggKind::LastValue);
+        let (codec, legacy) = if reversed {
+            let mut fields: Vec<(DataType, bool, bool)> = Vec::new();
+            if ordered {
+                for (e, (descending, nulls_first)) in call.order_by.iter().zip(
+                    call.order_options
+                        .iter()
+                        .copied()
+                        .chain(std::iter::repeat((false, false))),
+                ) {
+                    fields.push((e.get_type(input_schema)?, !descending, !nulls_first));
+                }
+                fields.push((input_type.clone(), true, true));
+            } else {
+                // `RowCodec::new` sorts ascending with NULLs first.
+                fields.push((input_type.clone(), true, false));
+            }
+            (Some(RowCodec::sorted(fields)?), codec)
+        } else {
+            (codec, None)
+        };
         Ok(Self {
             kind: call.kind,
             arg,
@@ -237,16 +284,66 @@ impl Aggregate {
             input_type,
             sum,
             codec,
-            keep_extreme_only: call.append_only_input
-                && !call.distinct
-                && matches!(call.kind, AggKind::Min | AggKind::Max),
+            reversed,
+            legacy,
+            keep_extreme_only,
             order_by,
             delimiter_expr,
             ordered,
         })
     }
 
+    /// The aggregate keeps its values in a value set apart from the group
+    /// (see the module docs).
+    pub(crate) fn set_backed(&self) -> bool {
+        self.codec.is_some() && !self.keep_extreme_only
+    }
+
+    /// `count(DISTINCT …)`: answered by the number of distinct values.
+    pub(crate) fn counts_distinct(&self) -> bool {
+        self.kind == AggKind::Count
+    }
+
+    /// The aggregate's value is its value set's first entry, or NULL.
+    pub(crate) fn first_entry_only(&self) -> bool {
+        matches!(
+            self.kind,
+            AggKind::Min | AggKind::Max | AggKind::FirstValue | AggKind::LastValue
+        )
+    }
+
+    /// Re-encodes the values of a multiset written before value sets were
+    /// kept apart, as `codec` encodes them now.
+    pub(crate) fn reencode(&self, set: BTreeMap<Vec<u8>, i64>) -> Result<Vec<(Vec<u8>, i64)>> {
+        let (Some(legacy), Some(codec)) = (&self.legacy, &self.codec) else {
+            return Ok(set.into_iter().collect());
+        };
+        if set.is_empty() {
+            return Ok(Vec::new());
+        }
+        let columns = legacy.decode(set.keys().map(|k| k.as_slice()))?;
+        let keys = codec.encode(&columns)?;
+        Ok(keys.into_iter().zip(set.into_values()).collect())
+    }
+
+    /// Row `row`'s encoded value, if it enters the value set (kept by
+    /// the filter, and not a NULL that is left out).
+    pub(crate) fn encoded<'a>(&self, prepared: &'a Prepared, row: usize) -> Option<&'a [u8]> {
+        if let Some(keep) = &prepared.keep
+            && !keep.value(row)
+        {
+            return None;
+        }
+        match &prepared.values {
+            Values::Encoded(enc) => enc.get(row)?.as_deref(),
+            Values::Array(_) => None,
+        }
+    }
+
     pub(crate) fn init(&self) -> AccState {
+        if self.set_backed() {
+            return AccState::Distinct(0);
+        }
         if self.codec.is_some() {
             return AccState::Values(BTreeMap::new());
         }
@@ -379,7 +476,7 @@ impl Aggregate {
                         *falses += sign;
                     }
                 }
-                AccState::Values(_) => {}
+                AccState::Values(_) | AccState::Distinct(_) => {}
             },
             _ => {}
         }
@@ -457,7 +554,25 @@ impl Aggregate {
                     _ => *trues > 0,
                 }))
             }
-            AccState::Values(set) => return self.values_output(set),
+            AccState::Values(set) if self.legacy.is_some() => {
+                // Written by an earlier version, in the order not reversed.
+                let mut set = self.reencode(set.clone())?;
+                set.sort();
+                let entries: Vec<(&[u8], i64)> =
+                    set.iter().map(|(k, c)| (k.as_slice(), *c)).collect();
+                return self.values_output(&entries);
+            }
+            AccState::Values(set) => {
+                let entries: Vec<(&[u8], i64)> =
+                    set.iter().map(|(k, c)| (k.as_slice(), *c)).collect();
+                return self.values_output(&entries);
+            }
+            AccState::Distinct(_) => {
+                return Err(ExecError::Protocol(format!(
+                    "{} answered without its value set",
+                    self.kind.name()
+                )));
+            }
         };
         if value.data_type() == self.output_type {
             Ok(value)
@@ -466,16 +581,16 @@ impl Aggregate {
         }
     }
 
-    /// The value of an aggregate kept as a multiset.
-    fn values_output(&self, set: &BTreeMap<Vec<u8>, i64>) -> Result<ScalarValue> {
+    /// The value of an aggregate kept as a multiset: its entries (encoded
+    /// value, copies) in the codec's order, or, for an aggregate whose
+    /// value is the first entry, that entry alone.
+    pub(crate) fn values_output(&self, set: &[(&[u8], i64)]) -> Result<ScalarValue> {
         let null = || -> Result<ScalarValue> { Ok(ScalarValue::try_from(&self.output_type)?) };
         let Some(codec) = &self.codec else {
             return Err(ExecError::Protocol("multiset without a codec".into()));
         };
-        let decode = |keys: Vec<&Vec<u8>>| -> Result<ArrayRef> {
-            Ok(codec
-                .decode(keys.into_iter().map(|k| k.as_slice()))?
-                .remove(0))
+        let decode = |set: &[(&[u8], i64)]| -> Result<ArrayRef> {
+            Ok(codec.decode(set.iter().map(|(k, _)| *k))?.remove(0))
         };
         let cast_out = |v: ScalarValue| -> Result<ScalarValue> {
             if v.data_type() == self.output_type {
@@ -495,10 +610,10 @@ impl Aggregate {
         }
         match self.kind {
             AggKind::BitAnd | AggKind::BitOr | AggKind::BitXor => {
-                let values = decode(set.keys().collect())?;
+                let values = decode(set)?;
                 let values = values.as_primitive::<Int64Type>();
                 let mut acc: Option<i64> = None;
-                for (i, copies) in set.values().enumerate() {
+                for (i, (_, copies)) in set.iter().enumerate() {
                     let v = values.value(i);
                     acc = Some(match (self.kind, acc) {
                         (_, None) if self.kind != AggKind::BitXor => v,
@@ -512,18 +627,19 @@ impl Aggregate {
                 cast_out(ScalarValue::Int64(acc))
             }
             AggKind::Min | AggKind::Max => {
-                let key = if self.kind == AggKind::Min {
-                    set.keys().next()
+                // A reversed max's first entry, else its last.
+                let extreme = if self.kind == AggKind::Min || self.reversed {
+                    &set[..1]
                 } else {
-                    set.keys().next_back()
+                    &set[set.len() - 1..]
                 };
-                let arr = decode(key.into_iter().collect())?;
+                let arr = decode(extreme)?;
                 cast_out(ScalarValue::try_from_array(&arr, 0)?)
             }
             AggKind::Count => Ok(ScalarValue::Int64(Some(set.len() as i64))),
             AggKind::Sum | AggKind::Avg => {
                 // DISTINCT: each value once.
-                let values = decode(set.keys().collect())?;
+                let values = decode(set)?;
                 let mut acc = match self.sum {
                     Some(SumKind::I64) => AccState::SumI64 { sum: 0, n: 0 },
                     Some(SumKind::F64) => AccState::SumF64 { sum: 0.0, n: 0 },
@@ -543,13 +659,13 @@ impl Aggregate {
                 self.output(&acc)
             }
             AggKind::StringAgg | AggKind::ArrayAgg => {
-                let distinct = decode(set.keys().collect())?;
+                let distinct = decode(set)?;
                 // Ascending with NULLs last, as Postgres orders by default
                 // (the encoding sorts NULL first).
                 let order = (0..distinct.len())
                     .filter(|i| distinct.is_valid(*i))
                     .chain((0..distinct.len()).filter(|i| distinct.is_null(*i)));
-                let counts: Vec<i64> = set.values().copied().collect();
+                let counts: Vec<i64> = set.iter().map(|(_, c)| *c).collect();
                 let indices: UInt32Array = order
                     .flat_map(|i| {
                         let copies = if self.distinct {
@@ -586,12 +702,8 @@ impl Aggregate {
 impl Aggregate {
     /// The value of an aggregate with `ORDER BY` (or a delimiter per row),
     /// whose multiset is in the call's order.
-    fn ordered_output(
-        &self,
-        codec: &RowCodec,
-        set: &BTreeMap<Vec<u8>, i64>,
-    ) -> Result<ScalarValue> {
-        let columns = codec.decode(set.keys().map(|k| k.as_slice()))?;
+    fn ordered_output(&self, codec: &RowCodec, set: &[(&[u8], i64)]) -> Result<ScalarValue> {
+        let columns = codec.decode(set.iter().map(|(k, _)| *k))?;
         let n_keys = self.order_by.len();
         let values = &columns[n_keys];
         let delimiters = columns.get(n_keys + 1).map(|d| d.as_string::<i32>());
@@ -611,12 +723,16 @@ impl Aggregate {
         };
         match self.kind {
             AggKind::FirstValue => cast_out(ScalarValue::try_from_array(values, 0)?),
+            // Reversed, the last value comes first.
+            AggKind::LastValue if self.reversed => {
+                cast_out(ScalarValue::try_from_array(values, 0)?)
+            }
             AggKind::LastValue => cast_out(ScalarValue::try_from_array(values, values.len() - 1)?),
             AggKind::ArrayAgg => {
                 let indices: UInt32Array = set
-                    .values()
+                    .iter()
                     .enumerate()
-                    .flat_map(|(i, c)| std::iter::repeat_n(i as u32, copies(*c)))
+                    .flat_map(|(i, (_, c))| std::iter::repeat_n(i as u32, copies(*c)))
                     .collect();
                 let all = take(values.as_ref(), &indices, None)?;
                 Ok(SingleRowListArrayBuilder::new(all).build_list_scalar())
@@ -625,7 +741,7 @@ impl Aggregate {
                 let strings = values.as_string::<i32>();
                 let mut joined = String::new();
                 let mut first = true;
-                for (i, c) in set.values().enumerate() {
+                for (i, (_, c)) in set.iter().enumerate() {
                     if strings.is_null(i) {
                         continue;
                     }
@@ -699,6 +815,10 @@ pub(crate) mod encoding {
                     out.extend_from_slice(v);
                     out.extend_from_slice(&c.to_be_bytes());
                 }
+            }
+            AccState::Distinct(n) => {
+                out.push(9);
+                out.extend_from_slice(&n.to_be_bytes());
             }
             AccState::Moments { n, sum, sum_sq } => {
                 out.push(5);
@@ -798,6 +918,7 @@ pub(crate) mod encoding {
                 trues: r.i64()?,
                 falses: r.i64()?,
             },
+            9 => AccState::Distinct(r.i64()?),
             t => {
                 return Err(ExecError::Storage(storage::StorageError::Corrupt(format!(
                     "unknown aggregate state tag {t}"
@@ -835,19 +956,23 @@ mod tests {
             &[Op::Insert; 4],
             vec![ints(&[Some(5), Some(3), None, Some(7)])],
         );
-        for (append_only, kept) in [(true, 1), (false, 3)] {
-            let agg = Aggregate::new(&call(AggKind::Min, append_only), &schema).unwrap();
-            let mut state = agg.init();
-            let prepared = agg.prepare(c.data()).unwrap();
-            for row in 0..4 {
-                agg.update(&mut state, &prepared, row, 1);
-            }
-            assert_eq!(agg.output(&state).unwrap(), ScalarValue::Int64(Some(3)));
-            let AccState::Values(set) = &state else {
-                panic!("{state:?}");
-            };
-            assert_eq!(set.len(), kept);
+        let agg = Aggregate::new(&call(AggKind::Min, true), &schema).unwrap();
+        assert!(!agg.set_backed());
+        let mut state = agg.init();
+        let prepared = agg.prepare(c.data()).unwrap();
+        for row in 0..4 {
+            agg.update(&mut state, &prepared, row, 1);
         }
+        assert_eq!(agg.output(&state).unwrap(), ScalarValue::Int64(Some(3)));
+        let AccState::Values(set) = &state else {
+            panic!("{state:?}");
+        };
+        assert_eq!(set.len(), 1);
+        // Over an input with retractions, every value is kept, in a
+        // value set apart from the group.
+        let agg = Aggregate::new(&call(AggKind::Min, false), &schema).unwrap();
+        assert!(agg.set_backed());
+        assert_eq!(agg.init(), AccState::Distinct(0));
     }
 
     #[test]

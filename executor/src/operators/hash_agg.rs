@@ -21,8 +21,9 @@ use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
-use super::accumulator::{AccState, Aggregate, encoding};
+use super::accumulator::{AccState, Aggregate, Prepared, encoding};
 use super::ttl::Ttl;
+use super::value_sets::ValueSets;
 use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
@@ -156,20 +157,37 @@ impl<'a> Rows<'a> {
         self.global || g.rows > 0 || self.always == Some(key)
     }
 
-    fn outputs(&self, g: &Group) -> Result<Vec<ScalarValue>> {
-        self.aggs
-            .iter()
-            .zip(&g.accs)
-            .map(|(a, s)| a.output(s))
-            .collect()
+    /// The outputs of group `key` (in key group `key_group`), reading
+    /// its value sets as they need.
+    fn outputs(
+        &self,
+        key: &[u8],
+        key_group: u16,
+        g: &Group,
+        sets: &mut Option<ValueSets>,
+    ) -> Result<Vec<ScalarValue>> {
+        let mut out = Vec::with_capacity(self.aggs.len());
+        for (i, (a, s)) in self.aggs.iter().zip(&g.accs).enumerate() {
+            out.push(match sets {
+                Some(sets) if a.set_backed() => sets.output(a, i, key, key_group, s)?,
+                _ => a.output(s)?,
+            });
+        }
+        Ok(out)
     }
 
     /// A visible group's outputs; when an aggregate's own value fails (a
     /// decimal `sum` past 38 digits) and errors are kept as data, the
     /// error's message instead: such a group has no row in the view, and
     /// its error is counted while its state stays so.
-    fn outputs_or_error(&self, g: &Group) -> Result<RowOrError> {
-        match self.outputs(g) {
+    fn outputs_or_error(
+        &self,
+        key: &[u8],
+        key_group: u16,
+        g: &Group,
+        sets: &mut Option<ValueSets>,
+    ) -> Result<RowOrError> {
+        match self.outputs(key, key_group, g, sets) {
             Ok(v) => Ok(Ok(v)),
             Err(e) if self.keep_errors => Ok(Err(crate::errors::message(&e))),
             Err(e) => Err(e),
@@ -177,11 +195,69 @@ impl<'a> Rows<'a> {
     }
 
     /// The group's row, if it has one.
-    fn row(&self, key: &[u8], g: Option<&Group>) -> Result<Option<RowOrError>> {
+    fn row(
+        &self,
+        key: &[u8],
+        key_group: u16,
+        g: Option<&Group>,
+        sets: &mut Option<ValueSets>,
+    ) -> Result<Option<RowOrError>> {
         match g {
-            Some(g) if self.visible(key, g) => Ok(Some(self.outputs_or_error(g)?)),
+            Some(g) if self.visible(key, g) => {
+                Ok(Some(self.outputs_or_error(key, key_group, g, sets)?))
+            }
             _ => Ok(None),
         }
+    }
+
+    /// Folds row `row` of a batch (arguments `args`) into group `key`'s
+    /// state `g` by `sign`.
+    #[allow(clippy::too_many_arguments)]
+    fn fold(
+        &self,
+        key: &[u8],
+        key_group: u16,
+        g: &mut Group,
+        sets: &mut Option<ValueSets>,
+        args: &[Prepared],
+        row: usize,
+        sign: i64,
+    ) -> Result<()> {
+        g.rows += sign;
+        for (i, agg) in self.aggs.iter().enumerate() {
+            match sets {
+                Some(sets) if agg.set_backed() => {
+                    // A multiset an earlier version kept in the group.
+                    sets.migrate(agg, i, key, key_group, &mut g.accs[i])?;
+                    if let (Some(value), AccState::Distinct(n)) =
+                        (agg.encoded(&args[i], row), &mut g.accs[i])
+                    {
+                        sets.update(i, key, key_group, n, value, sign)?;
+                    }
+                }
+                _ => agg.update(&mut g.accs[i], &args[i], row, sign),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the value sets a group leaves behind as it is forgotten.
+    fn forget(
+        &self,
+        key: &[u8],
+        key_group: u16,
+        g: &Group,
+        sets: &mut Option<ValueSets>,
+    ) -> Result<()> {
+        let Some(sets) = sets else {
+            return Ok(());
+        };
+        for (i, acc) in g.accs.iter().enumerate() {
+            if matches!(acc, AccState::Distinct(n) if *n != 0) {
+                sets.forget(i, key, key_group)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -200,6 +276,8 @@ pub struct HashAgg {
     eowc: Option<WindowClose>,
     /// Group key → its state.
     groups: StateCache<GroupCodec>,
+    /// The aggregates' value sets, when any keeps one.
+    sets: Option<ValueSets>,
     /// State TTL: see [`HashAgg::with_state_ttl`].
     ttl: Option<Ttl>,
     /// Where rows whose group keys or arguments fail are counted
@@ -222,12 +300,16 @@ impl HashAgg {
             .take(group_exprs.len())
             .map(|f| f.data_type().clone())
             .collect();
+        let aggs: Vec<Aggregate> = aggs
+            .iter()
+            .map(|a| Aggregate::new(a, input_schema))
+            .collect::<Result<_>>()?;
         Ok(Self {
             group_exprs: expr::compile(group_exprs, input_schema)?,
-            aggs: aggs
+            sets: aggs
                 .iter()
-                .map(|a| Aggregate::new(a, input_schema))
-                .collect::<Result<_>>()?,
+                .any(Aggregate::set_backed)
+                .then(|| ValueSets::new(state_table)),
             key_codec: RowCodec::new(key_types)?,
             schema,
             state_table,
@@ -236,6 +318,7 @@ impl HashAgg {
             eowc: None,
             groups: StateCache::new(state_table, "HashAgg", GroupCodec { aggs: aggs.len() })
                 .under(GROUP_KEYS),
+            aggs,
             ttl: None,
             errors: None,
         })
@@ -325,8 +408,14 @@ impl HashAgg {
         }
     }
 
-    fn rows(&self) -> Rows<'_> {
-        Rows::of(&self.aggs, self.global, &self.always, &self.errors)
+    /// Keeps the groups and the value sets within memory: after each
+    /// chunk, timer and watermark.
+    fn settle(&mut self) -> Result<()> {
+        self.groups.settle()?;
+        match &mut self.sets {
+            Some(sets) => sets.settle(),
+            None => Ok(()),
+        }
     }
 
     /// Builds the output chunk from (op, group key, aggregate values).
@@ -415,6 +504,7 @@ impl HashAgg {
         let Some(w) = &mut self.eowc else {
             return Ok(());
         };
+        let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
         for (row, key) in key_bytes.iter().enumerate() {
             let end = ends[row].unwrap_or(i64::MIN);
             if w.watermark
@@ -430,10 +520,7 @@ impl HashAgg {
                 w.open.add(end, key, key_groups[row]);
             }
             let g = slot.get_or_insert_with(|| Group::new(&self.aggs));
-            g.rows += sign;
-            for (i, agg) in self.aggs.iter().enumerate() {
-                agg.update(&mut g.accs[i], &args[i], row, sign);
-            }
+            shape.fold(key, key_groups[row], g, &mut self.sets, args, row, sign)?;
         }
         w.open.settle()
     }
@@ -455,6 +542,9 @@ impl Operator for HashAgg {
     fn on_start(&mut self, ctx: &OperatorContext, out: &mut Collector) -> Result<()> {
         ErrorCollection::start(&mut self.errors, ctx)?;
         self.groups.start(ctx)?;
+        if let Some(sets) = &mut self.sets {
+            sets.start(ctx)?;
+        }
         if let Some(w) = &mut self.eowc {
             w.store = Some(ctx.state.clone());
             w.open.start(ctx)?;
@@ -466,7 +556,12 @@ impl Operator for HashAgg {
         if self.global && self.groups.get(&[], 0)?.is_none() {
             // The one row of an aggregate without GROUP BY, over no rows.
             let g = self.new_group();
-            let values = self.rows().outputs(&g)?;
+            let values = Rows::of(&self.aggs, self.global, &self.always, &self.errors).outputs(
+                &[],
+                0,
+                &g,
+                &mut self.sets,
+            )?;
             self.groups.insert(&[], 0, g)?;
             self.emit(vec![(Op::Insert, &[], values)], out)?;
         }
@@ -476,11 +571,16 @@ impl Operator for HashAgg {
         {
             // The empty grouping set's row, over no rows.
             let g = self.new_group();
-            let values = self.rows().outputs(&g)?;
+            let values = Rows::of(&self.aggs, self.global, &self.always, &self.errors).outputs(
+                &key,
+                key_group,
+                &g,
+                &mut self.sets,
+            )?;
             self.groups.insert(&key, key_group, g)?;
             self.emit(vec![(Op::Insert, &key, values)], out)?;
         }
-        self.groups.settle()
+        self.settle()
     }
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
@@ -521,7 +621,7 @@ impl Operator for HashAgg {
         }
         if let Some(ends) = self.window_ends(&keys)? {
             self.accumulate_windows(&chunk, &key_bytes, &key_groups, &args, &ends)?;
-            return self.groups.settle();
+            return self.settle();
         }
 
         let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
@@ -540,17 +640,19 @@ impl Operator for HashAgg {
                 ttl.touch(key, key_group, now)?;
             }
             if seen.insert(key) {
-                let old = shape.row(key, self.groups.get(key, key_group)?)?;
+                let old = shape.row(
+                    key,
+                    key_group,
+                    self.groups.get(key, key_group)?,
+                    &mut self.sets,
+                )?;
                 touched.push((key, key_group, old));
             }
             let g = self
                 .groups
                 .get_mut(key, key_group)?
                 .get_or_insert_with(|| Group::new(shape.aggs));
-            g.rows += sign;
-            for (i, agg) in shape.aggs.iter().enumerate() {
-                agg.update(&mut g.accs[i], &args[i], row, sign);
-            }
+            shape.fold(key, key_group, g, &mut self.sets, &args, row, sign)?;
         }
 
         let mut rows = Vec::with_capacity(touched.len() * 2);
@@ -566,7 +668,7 @@ impl Operator for HashAgg {
                     "group retracted below zero rows"
                 );
             }
-            let new = shape.row(key, g)?;
+            let new = shape.row(key, key_group, g, &mut self.sets)?;
             if new.is_none() {
                 gone.push((key, key_group));
             }
@@ -591,12 +693,14 @@ impl Operator for HashAgg {
         }
         self.emit(rows, out)?;
         for (key, key_group) in gone {
-            self.groups.remove(key, key_group)?;
+            if let Some(g) = self.groups.remove(key, key_group)? {
+                shape.forget(key, key_group, &g, &mut self.sets)?;
+            }
         }
         if let Some(ttl) = &mut self.ttl {
             ttl.settle()?;
         }
-        self.groups.settle()
+        self.settle()
     }
 
     fn next_timer(&self) -> Option<i64> {
@@ -605,6 +709,7 @@ impl Operator for HashAgg {
 
     fn state_stats(&self, out: &mut Vec<crate::state::OperatorStateStats>) {
         out.push(self.groups.report());
+        out.extend(self.sets.as_ref().map(ValueSets::report));
         out.extend(self.ttl.as_ref().map(Ttl::report));
     }
 
@@ -615,11 +720,12 @@ impl Operator for HashAgg {
         let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
         let mut rows = Vec::new();
         for (key, key_group) in ttl.expired(now_us)? {
-            if let Some(g) = self.groups.remove(&key, key_group)?
-                && shape.visible(&key, &g)
-            {
-                match shape.outputs_or_error(&g)? {
-                    Ok(values) => rows.push((key, values)),
+            let Some(g) = self.groups.remove(&key, key_group)? else {
+                continue;
+            };
+            if shape.visible(&key, &g) {
+                match shape.outputs_or_error(&key, key_group, &g, &mut self.sets)? {
+                    Ok(values) => rows.push((key.clone(), values)),
                     Err(m) => {
                         if let Some(errors) = &mut self.errors {
                             errors.add(&m, -1)?;
@@ -627,6 +733,7 @@ impl Operator for HashAgg {
                     }
                 }
             }
+            shape.forget(&key, key_group, &g, &mut self.sets)?;
         }
         self.emit(
             rows.iter()
@@ -637,7 +744,7 @@ impl Operator for HashAgg {
         if let Some(ttl) = &mut self.ttl {
             ttl.settle()?;
         }
-        self.groups.settle()
+        self.settle()
     }
 
     fn handle_watermark(
@@ -672,11 +779,16 @@ impl Operator for HashAgg {
         let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
         let mut rows = Vec::new();
         for (_, key, key_group) in closed {
-            if let Some(g) = self.groups.remove(&key, key_group)?
-                && g.rows > 0
-            {
-                rows.push((key, shape.outputs(&g)?));
+            let Some(g) = self.groups.remove(&key, key_group)? else {
+                continue;
+            };
+            if g.rows > 0 {
+                rows.push((
+                    key.clone(),
+                    shape.outputs(&key, key_group, &g, &mut self.sets)?,
+                ));
             }
+            shape.forget(&key, key_group, &g, &mut self.sets)?;
         }
         self.emit(
             rows.iter()
@@ -684,7 +796,7 @@ impl Operator for HashAgg {
                 .collect(),
             out,
         )?;
-        self.groups.settle()?;
+        self.settle()?;
         Ok(Some(watermark))
     }
 
@@ -695,6 +807,9 @@ impl Operator for HashAgg {
     ) -> Result<()> {
         ErrorCollection::checkpoint_if_any(&mut self.errors, writes);
         self.groups.checkpoint(writes)?;
+        if let Some(sets) = &mut self.sets {
+            sets.checkpoint(writes)?;
+        }
         if let Some(ttl) = &mut self.ttl {
             ttl.checkpoint(writes)?;
         }
@@ -964,6 +1079,206 @@ mod tests {
             .unwrap();
         state.put(writes).unwrap();
         assert_eq!(late_counts(&state).last(), Some(&3));
+    }
+
+    /// Per group `a`: count(DISTINCT b), min(b), max(b),
+    /// last_value(b ORDER BY b DESC) (the least), sum(b).
+    fn set_op() -> HashAgg {
+        let input = int_schema(&["a", "b"]);
+        let output = int_schema(&["a", "distinct", "min", "max", "last", "sum"]);
+        let mut distinct = agg(AggKind::Count, "b", DataType::Int64);
+        distinct.distinct = true;
+        let mut last = agg(AggKind::LastValue, "b", DataType::Int64);
+        last.order_by = vec![col("b")];
+        last.order_options = vec![(true, false)];
+        HashAgg::new(
+            &[col("a")],
+            &[
+                distinct,
+                agg(AggKind::Min, "b", DataType::Int64),
+                agg(AggKind::Max, "b", DataType::Int64),
+                last,
+                agg(AggKind::Sum, "b", DataType::Int64),
+            ],
+            &input,
+            &output,
+            7,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_group_far_past_memory_keeps_a_page_of_its_values_and_the_right_answers() {
+        use crate::state::StateStore;
+        use storage::memory::MemoryPool;
+        let state = Arc::new(MemState::default());
+        let pool = Arc::new(MemoryPool::new(64 << 10));
+        let start = |restored: bool| {
+            let mut a = set_op();
+            a.on_start(&rocksdb_ctx(state.clone(), &pool, restored), &mut vec![])
+                .unwrap();
+            a
+        };
+        let mut a = start(false);
+        // The recomputation: group 1's values and their copies.
+        let mut values = std::collections::BTreeMap::<i64, i64>::new();
+        let mut shown = std::collections::BTreeMap::<String, i64>::new();
+        let mut seed = 11u64;
+        let mut next = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for step in 0..300 {
+            let (mut ops, mut bs) = (vec![], vec![]);
+            for _ in 0..10 {
+                // Mostly inserts; deletes often of the least or the
+                // greatest value, so that values from past the first
+                // page come up.
+                if !values.is_empty() && next(3) == 0 {
+                    let b = match next(3) {
+                        0 => *values.keys().next().unwrap(),
+                        1 => *values.keys().next_back().unwrap(),
+                        _ => *values
+                            .keys()
+                            .nth(next(values.len() as u64) as usize)
+                            .unwrap(),
+                    };
+                    *values.get_mut(&b).unwrap() -= 1;
+                    if values[&b] == 0 {
+                        values.remove(&b);
+                    }
+                    ops.push(Op::Delete);
+                    bs.push(Some(b));
+                } else {
+                    let b = next(5_000) as i64;
+                    *values.entry(b).or_default() += 1;
+                    ops.push(Op::Insert);
+                    bs.push(Some(b));
+                }
+            }
+            for line in feed(&mut a, &ops, &vec![1; ops.len()], &bs) {
+                let (op, row) = line.split_at(3);
+                let sign = if op == "+I " || op == "+U " { 1 } else { -1 };
+                *shown.entry(row.to_string()).or_default() += sign;
+            }
+            shown.retain(|_, n| *n != 0);
+            let expected: Vec<String> = match (values.keys().next(), values.keys().next_back()) {
+                (Some(min), Some(max)) => {
+                    let sum: i64 = values.iter().map(|(v, c)| v * c).sum();
+                    vec![format!("1 {} {min} {max} {min} {sum}", values.len())]
+                }
+                _ => vec![],
+            };
+            assert_eq!(
+                shown.keys().cloned().collect::<Vec<_>>(),
+                expected,
+                "step {step}"
+            );
+            assert!(shown.values().all(|n| *n == 1), "step {step}: {shown:?}");
+            let sets = a.sets.as_ref().unwrap().report();
+            assert!(sets.bytes_in_memory <= 64 << 10, "step {step}: {sets:?}");
+            if step == 150 {
+                // A checkpoint, as the task applies it, then a restore.
+                let mut writes = vec![];
+                a.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+                    .unwrap();
+                state.put(writes).unwrap();
+                drop(a);
+                a = start(true);
+            }
+        }
+        assert!(values.len() > 700, "{} values", values.len());
+        // Four value sets (count, min, max, last_value) of hundreds of
+        // values each: memory holds a small part of them.
+        let sets = a.sets.as_ref().unwrap().report();
+        assert!(
+            sets.bytes_in_memory < 32 << 10,
+            "{} values: {sets:?}",
+            values.len()
+        );
+    }
+
+    #[test]
+    fn a_multiset_kept_in_the_group_by_an_earlier_version_moves_into_its_value_set() {
+        // Group 1 with values 5 and 9, 9 twice, as an earlier version
+        // wrote it: each multiset inline, max's in ascending order.
+        let ascending = RowCodec::new(vec![DataType::Int64]).unwrap();
+        let enc = |v: i64| ascending.encode(&[ints(&[Some(v)])]).unwrap().remove(0);
+        let set: std::collections::BTreeMap<Vec<u8>, i64> =
+            [(enc(5), 1), (enc(9), 2)].into_iter().collect();
+        let g = Group {
+            rows: 3,
+            accs: vec![
+                AccState::Values(set.clone()),
+                AccState::Values(set.clone()),
+                AccState::Values(set.clone()),
+                AccState::Values(set),
+                AccState::SumI64 { sum: 23, n: 3 },
+            ],
+        };
+        let key_column = ints(&[Some(1)]);
+        let key = RowCodec::new(vec![DataType::Int64])
+            .unwrap()
+            .encode(std::slice::from_ref(&key_column))
+            .unwrap()
+            .remove(0);
+        let key_group = expr::key_groups(&[key_column], 1).unwrap()[0];
+        // last_value(b ORDER BY b DESC) was kept under its sort key.
+        let descending = RowCodec::sorted(vec![
+            (DataType::Int64, true, false),
+            (DataType::Int64, false, false),
+        ])
+        .unwrap();
+        let enc2 = |v: i64| {
+            descending
+                .encode(&[ints(&[Some(v)]), ints(&[Some(v)])])
+                .unwrap()
+                .remove(0)
+        };
+        let mut g = g;
+        g.accs[3] = AccState::Values([(enc2(5), 1), (enc2(9), 2)].into_iter().collect());
+        let state = Arc::new(MemState::default());
+        crate::state::StateStore::put(
+            state.as_ref(),
+            vec![StateWrite {
+                table: 7,
+                key_group,
+                key,
+                value: Some(GroupCodec { aggs: 5 }.encode(&g)),
+            }],
+        )
+        .unwrap();
+        for backend_ctx in [
+            {
+                let mut c = ctx(state.clone());
+                c.restored_from = Some(1);
+                c
+            },
+            rocksdb_ctx(
+                state.clone(),
+                &Arc::new(storage::memory::MemoryPool::new(64 << 20)),
+                true,
+            ),
+        ] {
+            let mut a = set_op();
+            a.on_start(&backend_ctx, &mut vec![]).unwrap();
+            assert_eq!(
+                feed(&mut a, &[Op::Delete], &[1], &[Some(9)]),
+                vec!["-U 1 2 5 9 5 23", "+U 1 2 5 9 5 14"]
+            );
+            assert_eq!(
+                feed(&mut a, &[Op::Delete], &[1], &[Some(9)]),
+                vec!["-U 1 2 5 9 5 14", "+U 1 1 5 5 5 5"]
+            );
+            assert_eq!(
+                feed(&mut a, &[Op::Insert], &[1], &[Some(7)]),
+                vec!["-U 1 1 5 5 5 5", "+U 1 2 5 7 5 12"]
+            );
+            assert_eq!(feed(&mut a, &[Op::Insert], &[1], &[Some(7)]).len(), 2);
+            assert_eq!(feed(&mut a, &[Op::Delete], &[1], &[Some(7)]).len(), 2);
+        }
     }
 
     #[test]

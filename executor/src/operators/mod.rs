@@ -19,6 +19,7 @@ mod top_n;
 mod ttl;
 mod union;
 mod unnest;
+mod value_sets;
 pub mod values_source;
 
 use planner::spec::OperatorSpec;
