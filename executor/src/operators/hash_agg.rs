@@ -27,7 +27,7 @@ use super::value_sets::ValueSets;
 use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
-use crate::state::{StateCache, StateCodec, StateStore, TimerQueue};
+use crate::state::{PREFETCH_ROWS, StateCache, StateCodec, StateStore, TimerQueue};
 use crate::{Result, expr};
 
 const STATE_VERSION: u8 = 1;
@@ -505,7 +505,19 @@ impl HashAgg {
             return Ok(());
         };
         let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
+        let prefetch = self
+            .sets
+            .as_ref()
+            .is_some_and(ValueSets::may_hold_partial_sets);
+        let n = key_bytes.len();
         for (row, key) in key_bytes.iter().enumerate() {
+            if let Some(sets) = &mut self.sets
+                && prefetch
+                && row % PREFETCH_ROWS == 0
+            {
+                let slice = row..(row + PREFETCH_ROWS).min(n);
+                sets.prefetch(shape.aggs, slice, key_bytes, key_groups, args)?;
+            }
             let end = ends[row].unwrap_or(i64::MIN);
             if w.watermark
                 .is_some_and(|wm| end < wm || (end == wm && !w.after))
@@ -629,7 +641,18 @@ impl Operator for HashAgg {
         let mut touched: Vec<(&[u8], u16, Option<RowOrError>)> = Vec::new();
         let mut seen: HashSet<&[u8]> = HashSet::new();
         let now = crate::operator::processing_time_us();
+        let prefetch = self
+            .sets
+            .as_ref()
+            .is_some_and(ValueSets::may_hold_partial_sets);
         for row in 0..n {
+            if let Some(sets) = &mut self.sets
+                && prefetch
+                && row % PREFETCH_ROWS == 0
+            {
+                let slice = row..(row + PREFETCH_ROWS).min(n);
+                sets.prefetch(shape.aggs, slice, &key_bytes, &key_groups, &args)?;
+            }
             let (key, key_group) = (key_bytes[row].as_slice(), key_groups[row]);
             let sign = chunk.op(row).sign();
             if let Some(ttl) = &mut self.ttl {

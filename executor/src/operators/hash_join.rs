@@ -36,6 +36,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
+use indexmap::IndexMap;
 use planner::spec::{IntervalBounds, OperatorSpec, StreamJoinType};
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
@@ -45,7 +46,9 @@ use super::ttl::Ttl;
 use crate::errors::{ErrorCollection, run_or_collect};
 use crate::message::{Barrier, Watermark};
 use crate::operator::{Collector, Operator, OperatorContext};
-use crate::state::{MapCodec, MapLayout, MapValue, StateCache, StateCodec, TimerQueue};
+use crate::state::{
+    MapCodec, MapLayout, MapValue, PREFETCH_ROWS, StateCache, StateCodec, TimerQueue,
+};
 use crate::{ExecError, Result, expr};
 
 /// A stored row: how many copies, and how many other-side rows match it.
@@ -375,6 +378,36 @@ impl HashJoin {
             .map(|(_, (r, c))| (r.to_vec(), c))
             .collect();
         Ok((matched, failed))
+    }
+
+    /// Reads the own entries of rows `slice` under keys memory holds part
+    /// of: one batched read per key rather than a point read per row.
+    fn prefetch(
+        &mut self,
+        side: usize,
+        slice: std::ops::Range<usize>,
+        null_keys: &[bool],
+        key_bytes: &[Vec<u8>],
+        key_groups: &[u16],
+        rows: &[Vec<u8>],
+    ) -> Result<()> {
+        let mut own: IndexMap<Vec<u8>, (u16, Vec<&[u8]>)> = IndexMap::new();
+        for r in slice.filter(|r| !null_keys[*r]) {
+            own.entry(side_key(side, &key_bytes[r]))
+                .or_insert_with(|| (key_groups[r], Vec::new()))
+                .1
+                .push(rows[r].as_slice());
+        }
+        for (state_key, (key_group, entries)) in own {
+            self.rows
+                .get_at(&state_key, key_group, false, |layout, at, map| {
+                    match (at, map) {
+                        (Some(at), Some(map)) => layout.fetch_many(at, map, &entries),
+                        _ => Ok(()),
+                    }
+                })?;
+        }
+        Ok(())
     }
 
     /// Applies one change of `row` (key and its key group, or None for a
@@ -733,7 +766,12 @@ impl Operator for HashJoin {
 
         let mut emitted: Vec<Out> = Vec::new();
         let mut stored = Vec::new();
+        let prefetch = self.rows.may_hold_partial_values() && !(self.temporal && side == 0);
         for r in 0..n {
+            if prefetch && r % PREFETCH_ROWS == 0 {
+                let slice = r..(r + PREFETCH_ROWS).min(n);
+                self.prefetch(side, slice, &null_keys, &key_bytes, &key_groups, &rows)?;
+            }
             let sign = chunk.op(r).sign();
             if null_keys[r] {
                 self.apply(side, None, &rows[r], sign, &mut emitted)?;

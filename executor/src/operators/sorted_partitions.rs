@@ -25,13 +25,16 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::{Expr, ExprSchemable};
 use datafusion::physical_expr::PhysicalExpr;
+use indexmap::IndexMap;
 use std::sync::Arc;
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
 use crate::operator::OperatorContext;
-use crate::state::{MapCodec, MapLayout, MapValue, OperatorStateStats, StateCache, StateCodec};
+use crate::state::{
+    MapCodec, MapLayout, MapValue, OperatorStateStats, PREFETCH_ROWS, StateCache, StateCodec,
+};
 use crate::{Result, expr};
 
 /// A partition's entries: entry key → copies.
@@ -250,8 +253,38 @@ impl SortedPartitions {
 
     /// Applies every row of `chunk` (encoded as `keys`).
     pub(super) fn apply_chunk(&mut self, keys: &Keyed, chunk: &Chunk) -> Result<()> {
-        for r in 0..chunk.num_rows() {
+        let prefetch =
+            self.partitions.codec().is_paged() && self.partitions.may_hold_partial_values();
+        let n = chunk.num_rows();
+        for r in 0..n {
+            if prefetch && r % PREFETCH_ROWS == 0 {
+                self.prefetch(keys, r..(r + PREFETCH_ROWS).min(n))?;
+            }
             self.apply(keys, r, chunk.op(r).sign())?;
+        }
+        Ok(())
+    }
+
+    /// Reads the entries of rows `slice` that memory may lack, in one
+    /// batched read per partition, rather than a point read per row.
+    fn prefetch(&mut self, keys: &Keyed, slice: std::ops::Range<usize>) -> Result<()> {
+        let mut wanted: IndexMap<&[u8], (u16, Vec<Vec<u8>>)> = IndexMap::new();
+        for r in slice {
+            wanted
+                .entry(keys.partitions[r].as_slice())
+                .or_insert_with(|| (keys.key_groups[r], Vec::new()))
+                .1
+                .push(entry_key(&keys.sort_keys[r], &keys.rows[r]));
+        }
+        for (partition, (key_group, entries)) in wanted {
+            let entries: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+            self.partitions
+                .get_at(partition, key_group, false, |layout, at, ranked| {
+                    if let (Some(at), Some(ranked)) = (at, ranked) {
+                        layout.fetch_many(at, ranked, &entries)?;
+                    }
+                    Ok(())
+                })?;
         }
         Ok(())
     }

@@ -108,6 +108,8 @@ pub struct StateCache<C: StateLayout> {
     /// `None` before start, and for state that lives one epoch.
     counts: Option<KeyCounts>,
     counted: bool,
+    /// A value was cut back ([`StateLayout::shrink`]) since the start.
+    cut_back: bool,
 }
 
 impl<C: StateLayout> StateCache<C> {
@@ -129,6 +131,7 @@ impl<C: StateLayout> StateCache<C> {
             stats: CacheStats::default(),
             counts: None,
             counted: true,
+            cut_back: false,
         }
     }
 
@@ -297,6 +300,12 @@ impl<C: StateLayout> StateCache<C> {
             },
         );
         self.touched.push(index);
+    }
+
+    /// Whether a value in the cache may be partial, its layout holding
+    /// only part of it: one was read from the store, or cut back.
+    pub fn may_hold_partial_values(&self) -> bool {
+        self.reads_store() || self.cut_back
     }
 
     /// Whether a key the cache lacks may have a value in the store (else
@@ -473,6 +482,7 @@ impl<C: StateLayout> StateCache<C> {
                 )
             {
                 bytes = Self::measure(&self.codec, key, &slot.value);
+                self.cut_back = true;
             }
             slot.touched = false;
             self.bytes = self.bytes - slot.bytes + bytes;

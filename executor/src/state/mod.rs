@@ -65,6 +65,16 @@ pub struct OperatorStateStats {
     pub evictions: u64,
 }
 
+/// Rows of a chunk whose entries an operator reads in one batch
+/// ([`MapLayout::fetch_many`]) before changing them one by one: what the
+/// batch holds stays bounded (a few hundred bytes a row) whatever the
+/// chunk's size, and the sorted keys of a large batch share RocksDB
+/// blocks. Measured on 400,000-row chunks into one huge key: 4,096 rows a
+/// batch ran 1.3 times slower than 65,536, and the whole chunk at once
+/// peaked 150 MiB higher for no more speed (`docs/benchmarks.md`, "One
+/// huge key").
+pub const PREFETCH_ROWS: usize = 65536;
+
 /// The words every "out of managed memory" error starts with.
 pub const OUT_OF_MANAGED_MEMORY: &str = "out of managed memory";
 
