@@ -169,12 +169,12 @@ async fn every_view_survives_checkpoints_a_crash_and_a_rescale() {
                 }
             }
             if let Err(e) = client.simple_query(sql).await {
-                panic!("{file}: {sql}: {e}");
+                panic!("{file}: {sql}: {e:?}");
             }
             if let Some((_, r)) = &reference
                 && let Err(e) = r.simple_query(sql).await
             {
-                panic!("{file} (uninterrupted): {sql}: {e}");
+                panic!("{file} (uninterrupted): {sql}: {e:?}");
             }
             if lower.starts_with("set ") {
                 settings.push(sql.clone());

@@ -147,6 +147,30 @@ impl Chunk {
         }
     }
 
+    /// The chunk in pieces of at most `max_rows` rows (zero-copy slices;
+    /// one piece when it is no larger), never parting an update's `-U`
+    /// from the `+U` after it: so that what an operator builds per chunk
+    /// stays bounded whatever the size of a write.
+    pub fn split(self, max_rows: usize) -> Vec<Chunk> {
+        let n = self.num_rows();
+        let max_rows = max_rows.max(2);
+        if n <= max_rows {
+            return vec![self];
+        }
+        let mut pieces = Vec::with_capacity(n.div_ceil(max_rows));
+        let mut start = 0;
+        while start < n {
+            let mut end = (start + max_rows).min(n);
+            if end < n && self.op(end) == Op::UpdateInsert {
+                // Its -U is the last row of this piece: keep them together.
+                end -= 1;
+            }
+            pieces.push(self.slice(start, end - start));
+            start = end;
+        }
+        pieces
+    }
+
     /// The same ops over other columns (a projection).
     pub fn with_data(&self, data: RecordBatch) -> Self {
         Self::new(self.ops.clone(), data)
@@ -275,6 +299,23 @@ mod tests {
         assert_eq!(back.data(), c.data());
         assert_eq!(back.op(1), Op::UpdateDelete);
         assert_eq!(back.signs().collect::<Vec<_>>(), vec![1, -1, 1]);
+    }
+
+    #[test]
+    fn split_keeps_an_updates_two_rows_together() {
+        let c = Chunk::with_ops(&[Op::Insert, Op::UpdateDelete, Op::UpdateInsert], batch());
+        let sizes = |pieces: Vec<Chunk>| pieces.iter().map(Chunk::num_rows).collect::<Vec<_>>();
+        assert_eq!(sizes(c.clone().split(3)), vec![3]);
+        // A cut between -U and +U moves before the -U.
+        assert_eq!(sizes(c.clone().split(2)), vec![1, 2]);
+        let pieces = c.clone().split(2);
+        assert_eq!(pieces[1].op(0), Op::UpdateDelete);
+        assert_eq!(
+            pieces[1].data().column(0).as_ref(),
+            &Int64Array::from(vec![2, 3]) as &dyn Array
+        );
+        let inserts = Chunk::inserts(batch());
+        assert_eq!(sizes(inserts.split(2)), vec![2, 1]);
     }
 
     #[test]

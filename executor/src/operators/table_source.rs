@@ -30,6 +30,12 @@ const WATERMARK_KEY: &[u8] = b"watermark";
 /// Log entries read per poll.
 const LOG_BATCH: usize = 256;
 
+/// The most rows in a chunk the source emits: a write of millions of rows
+/// (one `INSERT … SELECT`, one `COPY`) enters the dataflow in pieces, so
+/// that what each operator builds per chunk (encoded keys and rows, batched
+/// reads) stays bounded. DataFusion's default batch size.
+pub const MAX_CHUNK_ROWS: usize = 8192;
+
 pub struct TableSource {
     table_id: u64,
     projection: Vec<usize>,
@@ -133,11 +139,11 @@ impl TableSource {
         }
         let (batches, seq) = self.log.snapshot(self.table_id).await?;
         self.position = Some(seq);
-        batches
-            .into_iter()
-            .filter(|b| b.num_rows() > 0)
-            .map(|b| self.project(Chunk::inserts(b)))
-            .collect::<Result<Vec<_>>>()
+        let mut out = Vec::new();
+        for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
+            out.extend(self.project(Chunk::inserts(b))?.split(MAX_CHUNK_ROWS));
+        }
+        Ok(out)
     }
 
     /// Log entries after the position, up to a batch of them; advances.
@@ -149,7 +155,7 @@ impl TableSource {
         let mut out = Vec::with_capacity(entries.len());
         for (seq, chunk) in entries {
             self.position = Some(seq);
-            out.push(self.project(chunk)?);
+            out.extend(self.project(chunk)?.split(MAX_CHUNK_ROWS));
         }
         Ok(out)
     }
