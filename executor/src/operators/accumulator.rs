@@ -225,7 +225,9 @@ impl Aggregate {
         let ordered = !order_by.is_empty()
             || delimiter_expr.is_some()
             || matches!(call.kind, AggKind::FirstValue | AggKind::LastValue);
-        let codec = if ordered {
+        // What the multiset's encoding sorts by: (type, descending, NULLs
+        // first) per field.
+        let sort_fields = if ordered {
             // Sort keys, then the value ascending (NULLs last), then the
             // delimiter: the multiset's order is the call's.
             let mut fields = Vec::new();
@@ -241,7 +243,13 @@ impl Aggregate {
             if delimiter_expr.is_some() {
                 fields.push((DataType::Utf8, false, false));
             }
-            Some(RowCodec::sorted(fields)?)
+            fields
+        } else {
+            // `RowCodec::new`: ascending, NULLs first.
+            vec![(input_type.clone(), false, true)]
+        };
+        let codec = if ordered {
+            Some(RowCodec::sorted(sort_fields.clone())?)
         } else {
             codec
         };
@@ -255,22 +263,11 @@ impl Aggregate {
             && !keep_extreme_only
             && matches!(call.kind, AggKind::Max | AggKind::LastValue);
         let (codec, legacy) = if reversed {
-            let mut fields: Vec<(DataType, bool, bool)> = Vec::new();
-            if ordered {
-                for (e, (descending, nulls_first)) in call.order_by.iter().zip(
-                    call.order_options
-                        .iter()
-                        .copied()
-                        .chain(std::iter::repeat((false, false))),
-                ) {
-                    fields.push((e.get_type(input_schema)?, !descending, !nulls_first));
-                }
-                fields.push((input_type.clone(), true, true));
-            } else {
-                // `RowCodec::new` sorts ascending with NULLs first.
-                fields.push((input_type.clone(), true, false));
-            }
-            (Some(RowCodec::sorted(fields)?), codec)
+            let flipped = sort_fields
+                .into_iter()
+                .map(|(t, descending, nulls_first)| (t, !descending, !nulls_first))
+                .collect();
+            (Some(RowCodec::sorted(flipped)?), codec)
         } else {
             (codec, None)
         };

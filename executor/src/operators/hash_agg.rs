@@ -505,14 +505,9 @@ impl HashAgg {
             return Ok(());
         };
         let shape = Rows::of(&self.aggs, self.global, &self.always, &self.errors);
-        let prefetch = self
-            .sets
-            .as_ref()
-            .is_some_and(ValueSets::may_hold_partial_sets);
         let n = key_bytes.len();
         for (row, key) in key_bytes.iter().enumerate() {
             if let Some(sets) = &mut self.sets
-                && prefetch
                 && row % PREFETCH_ROWS == 0
             {
                 let slice = row..(row + PREFETCH_ROWS).min(n);
@@ -641,13 +636,8 @@ impl Operator for HashAgg {
         let mut touched: Vec<(&[u8], u16, Option<RowOrError>)> = Vec::new();
         let mut seen: HashSet<&[u8]> = HashSet::new();
         let now = crate::operator::processing_time_us();
-        let prefetch = self
-            .sets
-            .as_ref()
-            .is_some_and(ValueSets::may_hold_partial_sets);
         for row in 0..n {
             if let Some(sets) = &mut self.sets
-                && prefetch
                 && row % PREFETCH_ROWS == 0
             {
                 let slice = row..(row + PREFETCH_ROWS).min(n);
@@ -1146,13 +1136,7 @@ mod tests {
         // The recomputation: group 1's values and their copies.
         let mut values = std::collections::BTreeMap::<i64, i64>::new();
         let mut shown = std::collections::BTreeMap::<String, i64>::new();
-        let mut seed = 11u64;
-        let mut next = move |n: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % n
-        };
+        let mut next = random_below(11u64);
         for step in 0..300 {
             let (mut ops, mut bs) = (vec![], vec![]);
             for _ in 0..10 {

@@ -36,7 +36,6 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::physical_expr::PhysicalExpr;
-use indexmap::IndexMap;
 use planner::spec::{IntervalBounds, OperatorSpec, StreamJoinType};
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
@@ -391,23 +390,11 @@ impl HashJoin {
         key_groups: &[u16],
         rows: &[Vec<u8>],
     ) -> Result<()> {
-        let mut own: IndexMap<Vec<u8>, (u16, Vec<&[u8]>)> = IndexMap::new();
-        for r in slice.filter(|r| !null_keys[*r]) {
-            own.entry(side_key(side, &key_bytes[r]))
-                .or_insert_with(|| (key_groups[r], Vec::new()))
-                .1
-                .push(rows[r].as_slice());
-        }
-        for (state_key, (key_group, entries)) in own {
-            self.rows
-                .get_at(&state_key, key_group, false, |layout, at, map| {
-                    match (at, map) {
-                        (Some(at), Some(map)) => layout.fetch_many(at, map, &entries),
-                        _ => Ok(()),
-                    }
-                })?;
-        }
-        Ok(())
+        self.rows.fetch_entries(
+            slice
+                .filter(|r| !null_keys[*r])
+                .map(|r| (side_key(side, &key_bytes[r]), key_groups[r], &rows[r])),
+        )
     }
 
     /// Applies one change of `row` (key and its key group, or None for a
@@ -766,7 +753,7 @@ impl Operator for HashJoin {
 
         let mut emitted: Vec<Out> = Vec::new();
         let mut stored = Vec::new();
-        let prefetch = self.rows.may_hold_partial_values() && !(self.temporal && side == 0);
+        let prefetch = !(self.temporal && side == 0);
         for r in 0..n {
             if prefetch && r % PREFETCH_ROWS == 0 {
                 let slice = r..(r + PREFETCH_ROWS).min(n);

@@ -271,6 +271,17 @@ pub(crate) mod test_util {
     /// [`ctx`] with the rocksdb backend and `pool` as the slot's memory;
     /// `restored`: as after a restore from checkpoint 1 (the store read
     /// on demand).
+    /// A seeded generator of numbers below its argument, for tests that
+    /// drive an operator with random changes (the same ones every run).
+    pub(crate) fn random_below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        }
+    }
+
     pub(crate) fn rocksdb_ctx(
         state: Arc<MemState>,
         pool: &Arc<storage::memory::MemoryPool>,

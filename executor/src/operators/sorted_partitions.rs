@@ -25,7 +25,6 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::{Expr, ExprSchemable};
 use datafusion::physical_expr::PhysicalExpr;
-use indexmap::IndexMap;
 use std::sync::Arc;
 use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
@@ -253,8 +252,7 @@ impl SortedPartitions {
 
     /// Applies every row of `chunk` (encoded as `keys`).
     pub(super) fn apply_chunk(&mut self, keys: &Keyed, chunk: &Chunk) -> Result<()> {
-        let prefetch =
-            self.partitions.codec().is_paged() && self.partitions.may_hold_partial_values();
+        let prefetch = self.partitions.codec().is_paged();
         let n = chunk.num_rows();
         for r in 0..n {
             if prefetch && r % PREFETCH_ROWS == 0 {
@@ -268,25 +266,13 @@ impl SortedPartitions {
     /// Reads the entries of rows `slice` that memory may lack, in one
     /// batched read per partition, rather than a point read per row.
     fn prefetch(&mut self, keys: &Keyed, slice: std::ops::Range<usize>) -> Result<()> {
-        let mut wanted: IndexMap<&[u8], (u16, Vec<Vec<u8>>)> = IndexMap::new();
-        for r in slice {
-            wanted
-                .entry(keys.partitions[r].as_slice())
-                .or_insert_with(|| (keys.key_groups[r], Vec::new()))
-                .1
-                .push(entry_key(&keys.sort_keys[r], &keys.rows[r]));
-        }
-        for (partition, (key_group, entries)) in wanted {
-            let entries: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-            self.partitions
-                .get_at(partition, key_group, false, |layout, at, ranked| {
-                    if let (Some(at), Some(ranked)) = (at, ranked) {
-                        layout.fetch_many(at, ranked, &entries)?;
-                    }
-                    Ok(())
-                })?;
-        }
-        Ok(())
+        self.partitions.fetch_entries(slice.map(|r| {
+            (
+                &keys.partitions[r],
+                keys.key_groups[r],
+                entry_key(&keys.sort_keys[r], &keys.rows[r]),
+            )
+        }))
     }
 
     /// Adds (`sign` 1) or retracts (-1) one copy of row `r` of `keys`.

@@ -337,13 +337,7 @@ mod tests {
         let mut t = start(false);
         let mut rows = std::collections::BTreeMap::<i64, i64>::new();
         let mut shown = std::collections::BTreeMap::<String, i64>::new();
-        let mut seed = 7u64;
-        let mut next = move |n: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % n
-        };
+        let mut next = random_below(7u64);
         for step in 0..300 {
             let (mut ops, mut bs) = (vec![], vec![]);
             for _ in 0..10 {

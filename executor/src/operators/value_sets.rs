@@ -24,8 +24,6 @@
 use datafusion::common::ScalarValue;
 use storage::state::StateWrite;
 
-use indexmap::IndexMap;
-
 use super::accumulator::{AccState, Aggregate, Prepared};
 use crate::Result;
 use crate::operator::OperatorContext;
@@ -113,11 +111,6 @@ impl ValueSets {
         self.sets.report()
     }
 
-    /// Whether rows should [`ValueSets::prefetch`] their entries.
-    pub(super) fn may_hold_partial_sets(&self) -> bool {
-        self.sets.may_hold_partial_values()
-    }
-
     /// Reads the entries that rows `slice` of a chunk are about to change,
     /// of the sets memory holds only part of, in one batched read per set
     /// (rather than a point read per row): `groups` and `key_groups` are
@@ -135,28 +128,10 @@ impl ValueSets {
             if !agg.set_backed() {
                 continue;
             }
-            // Each group's values, in the order the groups come.
-            let mut wanted: IndexMap<&[u8], (u16, Vec<&[u8]>)> = IndexMap::new();
-            for row in slice.clone() {
-                let group = &groups[row];
-                if let Some(value) = agg.encoded(&args[i], row) {
-                    wanted
-                        .entry(group.as_slice())
-                        .or_insert_with(|| (key_groups[row], Vec::new()))
-                        .1
-                        .push(value);
-                }
-            }
-            for (group, (key_group, values)) in wanted {
-                let key = set_key(i, group);
-                self.sets
-                    .get_at(&key, key_group, false, |layout, at, slot| {
-                        if let (Some(at), Some(map)) = (at, slot) {
-                            layout.fetch_many(at, map, &values)?;
-                        }
-                        Ok(())
-                    })?;
-            }
+            self.sets.fetch_entries(slice.clone().filter_map(|row| {
+                let value = agg.encoded(&args[i], row)?;
+                Some((set_key(i, &groups[row]), key_groups[row], value))
+            }))?;
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ use indexmap::IndexMap;
 use storage::memory::MemoryPool;
 use storage::state::{StateEntry, StateWrite};
 
-use super::{KeyedValue, MapAt, StateBackend, StateLayout, StateStore};
+use super::{KeyedValue, MapAt, MapCodec, MapLayout, StateBackend, StateLayout, StateStore};
 use crate::operator::OperatorContext;
 use crate::{ExecError, Result};
 
@@ -304,7 +304,7 @@ impl<C: StateLayout> StateCache<C> {
 
     /// Whether a value in the cache may be partial, its layout holding
     /// only part of it: one was read from the store, or cut back.
-    pub fn may_hold_partial_values(&self) -> bool {
+    fn may_hold_partial_values(&self) -> bool {
         self.reads_store() || self.cut_back
     }
 
@@ -696,6 +696,38 @@ impl<C: StateLayout> Drop for StateCache<C> {
             (Some(pool), StateBackend::RocksDb) => pool.unregister_cache(self.reserved),
             (None, _) => {}
         }
+    }
+}
+
+impl<C: MapCodec> StateCache<MapLayout<C>> {
+    /// Reads the map entries that `rows` (key, key group, map key) are
+    /// about to read or change, under keys memory holds part of: one
+    /// batched read ([`MapLayout::fetch_many`]) per key rather than a
+    /// point read per row. Nothing to do while no value may be partial.
+    pub fn fetch_entries<K: AsRef<[u8]>, M: AsRef<[u8]>>(
+        &mut self,
+        rows: impl IntoIterator<Item = (K, u16, M)>,
+    ) -> Result<()> {
+        if !self.may_hold_partial_values() {
+            return Ok(());
+        }
+        let mut wanted: IndexMap<Vec<u8>, (u16, Vec<M>)> = IndexMap::new();
+        for (key, key_group, map_key) in rows {
+            match wanted.get_mut(key.as_ref()) {
+                Some((_, map_keys)) => map_keys.push(map_key),
+                None => {
+                    wanted.insert(key.as_ref().to_vec(), (key_group, vec![map_key]));
+                }
+            }
+        }
+        for (key, (key_group, map_keys)) in wanted {
+            let map_keys: Vec<&[u8]> = map_keys.iter().map(AsRef::as_ref).collect();
+            self.get_at(&key, key_group, false, |layout, at, map| match (at, map) {
+                (Some(at), Some(map)) => layout.fetch_many(at, map, &map_keys),
+                _ => Ok(()),
+            })?;
+        }
+        Ok(())
     }
 }
 

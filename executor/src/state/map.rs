@@ -218,14 +218,7 @@ impl<V> MapValue<V> {
     /// The value of `key`, made with `make` if it has none.
     pub fn get_or_insert_with(&mut self, key: &[u8], make: impl FnOnce() -> V) -> &mut V {
         if !self.entries.contains_key(key) {
-            self.bytes += Self::entry_bytes(key);
-            self.entries.insert(
-                key.to_vec(),
-                Entry {
-                    value: None,
-                    changed: false,
-                },
-            );
+            self.absent(key);
         }
         let entry = self.entries.get_mut(key).expect("inserted");
         entry.changed = true;
