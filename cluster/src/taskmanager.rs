@@ -141,6 +141,19 @@ impl StateStore for BackendReader {
             .backend()?
             .scan_state_prefix_from(table, key_group, prefix, from, limit)?)
     }
+
+    fn scan_prefix_back(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        before: Option<&[u8]>,
+        limit: usize,
+    ) -> executor::Result<Vec<StateEntry>> {
+        Ok(self
+            .backend()?
+            .scan_state_prefix_back(table, key_group, prefix, before, limit)?)
+    }
 }
 
 /// What a TaskManager is made of, besides its slots and tasks.

@@ -12,6 +12,7 @@
 
 mod error;
 pub mod execution_graph;
+pub mod frames;
 pub mod functions;
 pub mod job_graph;
 mod lower;

@@ -558,7 +558,7 @@ impl fmt::Display for OperatorSpec {
                 ..
             } => write!(
                 f,
-                "OverWindow: partition=[{}] order=[{}] functions=[{}]",
+                "OverWindow: partition=[{}] order=[{}] functions=[{}] reads=[{}]",
                 list(partition_by),
                 sort_list(order_by, directions),
                 functions
@@ -568,7 +568,14 @@ impl fmt::Display for OperatorSpec {
                         other => other.to_string(),
                     })
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                match crate::frames::reach(functions) {
+                    Some(r) => format!(
+                        "rows around each change, {} preceding and {} following",
+                        r.preceding, r.following
+                    ),
+                    None => "whole partition".into(),
+                }
             ),
             OperatorSpec::TemporalFilter { bounds, .. } => {
                 let bounds: Vec<String> = bounds.iter().map(|b| b.to_string()).collect();

@@ -5,7 +5,8 @@
 //! in `weir_catalog.state`; the `heap` backend fails the view with `53200`
 //! and leaves the server and the other views running. A join whose rows
 //! are many times the memory keeps them in RocksDB the same way, and so
-//! do a TopN partition and a join key that alone are many times the memory.
+//! do a TopN partition, a window partition and a join key that alone are
+//! many times the memory.
 
 mod common;
 
@@ -277,7 +278,8 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in_memory() {
     // 200,000 rows in one TopN partition (a view's ORDER BY … LIMIT has
-    // no PARTITION BY), under one join key and in one group's value sets
+    // no PARTITION BY), in one window partition (lag and a ROWS frame
+    // without PARTITION BY), under one join key and in one group's value sets
     // (a retractable min and max, a count of distinct values): tens of
     // MiB each, in a 2 MiB share.
     const ROWS: i64 = 200_000;
@@ -293,6 +295,8 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          FROM t LEFT JOIN d ON t.g = d.g GROUP BY 1; \
          CREATE MATERIALIZED VIEW extremes AS SELECT count(*) AS c, min(v) AS mn, max(v) AS mx, \
          count(DISTINCT v % 100000) AS d FROM t; \
+         CREATE MATERIALIZED VIEW neighbours AS SELECT k, v, lag(v) OVER (ORDER BY k) AS prev, \
+         sum(v) OVER (ORDER BY k ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING) AS near FROM t; \
          INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
     ))
     .await
@@ -325,9 +329,34 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
         ]]
     };
     let agg = "SELECT c, mn, mx, d FROM extremes";
+    // Each row's previous v and the sum of v over it and its neighbours,
+    // in k order, of the rows with v <= max, recomputed apart: their
+    // number and sums weighted by k (a row paired with the wrong
+    // neighbour changes them).
+    let neighbours = |max: i64| -> Vec<Vec<String>> {
+        let v: Vec<(i64, i64)> = (1..=ROWS)
+            .map(|k| (k, k * 7919 % P))
+            .filter(|(_, v)| *v <= max)
+            .collect();
+        let (mut prev, mut near) = (0i64, 0i64);
+        for (i, (k, _)) in v.iter().enumerate() {
+            if i > 0 {
+                prev += k * v[i - 1].1;
+            }
+            let around = &v[i.saturating_sub(1)..(i + 2).min(v.len())];
+            near += k * around.iter().map(|(_, v)| v).sum::<i64>();
+        }
+        vec![vec![
+            v.len().to_string(),
+            prev.to_string(),
+            near.to_string(),
+        ]]
+    };
+    let paired = "SELECT count(*), sum(k * prev), sum(k * near) FROM neighbours";
     c.batch_execute("FLUSH").await.unwrap();
     assert_eq!(rows(&c, top).await, expected(P));
     assert_eq!(rows(&c, agg).await, extremes(P));
+    assert_eq!(rows(&c, paired).await, neighbours(P));
     let sum = ROWS * (ROWS + 1) / 2;
     assert_eq!(
         rows(&c, "SELECT name, c, s FROM joined").await,
@@ -340,6 +369,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
         .unwrap();
     assert_eq!(rows(&c, top).await, expected(199_000));
     assert_eq!(rows(&c, agg).await, extremes(199_000));
+    assert_eq!(rows(&c, paired).await, neighbours(199_000));
     let left = one(&c, "SELECT count(*) FROM t").await;
     assert!(
         left.parse::<i64>().unwrap() < ROWS - 900,
@@ -361,6 +391,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
         .unwrap();
     assert_eq!(rows(&c, top).await, expected(198_000));
     assert_eq!(rows(&c, agg).await, extremes(198_000));
+    assert_eq!(rows(&c, paired).await, neighbours(198_000));
     let (n, s) = (
         one(&c, "SELECT count(*) FROM t").await,
         one(&c, "SELECT sum(k) FROM t").await,
@@ -376,17 +407,19 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     let state = rows(
         &c,
         "SELECT name, operator, sum(keys), sum(bytes_in_memory), sum(evictions) \
-         FROM weir_catalog.state WHERE operator IN ('TopN', 'HashJoin', 'HashAgg (value sets)') \
+         FROM weir_catalog.state \
+         WHERE operator IN ('TopN', 'HashJoin', 'HashAgg (value sets)', 'OverWindow') \
          GROUP BY 1, 2 ORDER BY 1",
     )
     .await;
-    assert_eq!(state.len(), 3, "{state:?}");
+    assert_eq!(state.len(), 4, "{state:?}");
     assert_eq!(state[0][2], "3", "min's, max's and count's sets: {state:?}");
     assert_eq!(
         state[1][2], "2",
         "one key on each side of the join: {state:?}"
     );
-    assert_eq!(state[2][2], "1", "one partition: {state:?}");
+    assert_eq!(state[2][2], "1", "one window partition: {state:?}");
+    assert_eq!(state[3][2], "1", "one partition: {state:?}");
     for r in &state {
         let bytes: i64 = r[3].parse().unwrap();
         assert!(

@@ -430,6 +430,18 @@ impl StateScan for KeyedStateBackend {
         self.kv()?
             .scan_state_prefix_from(table, key_group, prefix, from, limit)
     }
+
+    fn scan_state_prefix_back(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        before: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        self.kv()?
+            .scan_state_prefix_back(table, key_group, prefix, before, limit)
+    }
 }
 
 impl Drop for KeyedStateBackend {

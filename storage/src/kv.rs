@@ -238,6 +238,16 @@ impl KvStore {
     pub fn scan(&self, from: &[u8], to: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.with_snapshot(|s| s.scan(from, to, limit))
     }
+
+    /// Scans `[from, to)` backwards outside any snapshot.
+    pub fn scan_back(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.with_snapshot(|s| s.scan_back(from, to, limit))
+    }
 }
 
 /// Reads from one RocksDB snapshot.
@@ -266,6 +276,34 @@ impl SnapshotReader<'_> {
             }
             let (k, v) = item?;
             out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Key-value pairs in `[from, to)`, last first, at most `limit` of
+    /// them.
+    pub fn scan_back(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut opts = ReadOptions::default();
+        opts.set_snapshot(self.snapshot);
+        opts.set_iterate_lower_bound(from.to_vec());
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator_opt(IteratorMode::From(to, Direction::Reverse), opts)
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item?;
+            // The seek lands on `to` itself when it is a key.
+            if k.as_ref() < to {
+                out.push((k.to_vec(), v.to_vec()));
+            }
         }
         Ok(out)
     }

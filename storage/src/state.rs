@@ -58,6 +58,18 @@ pub trait StateScan {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<StateEntry>>;
+
+    /// At most `limit` of the entries [`StateScan::scan_state_prefix`]
+    /// yields, below key `before` (`None`: from the last), last first: a
+    /// page of one key's map state read backwards.
+    fn scan_state_prefix_back(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        before: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<StateEntry>>;
 }
 
 impl KvStore {
@@ -151,6 +163,24 @@ impl StateScan for KvStore {
         let start = keys::state_key(table, key_group, from.max(prefix));
         Ok(entries(self.scan(&start, &end, limit)?))
     }
+
+    fn scan_state_prefix_back(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        before: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        let start = keys::state_key(table, key_group, prefix);
+        let end = keys::prefix_end(&start)
+            .unwrap_or_else(|| keys::state_range(table, key_group..key_group + 1).1);
+        let end = match before {
+            Some(before) => end.min(keys::state_key(table, key_group, before)),
+            None => end,
+        };
+        Ok(entries(self.scan_back(&start, &end, limit)?))
+    }
 }
 
 #[cfg(test)]
@@ -203,5 +233,34 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(kv.scan_state(7, 0..64).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_prefix_scans_backwards_in_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = KvStore::open(dir.path(), 1 << 20).unwrap();
+        kv.write_state(vec![
+            w(7, 3, "a", Some("before the prefix")),
+            w(7, 3, "p1", Some("1")),
+            w(7, 3, "p2", Some("2")),
+            w(7, 3, "p3", Some("3")),
+            w(7, 3, "q", Some("after the prefix")),
+            w(7, 4, "p0", Some("another key group")),
+        ])
+        .unwrap();
+        let keys = |entries: Vec<StateEntry>| {
+            entries
+                .into_iter()
+                .map(|e| String::from_utf8(e.key).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let all = kv.scan_state_prefix_back(7, 3, b"p", None, 10).unwrap();
+        assert_eq!(keys(all), ["p3", "p2", "p1"]);
+        let below = kv.scan_state_prefix_back(7, 3, b"p", Some(b"p3"), 1);
+        assert_eq!(keys(below.unwrap()), ["p2"], "below p3, one entry");
+        let rest = kv.scan_state_prefix_back(7, 3, b"p", Some(b"p1"), 10);
+        assert!(rest.unwrap().is_empty(), "nothing of the prefix below p1");
+        let whole = kv.scan_state_prefix_back(7, 4, b"", None, 10).unwrap();
+        assert_eq!(keys(whole), ["p0"]);
     }
 }

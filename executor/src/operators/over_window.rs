@@ -5,16 +5,35 @@
 //!
 //! Input arrives hash-partitioned on `PARTITION BY`. Each partition keeps
 //! its rows in `ORDER BY` order (see [`SortedPartitions`]). For every chunk
-//! the operator evaluates each touched partition before and after applying
-//! the chunk's changes and emits the difference: a new row can change its
-//! neighbours' `lag`, a running sum, every row's `count(*) OVER ()`, so only
-//! rows whose output actually changed go out (`-D` old, `+I` new).
+//! the operator evaluates the rows a change can reach before and after
+//! applying the chunk's changes and emits the difference: a new row can
+//! change its neighbours' `lag`, a running sum, every row's
+//! `count(*) OVER ()`, so only rows whose output actually changed go out
+//! (`-D` old, `+I` new).
+//!
+//! How far a change reaches depends on the functions
+//! ([`planner::frames`]):
+//!
+//! * **bounded** (`lag`, `lead`, `ROWS BETWEEN n PRECEDING AND m
+//!   FOLLOWING`): a row's value reads at most `p` rows before it and `f`
+//!   after. A change can alter only the rows from `f` rows before it to
+//!   `p` after it, and their values need `p` more rows before and `f` more
+//!   after. So the operator walks out from each change that far (counting
+//!   the rows the chunk leaves alone, which are there before and after
+//!   it), merges overlapping runs into segments, and evaluates only those.
+//!   Partitions are paged map state: a partition of a hundred million rows
+//!   (any window without `PARTITION BY` is one) costs memory for a page
+//!   of it, and a change costs reads of the rows around it;
+//! * **whole** (`row_number`, `rank`, running sums, aggregates over the
+//!   whole partition): any change can change every row's value, so a
+//!   touched partition is read whole and evaluated whole. A change costs
+//!   a pass over its partition: cheap for the usual small partitions,
+//!   linear for one huge one.
 //!
 //! The functions run as DataFusion evaluates them in batch (its physical
-//! `WindowExpr` on one sorted partition), so their meaning is DataFusion's,
-//! frames and all. A change costs a pass over its partition: cheap for the
-//! usual small partitions, linear for one huge one. State grows with the
-//! input, as it must: any retraction can change any row's value.
+//! `WindowExpr` on one sorted run of a partition), so their meaning is
+//! DataFusion's, frames and all. State grows with the input, as it must:
+//! any retraction can change a row's value.
 
 use std::sync::Arc;
 
@@ -26,18 +45,57 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::physical_expr::window::WindowExpr;
 use datafusion::physical_planner::create_window_expr;
 use planner::spec::OperatorSpec;
-use storage::chunk::Chunk;
+use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
-use super::sorted_partitions::{SortedPartitions, diff};
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use indexmap::IndexMap;
+use planner::frames::Reach;
+
+use super::sorted_partitions::{Keyed, SortedPartitions, diff, entry_key};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
 
+/// Entries of a partition read at a time when the functions' reach is
+/// bounded.
+const PAGE: usize = 1024;
+
+/// One run of changes in a partition, in entry keys (`None`: the
+/// partition's end on that side): the functions are evaluated over
+/// `from..=to`, and the values of the rows in `first..=last` (past
+/// `after`, which an earlier segment compared) are compared.
+struct Segment {
+    from: EntryBound,
+    to: EntryBound,
+    first: EntryBound,
+    last: EntryBound,
+    after: EntryBound,
+}
+
+impl Segment {
+    fn compares(&self, key: &[u8]) -> bool {
+        self.first.as_deref().is_none_or(|first| first <= key)
+            && self.last.as_deref().is_none_or(|last| key <= last)
+            && self.after.as_deref().is_none_or(|after| after < key)
+    }
+}
+
+/// An entry key, or `None` for a partition's end.
+type EntryBound = Option<Vec<u8>>;
+
+fn bound(key: &EntryBound) -> Bound<&[u8]> {
+    key.as_deref().map_or(Bound::Unbounded, Bound::Included)
+}
+
 pub struct OverWindow {
     rows: SortedPartitions,
     functions: Vec<Arc<dyn WindowExpr>>,
+    /// How far a change reaches (`None`: the whole partition).
+    reach: Option<Reach>,
     /// Arrow schema of the input rows a partition is decoded into.
     input_schema: SchemaRef,
     /// Encodes output rows (input columns, then one per function).
@@ -60,6 +118,7 @@ impl OverWindow {
                 "OverWindow built from another spec".into(),
             ));
         };
+        let reach = planner::frames::reach(functions);
         let props = ExecutionProps::new();
         let ctx = PhysicalPlanningContext::default();
         let functions = functions
@@ -74,7 +133,7 @@ impl OverWindow {
         Ok(Self {
             rows: SortedPartitions::new(
                 "OverWindow",
-                None,
+                reach.map(|_| PAGE),
                 partition_by,
                 order_by,
                 directions,
@@ -82,6 +141,7 @@ impl OverWindow {
                 *state_table,
             )?,
             functions,
+            reach,
             input_schema: expr::output_schema(input_schema),
             output_codec: RowCodec::new(expr::types(output))?,
             schema: expr::output_schema(output),
@@ -90,7 +150,12 @@ impl OverWindow {
 
     /// The partition's output rows, encoded, in the partition's order.
     fn evaluate(&mut self, partition: &[u8], key_group: u16) -> Result<Vec<Vec<u8>>> {
-        let (n, mut columns) = self.rows.columns(partition, key_group)?;
+        let (n, columns) = self.rows.columns(partition, key_group)?;
+        self.outputs(n, columns)
+    }
+
+    /// The output rows, encoded, of `n` sorted rows of one partition.
+    fn outputs(&self, n: usize, mut columns: Vec<ArrayRef>) -> Result<Vec<Vec<u8>>> {
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -105,6 +170,177 @@ impl OverWindow {
             });
         }
         Ok(self.output_codec.encode(&columns)?)
+    }
+
+    /// Applies the chunk with whole partitions evaluated before and
+    /// after: the changes of their output.
+    fn whole_partitions(&mut self, keys: &Keyed, chunk: &Chunk) -> Result<Vec<(Op, Vec<u8>)>> {
+        let touched = keys.touched();
+        self.rows.load(&touched)?;
+        let before = touched
+            .iter()
+            .map(|(p, kg)| self.evaluate(p, *kg))
+            .collect::<Result<Vec<_>>>()?;
+        self.rows.apply_chunk(keys, chunk)?;
+        let mut changes = Vec::new();
+        for ((p, key_group), old) in touched.into_iter().zip(before) {
+            changes.extend(diff(old, self.evaluate(&p, key_group)?));
+        }
+        Ok(changes)
+    }
+
+    /// Applies the chunk with only the rows around its changes evaluated
+    /// before and after (see the module docs): the changes of their
+    /// output.
+    fn around_changes(
+        &mut self,
+        reach: Reach,
+        keys: &Keyed,
+        chunk: &Chunk,
+    ) -> Result<Vec<(Op, Vec<u8>)>> {
+        let mut changed: IndexMap<&[u8], (u16, BTreeSet<Vec<u8>>)> = IndexMap::new();
+        for r in 0..keys.rows.len() {
+            changed
+                .entry(&keys.partitions[r])
+                .or_insert_with(|| (keys.key_groups[r], BTreeSet::new()))
+                .1
+                .insert(entry_key(&keys.sort_keys[r], &keys.rows[r]));
+        }
+        let touched: Vec<(Vec<u8>, u16)> = changed
+            .iter()
+            .map(|(p, (kg, _))| (p.to_vec(), *kg))
+            .collect();
+        self.rows.load(&touched)?;
+        let mut plans = Vec::new();
+        for (partition, (key_group, entries)) in &changed {
+            for segment in self.segments(partition, *key_group, entries, reach)? {
+                plans.push((*partition, *key_group, segment));
+            }
+        }
+        let before = plans
+            .iter()
+            .map(|(p, kg, segment)| self.evaluate_segment(p, *kg, segment))
+            .collect::<Result<Vec<_>>>()?;
+        self.rows.apply_chunk(keys, chunk)?;
+        let mut changes = Vec::new();
+        for ((p, kg, segment), old) in plans.iter().zip(before) {
+            changes.extend(diff(old, self.evaluate_segment(p, *kg, segment)?));
+        }
+        Ok(changes)
+    }
+
+    /// The segments of one partition's changed entries (`changed`, in
+    /// order), as the partition is before the changes.
+    fn segments(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+        changed: &BTreeSet<Vec<u8>>,
+        reach: Reach,
+    ) -> Result<Vec<Segment>> {
+        let (p, f) = (reach.preceding, reach.following);
+        let mut segments: Vec<Segment> = Vec::new();
+        for c in changed {
+            if let Some(s) = segments.last_mut() {
+                if s.last.is_none() {
+                    // The segment compares up to the partition's end.
+                    continue;
+                }
+                if s.to.as_ref().is_none_or(|to| c <= to) {
+                    (s.last, s.to) =
+                        self.walk_out(partition, key_group, c, false, p, f, changed)?;
+                    continue;
+                }
+            }
+            // Rows up to `f` before `c` read it; their values read `p`
+            // more before them. Likewise after.
+            let (first, from) = self.walk_out(partition, key_group, c, true, f, p, changed)?;
+            let (last, to) = self.walk_out(partition, key_group, c, false, p, f, changed)?;
+            let after = segments.last().and_then(|s| s.last.clone());
+            segments.push(Segment {
+                from,
+                to,
+                first,
+                last,
+                after,
+            });
+        }
+        Ok(segments)
+    }
+
+    /// Walks from `c` (downwards when `backward`) over the entries the
+    /// chunk does not change: the entry where `near` rows were passed,
+    /// then the one `far` rows past that (`c` itself for none; `None`
+    /// when the partition ends first).
+    #[allow(clippy::too_many_arguments)]
+    fn walk_out(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+        c: &[u8],
+        backward: bool,
+        near: u64,
+        far: u64,
+        changed: &BTreeSet<Vec<u8>>,
+    ) -> Result<(EntryBound, EntryBound)> {
+        // `Some(bound)` once reached.
+        let mut near_at = (near == 0).then(|| c.to_vec());
+        let mut far_at = (near == 0 && far == 0).then(|| c.to_vec());
+        if far_at.is_some() {
+            return Ok((near_at, far_at));
+        }
+        let mut passed = 0u64;
+        let page = usize::try_from(near.saturating_add(far)).unwrap_or(usize::MAX);
+        self.rows.walk(
+            partition,
+            key_group,
+            Bound::Excluded(c),
+            backward,
+            page.saturating_add(2),
+            |k, copies| {
+                if changed.contains(k) {
+                    return Ok(true);
+                }
+                passed += copies.max(0) as u64;
+                if near_at.is_none() {
+                    if passed < near {
+                        return Ok(true);
+                    }
+                    near_at = Some(k.to_vec());
+                    passed = 0;
+                    if far > 0 {
+                        return Ok(true);
+                    }
+                } else if passed < far {
+                    return Ok(true);
+                }
+                far_at = Some(k.to_vec());
+                Ok(false)
+            },
+        )?;
+        Ok((near_at, far_at))
+    }
+
+    /// The output rows of a segment's compared rows, encoded.
+    fn evaluate_segment(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+        segment: &Segment,
+    ) -> Result<Vec<Vec<u8>>> {
+        let (keys, n, columns) = self.rows.range_columns(
+            partition,
+            key_group,
+            bound(&segment.from),
+            bound(&segment.to),
+        )?;
+        let outputs = self.outputs(n, columns)?;
+        Ok(keys
+            .iter()
+            .zip(outputs)
+            .filter(|(k, _)| segment.compares(k))
+            .map(|(_, row)| row)
+            .collect())
     }
 }
 
@@ -127,17 +363,10 @@ impl Operator for OverWindow {
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let keys = self.rows.keys(chunk.data())?;
-        let touched = keys.touched();
-        self.rows.load(&touched)?;
-        let before = touched
-            .iter()
-            .map(|(p, kg)| self.evaluate(p, *kg))
-            .collect::<Result<Vec<_>>>()?;
-        self.rows.apply_chunk(&keys, &chunk)?;
-        let mut changes = Vec::new();
-        for ((p, key_group), old) in touched.into_iter().zip(before) {
-            changes.extend(diff(old, self.evaluate(&p, key_group)?));
-        }
+        let changes = match self.reach {
+            Some(reach) => self.around_changes(reach, &keys, &chunk)?,
+            None => self.whole_partitions(&keys, &chunk)?,
+        };
         self.rows.settle()?;
         if changes.is_empty() {
             return Ok(());
@@ -168,10 +397,11 @@ mod tests {
     use super::*;
     use crate::operators::test_util::*;
     use datafusion::functions_aggregate::sum::sum_udaf;
-    use datafusion::functions_window::expr_fn::lag;
+    use datafusion::functions_window::expr_fn::{lag, row_number};
     use datafusion::logical_expr::expr::WindowFunction;
     use datafusion::logical_expr::{ExprFunctionExt, col};
     use datafusion::prelude::Expr;
+    use std::collections::BTreeMap;
     use storage::chunk::Op;
 
     const I: Op = Op::Insert;
@@ -233,6 +463,169 @@ mod tests {
         assert_eq!(
             feed(&mut v, &[D], &[1], &[20]),
             vec!["-D 1 20 10", "-D 1 30 20", "+I 1 30 10"]
+        );
+    }
+
+    fn bounded_functions() -> Vec<Expr> {
+        use datafusion::functions_window::expr_fn::lead;
+        use datafusion::logical_expr::{WindowFrame, WindowFrameBound, WindowFrameUnits};
+        let by_b = |e: Expr| {
+            e.partition_by(vec![col("a")])
+                .order_by(vec![col("b").sort(true, false)])
+        };
+        let n = |v| datafusion::common::ScalarValue::UInt64(Some(v));
+        vec![
+            by_b(lag(col("b"), Some(2), None)).build().unwrap(),
+            by_b(lead(col("b"), Some(1), None)).build().unwrap(),
+            by_b(Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")])))
+                .window_frame(WindowFrame::new_bounds(
+                    WindowFrameUnits::Rows,
+                    WindowFrameBound::Preceding(n(1)),
+                    WindowFrameBound::Following(n(2)),
+                ))
+                .build()
+                .unwrap(),
+        ]
+    }
+
+    /// What `bounded_functions` give, by a separate recomputation: each
+    /// partition's `b`s in order, one per copy, with the value two rows
+    /// back, the next one, and the sum from one back to two ahead.
+    fn expected_bounded(rows: &BTreeMap<(i64, i64), i64>) -> Vec<String> {
+        let mut out = Vec::new();
+        for a in [1, 2] {
+            let bs: Vec<i64> = rows
+                .range((a, i64::MIN)..=(a, i64::MAX))
+                .flat_map(|((_, b), n)| std::iter::repeat_n(*b, *n as usize))
+                .collect();
+            let show = |v: Option<&i64>| v.map_or("NULL".to_string(), i64::to_string);
+            for (i, b) in bs.iter().enumerate() {
+                let sum: i64 = bs[i.saturating_sub(1)..(i + 3).min(bs.len())].iter().sum();
+                let prev = i.checked_sub(2).and_then(|j| bs.get(j));
+                out.push(format!(
+                    "{a} {b} {} {} {sum}",
+                    show(prev),
+                    show(bs.get(i + 1))
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Random inserts and deletes, duplicates among them, into two
+    /// partitions: the view the operator's changes add up to equals the
+    /// recomputation after every chunk. With `pool`, the rocksdb backend
+    /// over that much memory, restored from a checkpoint half way.
+    fn bounded_reach_follows_random_changes(pool: Option<usize>) -> OverWindow {
+        use crate::state::StateStore;
+        let state = Arc::new(MemState::default());
+        let pool = pool.map(|bytes| Arc::new(storage::memory::MemoryPool::new(bytes)));
+        let start = |restored: bool| {
+            let mut w = over(bounded_functions(), &["prev2", "next", "total"]);
+            let ctx = match &pool {
+                Some(pool) => rocksdb_ctx(state.clone(), pool, restored),
+                None => ctx(state.clone()),
+            };
+            w.on_start(&ctx, &mut vec![]).unwrap();
+            w
+        };
+        let mut w = start(false);
+        assert!(w.reach.is_some());
+        let mut rows = BTreeMap::<(i64, i64), i64>::new();
+        let mut shown = BTreeMap::<String, i64>::new();
+        let mut next = random_below(11);
+        for step in 0..240 {
+            let (mut ops, mut a_s, mut bs) = (vec![], vec![], vec![]);
+            // Bursts of appends at the end now and then, as time-ordered
+            // input makes them.
+            let size = if step % 7 == 0 { 40 } else { 1 + next(8) };
+            for _ in 0..size {
+                let a = 1 + next(2) as i64;
+                if !rows.is_empty() && next(4) == 0 {
+                    let at = next(rows.len() as u64) as usize;
+                    let key = *rows.keys().nth(at).unwrap();
+                    *rows.get_mut(&key).unwrap() -= 1;
+                    if rows[&key] == 0 {
+                        rows.remove(&key);
+                    }
+                    ops.push(D);
+                    a_s.push(key.0);
+                    bs.push(key.1);
+                } else {
+                    let b = if step % 7 == 0 {
+                        10_000 + step as i64 * 100 + next(100) as i64
+                    } else {
+                        next(3_000) as i64
+                    };
+                    *rows.entry((a, b)).or_default() += 1;
+                    ops.push(I);
+                    a_s.push(a);
+                    bs.push(b);
+                }
+            }
+            for line in feed(&mut w, &ops, &a_s, &bs) {
+                let (op, row) = line.split_at(3);
+                *shown.entry(row.to_string()).or_default() += if op == "+I " { 1 } else { -1 };
+            }
+            assert!(shown.values().all(|n| *n >= 0), "step {step}: {shown:?}");
+            shown.retain(|_, n| *n != 0);
+            let got: Vec<String> = shown
+                .iter()
+                .flat_map(|(row, n)| std::iter::repeat_n(row.clone(), *n as usize))
+                .collect();
+            assert_eq!(got, expected_bounded(&rows), "step {step}");
+            if let Some(pool) = &pool {
+                assert!(
+                    w.rows.report().bytes_in_memory as usize <= pool.capacity(),
+                    "step {step}: {:?}",
+                    w.rows.report()
+                );
+            }
+            if step == 120 {
+                let mut writes = vec![];
+                w.handle_checkpoint(&Barrier::checkpoint(1), &mut writes)
+                    .unwrap();
+                state.put(writes).unwrap();
+                drop(w);
+                w = start(true);
+            }
+        }
+        assert!(rows.values().sum::<i64>() > 600);
+        w
+    }
+
+    #[test]
+    fn bounded_reach_follows_random_changes_in_memory() {
+        bounded_reach_follows_random_changes(None);
+    }
+
+    #[test]
+    fn bounded_reach_keeps_a_page_of_a_partition_far_past_memory() {
+        let mut w = bounded_reach_follows_random_changes(Some(48 << 10));
+        let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
+        let keys = w.rows.keys(c.data()).unwrap();
+        let ranked = w.rows.get(&keys.partitions[0], keys.key_groups[0]);
+        let ranked = ranked.unwrap().unwrap();
+        assert!(ranked.is_partial(), "{} rows in memory", ranked.len());
+    }
+
+    #[test]
+    fn whole_partition_functions_read_it_whole() {
+        let numbered = row_number()
+            .partition_by(vec![col("a")])
+            .order_by(vec![col("b").sort(true, false)])
+            .build()
+            .unwrap();
+        let mut w = over(vec![numbered], &["n"]);
+        assert!(w.reach.is_none());
+        assert_eq!(
+            feed(&mut w, &[I, I], &[1, 1], &[5, 7]),
+            vec!["+I 1 5 1", "+I 1 7 2"]
+        );
+        assert_eq!(
+            feed(&mut w, &[I], &[1], &[1]),
+            vec!["-D 1 5 1", "-D 1 7 2", "+I 1 1 1", "+I 1 5 2", "+I 1 7 3"]
         );
     }
 

@@ -18,6 +18,7 @@
 //! without `PARTITION BY` is one) costs memory for about a page of them.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::compute::cast;
@@ -96,7 +97,7 @@ impl MapCodec for Copies {
 }
 
 /// Entry key: sort key, row, sort key length.
-fn entry_key(sort: &[u8], row: &[u8]) -> Vec<u8> {
+pub(super) fn entry_key(sort: &[u8], row: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(sort.len() + row.len() + 4);
     k.extend_from_slice(sort);
     k.extend_from_slice(row);
@@ -229,6 +230,67 @@ impl SortedPartitions {
                     _ => Ok(()),
                 }
             })
+    }
+
+    /// Visits the partition's entries (entry key, copies) as they are
+    /// now from `start` on, upwards or (`backward`) downwards, until
+    /// `visit` returns false: of a paged partition, reading the store
+    /// where memory lacks entries, a few at a time
+    /// ([`MapLayout::walk`]).
+    pub(super) fn walk(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+        start: Bound<&[u8]>,
+        backward: bool,
+        first_page: usize,
+        mut visit: impl FnMut(&[u8], i64) -> Result<bool>,
+    ) -> Result<()> {
+        self.partitions.get_at(
+            partition,
+            key_group,
+            false,
+            |layout, at, ranked| match ranked {
+                Some(ranked) => {
+                    layout.walk(at, ranked, start, backward, first_page, |k, c| visit(k, *c))
+                }
+                None => Ok(()),
+            },
+        )
+    }
+
+    /// The partition's rows with entry keys from `from` to `to`, one per
+    /// copy, in order: each row's entry key, and the rows decoded (their
+    /// number and columns).
+    pub(super) fn range_columns(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Result<(Vec<Vec<u8>>, usize, Vec<ArrayRef>)> {
+        let mut entries: Vec<(Vec<u8>, i64)> = Vec::new();
+        self.walk(partition, key_group, from, false, 64, |k, copies| {
+            let inside = match to {
+                Bound::Included(to) => k <= to,
+                Bound::Excluded(to) => k < to,
+                Bound::Unbounded => true,
+            };
+            if inside {
+                entries.push((k.to_vec(), copies));
+            }
+            Ok(inside)
+        })?;
+        let mut keys = Vec::new();
+        let mut rows = Vec::new();
+        for (entry, copies) in &entries {
+            for _ in 0..(*copies).max(0) {
+                keys.push(entry.clone());
+                rows.push(split_entry(entry).1);
+            }
+        }
+        let n = rows.len();
+        Ok((keys, n, self.row_codec.decode(rows)?))
     }
 
     /// The partition's rows in order, one per copy, decoded: the number

@@ -20,6 +20,7 @@
 //! about a page of them in memory.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use storage::state::{StateEntry, StateWrite};
 
@@ -32,6 +33,17 @@ use crate::Result;
 pub trait MapCodec: StateCodec {
     /// The length of the key that a stored key `key ‖ map key` starts with.
     fn key_len(&self, stored: &[u8]) -> Result<usize>;
+}
+
+/// Entries a walk reads at a time at most, of maps that are not paged.
+const WALK_PAGE: usize = 1024;
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.as_slice()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
 }
 
 /// The layout of map state whose map values `C` encodes.
@@ -247,6 +259,27 @@ impl<V> MapValue<V> {
         self.live = 0;
     }
 
+    /// The entries in memory with a value past `from` up to `to` (in
+    /// the walk's direction: downwards when `backward`).
+    fn live_range<'a>(
+        &'a self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        backward: bool,
+    ) -> Box<dyn Iterator<Item = (&'a [u8], &'a V)> + 'a> {
+        let live = |(k, e): (&'a Vec<u8>, &'a Entry<V>)| Some((k.as_slice(), e.value.as_ref()?));
+        if backward {
+            Box::new(
+                self.entries
+                    .range::<[u8], _>((to, from))
+                    .rev()
+                    .filter_map(live),
+            )
+        } else {
+            Box::new(self.entries.range::<[u8], _>((from, to)).filter_map(live))
+        }
+    }
+
     /// The map keys with a value, and their values, in key order: of a
     /// partial map, the known entries only.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &V)> {
@@ -370,6 +403,111 @@ impl<C: MapCodec> MapLayout<C> {
             key_group,
             key: stored_key(key, map_key),
             value: entry.value.as_ref().map(|v| self.codec.encode(v)),
+        }
+    }
+
+    /// Visits the map's entries as they are now, memory over the store,
+    /// from `start` on (`backward`: down from it), until `visit` returns
+    /// false. The store is read only while memory may lack entries, a
+    /// page at a time: `first_page` entries first, twice as many each
+    /// time after (up to the layout's page), so that a walk of a few
+    /// entries reads few.
+    pub fn walk(
+        &self,
+        at: Option<&MapAt>,
+        map: &MapValue<C::Value>,
+        start: Bound<&[u8]>,
+        backward: bool,
+        first_page: usize,
+        mut visit: impl FnMut(&[u8], &C::Value) -> Result<bool>,
+    ) -> Result<()> {
+        let mut cursor: Bound<Vec<u8>> = start.map(<[u8]>::to_vec);
+        let most = self.page.unwrap_or(WALK_PAGE).max(1);
+        let mut page = first_page.clamp(1, most);
+        loop {
+            let at = match at {
+                Some(at) if map.is_partial() => at,
+                // Memory holds every entry.
+                _ => {
+                    for (k, v) in map.live_range(as_ref(&cursor), Bound::Unbounded, backward) {
+                        if !visit(k, v)? {
+                            break;
+                        }
+                    }
+                    return Ok(());
+                }
+            };
+            let stored = if backward {
+                let before = match &cursor {
+                    Bound::Unbounded => None,
+                    Bound::Excluded(k) => Some(at.stored_key(k)),
+                    Bound::Included(k) => Some(at.stored_key(&[k.as_slice(), &[0]].concat())),
+                };
+                at.store.scan_prefix_back(
+                    at.table,
+                    at.key_group,
+                    at.key,
+                    before.as_deref(),
+                    page,
+                )?
+            } else {
+                let from = match &cursor {
+                    Bound::Unbounded => at.key.to_vec(),
+                    Bound::Excluded(k) => at.stored_key(&[k.as_slice(), &[0]].concat()),
+                    Bound::Included(k) => at.stored_key(k),
+                };
+                at.store
+                    .scan_prefix_from(at.table, at.key_group, at.key, &from, page)?
+            };
+            let full = stored.len() == page;
+            // What this round covers: up to the page's last entry, or to
+            // the end when the store has no more.
+            let frontier = match stored.last() {
+                Some(e) if full => Bound::Included(e.key[at.key.len()..].to_vec()),
+                _ => Bound::Unbounded,
+            };
+            let mut from_store = Vec::with_capacity(stored.len());
+            for e in &stored {
+                if self.codec.key_len(&e.key)? != at.key.len() {
+                    // Another key that starts with this one's bytes.
+                    continue;
+                }
+                let map_key = &e.key[at.key.len()..];
+                // Memory's entry wins; in the known range, memory has all.
+                if !map.entries.contains_key(map_key) && !map.knows(map_key) {
+                    from_store.push((map_key, self.codec.decode(&e.value)?));
+                }
+            }
+            let mut memory = map
+                .live_range(as_ref(&cursor), as_ref(&frontier), backward)
+                .peekable();
+            let mut store = from_store.into_iter().peekable();
+            loop {
+                let take_memory = match (memory.peek(), store.peek()) {
+                    (None, None) => break,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (Some((m, _)), Some((s, _))) => (*m < *s) != backward,
+                };
+                let go_on = if take_memory {
+                    let (k, v) = memory.next().expect("peeked");
+                    visit(k, v)?
+                } else {
+                    let (k, v) = store.next().expect("peeked");
+                    visit(k, &v)?
+                };
+                if !go_on {
+                    return Ok(());
+                }
+            }
+            if !full {
+                return Ok(());
+            }
+            cursor = match frontier {
+                Bound::Included(k) => Bound::Excluded(k),
+                other => other,
+            };
+            page = (page * 2).min(most);
         }
     }
 

@@ -149,6 +149,24 @@ pub trait StateStore: Send + Sync {
         Ok(page)
     }
 
+    /// At most `limit` of the entries [`StateStore::scan_prefix`] yields,
+    /// below key `before` (`None`: from the last), last first: a page of
+    /// one key's map state read backwards.
+    fn scan_prefix_back(
+        &self,
+        table: u64,
+        key_group: u16,
+        prefix: &[u8],
+        before: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<StateEntry>> {
+        let mut page = self.scan_prefix(table, key_group, prefix)?;
+        page.retain(|e| before.is_none_or(|b| e.key.as_slice() < b));
+        page.reverse();
+        page.truncate(limit);
+        Ok(page)
+    }
+
     /// The value of one key.
     fn get(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
