@@ -15,6 +15,9 @@ use planner::execution_graph::{ExecutionState, SlotId};
 
 use crate::Result;
 
+/// A view's rows as they are read.
+pub type ViewStream = futures::stream::BoxStream<'static, Result<RecordBatch>>;
+
 /// Identifies a TaskManager (Flink's `ResourceID`).
 pub type ResourceId = String;
 
@@ -180,6 +183,21 @@ pub trait TaskExecutorGateway: Send + Sync {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
     ) -> Result<Vec<RecordBatch>>;
+
+    /// [`TaskExecutorGateway::scan_view`] as a stream: the checkpoint is
+    /// pinned when the call returns and its rows are read a page at a
+    /// time as the stream is polled, so that a reader's memory does not
+    /// grow with the view. By default the whole read, as one.
+    async fn scan_view_stream(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<ViewStream> {
+        use futures::StreamExt;
+        let batches = self.scan_view(state_table, schema, key_groups).await?;
+        Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed())
+    }
 
     /// Reads a view's changes after epoch `since` in `key_groups` from its
     /// changelog table, at the checkpoint this TaskManager committed last

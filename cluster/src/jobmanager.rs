@@ -195,6 +195,19 @@ impl JobManager {
         }
     }
 
+    /// [`JobManager::read_view`] as a stream of batches, read a page at a
+    /// time as it is polled: what `SELECT` reads.
+    pub async fn read_view_stream(
+        &self,
+        job: u64,
+        state_table: u64,
+        schema: SchemaRef,
+    ) -> Result<crate::gateway::ViewStream> {
+        self.master(job)?
+            .read_view_stream(state_table, schema)
+            .await
+    }
+
     /// [`JobManager::read_view`], with the id of the checkpoint read (0
     /// before the first).
     pub async fn read_view_at(

@@ -56,8 +56,11 @@ use crate::checkpoint::{
     CheckpointStats, CheckpointStatus, CompletedCheckpoint, PendingCheckpoint,
 };
 use crate::config::ClusterConfig;
-use crate::gateway::{JobMasterGateway, ResourceId, ResourceManagerGateway, TaskExecutorGateway};
+use crate::gateway::{
+    JobMasterGateway, ResourceId, ResourceManagerGateway, TaskExecutorGateway, ViewStream,
+};
 use crate::{ClusterError, Result};
+use futures::StreamExt;
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1157,6 +1160,41 @@ impl JobMaster {
             StateRead::Rows(rows) => Ok((at, rows)),
             StateRead::Changes(_) => Err(ClusterError::Internal("read rows, got changes".into())),
         }
+    }
+
+    /// [`JobMaster::read_view`] as a stream read a page at a time from
+    /// the TaskManagers, each pinning the latest completed checkpoint
+    /// before this returns (no checkpoint completes meanwhile); from the
+    /// checkpoint storage, whole, when they cannot serve it.
+    pub(crate) async fn read_view_stream(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+    ) -> Result<ViewStream> {
+        {
+            let _commit = self.commit.read().await;
+            if let Some(targets) = self.scan_targets(state_table) {
+                let mut parts = Vec::new();
+                for (tm, key_groups) in targets {
+                    match tm
+                        .scan_view_stream(state_table, schema.clone(), key_groups)
+                        .await
+                    {
+                        Ok(part) => parts.push(part),
+                        Err(e) => {
+                            tracing::warn!(job = self.job, error = %e, "view scan on a task manager failed; reading checkpoint storage");
+                            parts.clear();
+                            break;
+                        }
+                    }
+                }
+                if !parts.is_empty() {
+                    return Ok(futures::stream::iter(parts).flatten().boxed());
+                }
+            }
+        }
+        let rows = self.read_view(state_table, schema).await?;
+        Ok(futures::stream::iter(rows.into_iter().map(Ok)).boxed())
     }
 
     /// A view's changes after epoch `since` from its changelog table at

@@ -55,7 +55,7 @@ use tracing::Instrument;
 use crate::config::ClusterConfig;
 use crate::gateway::{
     HardwareDescription, JobMasterGateway, ResourceId, ResourceManagerGateway, SlotMemoryUsed,
-    SlotReport, SlotStatus, TaskExecutorGateway, TaskExecutorRegistration,
+    SlotReport, SlotStatus, TaskExecutorGateway, TaskExecutorRegistration, ViewStream,
 };
 use crate::{ClusterError, Result};
 
@@ -800,6 +800,57 @@ impl TaskExecutorGateway for TaskExecutor {
         .await
         .map_err(|e| ClusterError::Internal(e.to_string()))?
         .map_err(Into::into)
+    }
+
+    async fn scan_view_stream(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<ViewStream> {
+        // Rows a page holds: a few MiB of them at a time.
+        const PAGE: usize = 16_384;
+        let mut views = Vec::new();
+        for (backend, range) in self.holders(state_table, key_groups)? {
+            // Before its first completed checkpoint a view is empty.
+            if let Some(view) = backend.read_view()? {
+                views.push((view, range));
+            }
+        }
+        let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(2);
+        tokio::task::spawn_blocking(move || {
+            for (view, range) in views {
+                let mut cursor = None;
+                loop {
+                    let page = executor::operators::materialize::read_view_page(
+                        &*view,
+                        state_table,
+                        &schema,
+                        range.clone(),
+                        cursor,
+                        PAGE,
+                    );
+                    let (batches, next) = match page {
+                        Ok(page) => page,
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e.into()));
+                            return;
+                        }
+                    };
+                    for batch in batches {
+                        if tx.blocking_send(Ok(batch)).is_err() {
+                            // The reader is gone.
+                            return;
+                        }
+                    }
+                    match next {
+                        Some(next) => cursor = Some(next),
+                        None => break,
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
     async fn scan_changes(

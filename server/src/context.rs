@@ -20,8 +20,11 @@ use datafusion::common::DFSchema;
 use datafusion::datasource::{TableType, ViewTable};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -110,9 +113,9 @@ impl TableProvider for ViewRows {
 
     async fn scan(
         &self,
-        state: &dyn Session,
+        _state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        filters: &[Expr],
+        _filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         if let Some(e) = self.db.restore_errors.get(self.job) {
@@ -125,10 +128,6 @@ impl TableProvider for ViewRows {
             )));
         }
         let jobs = &self.db.cluster.job_manager;
-        let batches = jobs
-            .read_view(self.job, self.state_table, self.schema.clone())
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         // A row whose expression fails is an error the view holds until
         // the row goes (executor::errors).
         let errors = jobs
@@ -146,9 +145,63 @@ impl TableProvider for ViewRows {
                 ServerError::view_error(&name, first, errors.len()),
             )));
         }
-        MemTable::try_new(self.schema.clone(), vec![batches])?
-            .scan(state, projection, filters, limit)
+        // Read a page at a time as the plan runs: a view many times the
+        // memory streams through an aggregate over it.
+        let rows = jobs
+            .read_view_stream(self.job, self.state_table, self.schema.clone())
             .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let partition = Arc::new(ViewStreamPartition {
+            schema: self.schema.clone(),
+            rows: std::sync::Mutex::new(Some(rows)),
+        });
+        Ok(Arc::new(StreamingTableExec::try_new(
+            self.schema.clone(),
+            vec![partition],
+            projection,
+            [],
+            false,
+            limit,
+        )?))
+    }
+}
+
+/// A view's rows as its TaskManagers stream them, at the checkpoint
+/// pinned when the statement was planned: read once.
+struct ViewStreamPartition {
+    schema: SchemaRef,
+    rows: std::sync::Mutex<Option<cluster::gateway::ViewStream>>,
+}
+
+impl std::fmt::Debug for ViewStreamPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ViewStreamPartition")
+    }
+}
+
+impl PartitionStream for ViewStreamPartition {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        use futures::StreamExt;
+        let rows = self.rows.lock().ok().and_then(|mut rows| rows.take());
+        let schema = self.schema.clone();
+        match rows {
+            Some(rows) => Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                rows.map(|r| r.map_err(|e| DataFusionError::External(Box::new(e)))),
+            )),
+            None => Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::once(async {
+                    Err(DataFusionError::Internal(
+                        "a materialized view's rows were read twice in one statement".into(),
+                    ))
+                }),
+            )),
+        }
     }
 }
 

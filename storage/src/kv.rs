@@ -144,7 +144,10 @@ impl KvStore {
     /// Opens a RocksDB checkpoint directory for reading.
     pub fn open_read_only(path: &Path) -> Result<Self> {
         let mut opts = Options::default();
-        opts.set_max_open_files(64);
+        // Every file opened now and kept open: a reader that holds the
+        // instance (a SELECT streaming a view) reads on after a newer
+        // checkpoint replaces this one and its directory is deleted.
+        opts.set_max_open_files(-1);
         let db = DB::open_for_read_only(&opts, path, false)?;
         Ok(Self { db, no_wal: true })
     }

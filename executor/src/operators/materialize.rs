@@ -185,6 +185,44 @@ pub fn read_view(
     rows_from_entries(&entries, schema)
 }
 
+/// Where [`read_view_page`] goes on: a key group and the key to start
+/// from in it.
+pub type ViewCursor = (u16, Vec<u8>);
+
+/// About `limit` of a view's rows in `key_groups`, from `cursor` on (the
+/// start when `None`), and where the next page starts (`None`: no more):
+/// a view read a page at a time, so that what a reader holds does not
+/// grow with the view.
+pub fn read_view_page(
+    state: &dyn StateScan,
+    state_table: u64,
+    schema: &SchemaRef,
+    key_groups: std::ops::Range<u16>,
+    cursor: Option<ViewCursor>,
+    limit: usize,
+) -> Result<(Vec<RecordBatch>, Option<ViewCursor>)> {
+    let limit = limit.max(1);
+    let (mut key_group, mut from) = cursor.unwrap_or((key_groups.start, Vec::new()));
+    let mut entries = Vec::new();
+    while key_group < key_groups.end && entries.len() < limit {
+        let want = limit - entries.len();
+        let page = state.scan_state_from(state_table, key_group, &from, want)?;
+        match page.last() {
+            Some(last) if page.len() == want => {
+                from = last.key.clone();
+                from.push(0);
+            }
+            _ => {
+                key_group += 1;
+                from.clear();
+            }
+        }
+        entries.extend(page);
+    }
+    let next = (key_group < key_groups.end).then_some((key_group, from));
+    Ok((rows_from_entries(&entries, schema)?, next))
+}
+
 /// A view's rows from its state entries (row → count).
 pub fn rows_from_entries(entries: &[StateEntry], schema: &SchemaRef) -> Result<Vec<RecordBatch>> {
     let codec = codec_for(schema)?;

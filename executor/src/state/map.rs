@@ -686,6 +686,70 @@ mod tests {
     }
 
     #[test]
+    fn a_walk_sees_memory_over_the_store_both_ways() {
+        // The store holds entries 00..40 (even numbers) of key "k"; a
+        // paged read keeps the first page (00..06), then memory changes
+        // 02, deletes 10, adds 11 and fetches 20.
+        let layout = MapLayout::paged(Counts, 4);
+        let state = MemState::default();
+        let entry = |n: u32| format!("{n:02}").into_bytes();
+        state
+            .put(
+                (0..20)
+                    .map(|i| StateWrite {
+                        table: 7,
+                        key_group: 3,
+                        key: [&b"\x01k"[..], &entry(2 * i)].concat(),
+                        value: Some((2 * i).to_be_bytes().to_vec()),
+                    })
+                    .collect(),
+            )
+            .unwrap();
+        let mut map = layout.read(&state, 7, &[(3, b"\x01k")]).unwrap()[0]
+            .take()
+            .unwrap();
+        assert!(map.is_partial());
+        let at = MapAt {
+            store: &state,
+            table: 7,
+            key_group: 3,
+            key: b"\x01k",
+        };
+        *map.get_mut(&entry(2)).unwrap() = 200;
+        layout.fetch(&at, &mut map, &entry(10)).unwrap();
+        assert_eq!(map.remove(&entry(10)), Some(10));
+        *map.get_or_insert_with(&entry(11), || 0) = 11;
+        layout.fetch(&at, &mut map, &entry(20)).unwrap();
+        let walk = |start: Bound<&[u8]>, backward: bool, take: usize| {
+            let mut seen = vec![];
+            layout
+                .walk(Some(&at), &map, start, backward, 1, |_, v| {
+                    seen.push(*v);
+                    Ok(seen.len() < take)
+                })
+                .unwrap();
+            seen
+        };
+        let all: Vec<u32> = (0..20)
+            .map(|i| 2 * i)
+            .filter(|v| *v != 10)
+            .chain([11])
+            .map(|v| if v == 2 { 200 } else { v })
+            .collect();
+        let mut sorted = all.clone();
+        sorted.sort_by_key(|v| if *v == 200 { 2 } else { *v });
+        assert_eq!(walk(Bound::Unbounded, false, 100), sorted);
+        let mut reversed = sorted.clone();
+        reversed.reverse();
+        assert_eq!(walk(Bound::Unbounded, true, 100), reversed);
+        assert_eq!(walk(Bound::Excluded(&entry(12)), true, 3), [11, 8, 6]);
+        assert_eq!(walk(Bound::Included(&entry(12)), true, 2), [12, 11]);
+        assert_eq!(walk(Bound::Excluded(&entry(4)), false, 4), [6, 8, 11, 12]);
+        assert_eq!(walk(Bound::Included(&entry(38)), false, 5), [38]);
+        assert_eq!(walk(Bound::Excluded(&entry(1)), true, 5), [0]);
+    }
+
+    #[test]
     fn only_changed_map_entries_are_written_and_a_key_reads_back_whole() {
         let layout = MapLayout::new(Counts);
         let mut value = Some(MapValue::default());
