@@ -26,7 +26,7 @@ use super::pb::task_executor_client::TaskExecutorClient;
 use super::{CALL_TIMEOUT, CONNECT_TIMEOUT, MAX_MESSAGE, from_status, uri};
 use crate::gateway::{
     JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport, TaskExecutorGateway,
-    TaskExecutorRegistration,
+    TaskExecutorRegistration, ViewStream,
 };
 use crate::{ClusterError, Result};
 
@@ -209,9 +209,13 @@ impl RemoteTaskExecutor {
     /// A failed call: a TaskManager that cannot be connected to at all is
     /// unreachable (and is declared lost by the caller).
     fn rpc(&self, e: tonic::Status) -> ClusterError {
+        Self::failed(&self.resource_id, e)
+    }
+
+    fn failed(resource_id: &ResourceId, e: tonic::Status) -> ClusterError {
         if e.code() == tonic::Code::Unavailable {
             return ClusterError::TaskManagerUnreachable {
-                resource_id: self.resource_id.clone(),
+                resource_id: resource_id.clone(),
                 error: e.message().to_string(),
             };
         }
@@ -347,6 +351,36 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
             out.push(super::batch_from_ipc(&part.batch)?);
         }
         Ok(out)
+    }
+
+    async fn scan_view_stream(
+        &self,
+        state_table: u64,
+        schema: SchemaRef,
+        key_groups: std::ops::Range<u16>,
+    ) -> Result<ViewStream> {
+        use futures::StreamExt;
+        let request = pb::ScanRequest {
+            state_table,
+            schema: super::batch_to_ipc(RecordBatch::new_empty(schema))?,
+            key_group_start: key_groups.start as u32,
+            key_group_end: key_groups.end as u32,
+            since: 0,
+        };
+        // The TaskManager pins its checkpoint before it answers.
+        let parts = self
+            .client()
+            .scan_view(request)
+            .await
+            .map_err(|e| self.rpc(e))?
+            .into_inner();
+        let peer = self.resource_id.clone();
+        Ok(parts
+            .map(move |part| {
+                let part = part.map_err(|e| Self::failed(&peer, e))?;
+                super::batch_from_ipc(&part.batch)
+            })
+            .boxed())
     }
 
     async fn scan_changes(

@@ -467,9 +467,10 @@ impl TaskExecutorService for TaskManagerServices {
     ) -> Result<Response<Self::ScanViewStream>, Status> {
         let r = request.into_inner();
         let schema = super::batch_from_ipc(&r.schema).map_err(status)?.schema();
-        let batches = self
+        // Pages as the client reads them: the checkpoint is pinned now.
+        let mut batches = self
             .te
-            .scan_view(
+            .scan_view_stream(
                 r.state_table,
                 schema,
                 r.key_group_start as u16..r.key_group_end as u16,
@@ -478,8 +479,10 @@ impl TaskExecutorService for TaskManagerServices {
             .map_err(status)?;
         let (tx, rx) = mpsc::channel(2);
         tokio::spawn(async move {
-            for b in batches {
-                let part = super::batch_to_ipc(b)
+            use futures::StreamExt;
+            while let Some(b) = batches.next().await {
+                let part = b
+                    .and_then(super::batch_to_ipc)
                     .map(|batch| pb::ScanPart { batch, horizon: 0 })
                     .map_err(status);
                 if tx.send(part).await.is_err() {
