@@ -133,6 +133,9 @@ pub trait TaskReporter: Send + Sync {
     fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>);
 }
 
+/// Rows as they are read.
+pub type RowStream = futures::stream::BoxStream<'static, Result<RecordBatch>>;
+
 /// How a source task reads a table's rows and change log, and how the job
 /// of a table that reads a connector writes into it. The tables live with
 /// the catalog on the JobManager; a TaskManager in the same process reaches
@@ -143,6 +146,18 @@ pub trait TableLog: Send + Sync {
     async fn subscribe(&self, table: u64) -> Result<watch::Receiver<u64>>;
     /// Every row of the table and the sequence number they are at.
     async fn snapshot(&self, table: u64) -> Result<(Vec<RecordBatch>, u64)>;
+    /// [`TableLog::snapshot`] as a stream read a page at a time as it is
+    /// polled, from one snapshot taken before this returns, so that a
+    /// reader's memory does not grow with the table. By default the whole
+    /// read, as one.
+    async fn snapshot_stream(self: Arc<Self>, table: u64) -> Result<(u64, RowStream)> {
+        use futures::StreamExt;
+        let (batches, seq) = self.snapshot(table).await?;
+        Ok((
+            seq,
+            futures::stream::iter(batches.into_iter().map(Ok)).boxed(),
+        ))
+    }
     /// Up to `max` log entries after sequence number `after`.
     async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>>;
     /// Applies what a connector read, as writer `writer`'s commit of
@@ -441,8 +456,13 @@ impl StreamTask {
     async fn run_source(&mut self, source: &mut TableSource) -> Result<Exit> {
         source.restore(&self.ctx)?;
         source.open().await?;
-        for chunk in source.backfill().await? {
-            self.push(0, 0, chunk).await?;
+        if let Some(mut rows) = source.backfill_stream().await? {
+            use futures::StreamExt;
+            while let Some(page) = rows.next().await {
+                for chunk in source.backfill_chunks(page?)? {
+                    self.push(0, 0, chunk).await?;
+                }
+            }
         }
         self.source_watermark(source.take_watermark()).await?;
         loop {

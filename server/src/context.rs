@@ -70,25 +70,33 @@ impl TableProvider for TableRows {
 
     async fn scan(
         &self,
-        state: &dyn Session,
+        _state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        filters: &[Expr],
+        _filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let tables = self.db.cluster.tables.clone();
-        let table = self.table;
-        let (batches, _) = tokio::task::spawn_blocking(move || tables.snapshot(table))
+        use executor::task::TableLog;
+        use futures::StreamExt;
+        // One snapshot, read a page at a time as the plan runs.
+        let (_, pages) = self
+            .db
+            .cluster
+            .tables
+            .clone()
+            .snapshot_stream(self.table)
             .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let n = self.schema.fields().len();
-        let batches = batches
-            .into_iter()
-            .map(|b| RecordBatch::try_new(self.schema.clone(), b.columns()[..n].to_vec()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        MemTable::try_new(self.schema.clone(), vec![batches])?
-            .scan(state, projection, filters, limit)
-            .await
+        let schema = self.schema.clone();
+        // Without the hidden row id.
+        let n = schema.fields().len();
+        let rows = pages.map(move |page| {
+            let page = page.map_err(|e| DataFusionError::External(Box::new(e)))?;
+            Ok(RecordBatch::try_new(
+                schema.clone(),
+                page.columns()[..n].to_vec(),
+            )?)
+        });
+        streamed(self.schema.clone(), rows.boxed(), projection, limit)
     }
 }
 
@@ -151,53 +159,64 @@ impl TableProvider for ViewRows {
             .read_view_stream(self.job, self.state_table, self.schema.clone())
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let partition = Arc::new(ViewStreamPartition {
-            schema: self.schema.clone(),
-            rows: std::sync::Mutex::new(Some(rows)),
-        });
-        Ok(Arc::new(StreamingTableExec::try_new(
-            self.schema.clone(),
-            vec![partition],
-            projection,
-            [],
-            false,
-            limit,
-        )?))
+        use futures::StreamExt;
+        let rows = rows.map(|r| r.map_err(|e| DataFusionError::External(Box::new(e))));
+        streamed(self.schema.clone(), rows.boxed(), projection, limit)
     }
 }
 
-/// A view's rows as its TaskManagers stream them, at the checkpoint
-/// pinned when the statement was planned: read once.
-struct ViewStreamPartition {
+/// Rows of one snapshot as they are read, pinned when the statement was
+/// planned.
+type Rows = futures::stream::BoxStream<'static, DfResult<RecordBatch>>;
+
+/// A plan that reads `rows` once as it runs.
+fn streamed(
     schema: SchemaRef,
-    rows: std::sync::Mutex<Option<cluster::gateway::ViewStream>>,
+    rows: Rows,
+    projection: Option<&Vec<usize>>,
+    limit: Option<usize>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let partition = Arc::new(ReadOnce {
+        schema: schema.clone(),
+        rows: std::sync::Mutex::new(Some(rows)),
+    });
+    Ok(Arc::new(StreamingTableExec::try_new(
+        schema,
+        vec![partition],
+        projection,
+        [],
+        false,
+        limit,
+    )?))
 }
 
-impl std::fmt::Debug for ViewStreamPartition {
+/// A table's or view's rows as a plan reads them: once.
+struct ReadOnce {
+    schema: SchemaRef,
+    rows: std::sync::Mutex<Option<Rows>>,
+}
+
+impl std::fmt::Debug for ReadOnce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ViewStreamPartition")
+        f.write_str("ReadOnce")
     }
 }
 
-impl PartitionStream for ViewStreamPartition {
+impl PartitionStream for ReadOnce {
     fn schema(&self) -> &SchemaRef {
         &self.schema
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        use futures::StreamExt;
         let rows = self.rows.lock().ok().and_then(|mut rows| rows.take());
         let schema = self.schema.clone();
         match rows {
-            Some(rows) => Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                rows.map(|r| r.map_err(|e| DataFusionError::External(Box::new(e)))),
-            )),
+            Some(rows) => Box::pin(RecordBatchStreamAdapter::new(schema, rows)),
             None => Box::pin(RecordBatchStreamAdapter::new(
                 schema,
                 futures::stream::once(async {
                     Err(DataFusionError::Internal(
-                        "a materialized view's rows were read twice in one statement".into(),
+                        "a table's or view's rows were read twice in one statement".into(),
                     ))
                 }),
             )),

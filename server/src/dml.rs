@@ -451,15 +451,14 @@ async fn insert_behind_watermark(
     let current = match watermarks.get(&desc.id) {
         Some(wm) => Some(*wm),
         None => {
-            // First write since the server started: the stream's rows say.
-            let tables = db.cluster.tables.clone();
-            let id = desc.id;
-            let (rows, _) = tokio::task::spawn_blocking(move || tables.snapshot(id))
-                .await
-                .map_err(|e| ServerError::Internal(e.to_string()))??;
+            // First write since the server started: the stream's rows
+            // say, read a page at a time.
+            use executor::task::TableLog;
+            use futures::StreamExt;
+            let (_, mut rows) = db.cluster.tables.clone().snapshot_stream(desc.id).await?;
             let mut max = None;
-            for b in &rows {
-                max = max.max(micros(b)?.0.iter().flatten().max());
+            while let Some(b) = rows.next().await {
+                max = max.max(micros(&b?)?.0.iter().flatten().max());
             }
             max
         }

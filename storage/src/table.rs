@@ -556,31 +556,58 @@ impl TableStore {
     /// The table's rows and the log sequence number they include, read from
     /// one snapshot.
     pub fn snapshot(&self, id: u64) -> Result<(Vec<RecordBatch>, u64)> {
+        let mut at = 0;
+        let mut batches = Vec::new();
+        self.snapshot_pages(
+            id,
+            |seq| {
+                at = seq;
+                true
+            },
+            |batch| {
+                batches.push(batch);
+                true
+            },
+        )?;
+        Ok((batches, at))
+    }
+
+    /// [`TableStore::snapshot`] a page at a time, from one snapshot: first
+    /// the log sequence number the rows include to `seq`, then each page
+    /// of rows to `page`, for as long as they return true. What the caller
+    /// keeps is up to it: a reader that streams the pages holds one.
+    pub fn snapshot_pages(
+        &self,
+        id: u64,
+        seq: impl FnOnce(u64) -> bool,
+        mut page: impl FnMut(RecordBatch) -> bool,
+    ) -> Result<()> {
         let h = self.handle(id)?;
         self.kv.with_snapshot(|snap| {
-            let seq = match snap.get(&counters_key(id))? {
+            let at = match snap.get(&counters_key(id))? {
                 Some(v) if v.len() == 16 => {
                     u64::from_be_bytes(v[0..8].try_into().unwrap_or_default())
                 }
                 _ => 0,
             };
+            if !seq(at) {
+                return Ok(());
+            }
             let (mut from, to) = keys::id_range(TABLE_ROW, id);
-            let mut batches = Vec::new();
             loop {
-                let page = snap.scan(&from, &to, SCAN_BATCH_ROWS)?;
-                let Some((last, _)) = page.last() else { break };
+                let rows = snap.scan(&from, &to, SCAN_BATCH_ROWS)?;
+                let Some((last, _)) = rows.last() else { break };
                 let mut next = last.clone();
                 next.push(0);
-                batches.push(
-                    h.row_codec
-                        .decode_batch(&h.desc.schema, page.iter().map(|(_, v)| v.as_slice()))?,
-                );
-                if page.len() < SCAN_BATCH_ROWS {
+                let batch = h
+                    .row_codec
+                    .decode_batch(&h.desc.schema, rows.iter().map(|(_, v)| v.as_slice()))?;
+                if !page(batch) || rows.len() < SCAN_BATCH_ROWS {
                     break;
                 }
                 from = next;
             }
-            Ok((batches, seq))
+            Ok(())
         })
     }
 

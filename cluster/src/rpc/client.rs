@@ -600,6 +600,33 @@ impl TableLog for RemoteTableLog {
         Ok((batches, seq))
     }
 
+    async fn snapshot_stream(
+        self: Arc<Self>,
+        table: u64,
+    ) -> executor::Result<(u64, executor::task::RowStream)> {
+        use futures::StreamExt;
+        let mut parts = self
+            .client
+            .clone()
+            .snapshot(pb::TableRequest { table })
+            .await
+            .map_err(|e| Self::exec(rpc(e)))?
+            .into_inner();
+        // The first part carries the sequence number and no rows.
+        let seq = match parts.message().await.map_err(|e| Self::exec(rpc(e)))? {
+            Some(first) => first.seq,
+            None => 0,
+        };
+        let rows = parts.filter_map(|part| async move {
+            match part {
+                Err(e) => Some(Err(Self::exec(rpc(e)))),
+                Ok(part) if part.batch.is_empty() => None,
+                Ok(part) => Some(super::batch_from_ipc(&part.batch).map_err(Self::exec)),
+            }
+        });
+        Ok((seq, rows.boxed()))
+    }
+
     async fn read_log(
         &self,
         table: u64,

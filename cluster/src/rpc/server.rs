@@ -228,6 +228,13 @@ impl JobMasterService for JobManagerServices {
     }
 }
 
+fn exec_status(e: executor::ExecError) -> Status {
+    match e {
+        executor::ExecError::Storage(e) => storage_status(e),
+        other => Status::internal(other.to_string()),
+    }
+}
+
 fn storage_status(e: storage::StorageError) -> Status {
     match e {
         storage::StorageError::UnknownTable(id) => Status::not_found(format!("table {id}")),
@@ -269,12 +276,16 @@ impl TableLogService for JobManagerServices {
         &self,
         request: Request<pb::TableRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        use executor::task::TableLog;
+        use futures::StreamExt;
         let table = request.into_inner().table;
-        let tables = self.tables.clone();
-        let (batches, seq) = tokio::task::spawn_blocking(move || tables.snapshot(table))
+        // Pages as the TaskManager reads them, from one snapshot.
+        let (seq, mut batches) = self
+            .tables
+            .clone()
+            .snapshot_stream(table)
             .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(storage_status)?;
+            .map_err(exec_status)?;
         let (tx, rx) = mpsc::channel(2);
         tokio::spawn(async move {
             // At least one part, so the sequence number always arrives.
@@ -284,10 +295,11 @@ impl TableLogService for JobManagerServices {
                     seq,
                 }))
                 .await;
-            for b in batches {
-                let part = super::batch_to_ipc(b)
-                    .map(|batch| pb::SnapshotPart { batch, seq })
-                    .map_err(status);
+            while let Some(b) = batches.next().await {
+                let part = b
+                    .map_err(exec_status)
+                    .and_then(|b| super::batch_to_ipc(b).map_err(status))
+                    .map(|batch| pb::SnapshotPart { batch, seq });
                 if tx.send(part).await.is_err() {
                     return;
                 }

@@ -22,7 +22,7 @@ use planner::spec::SourceWatermark;
 use super::event_time::EventTime;
 use crate::message::Watermark;
 use crate::operator::OperatorContext;
-use crate::task::TableLog;
+use crate::task::{RowStream, TableLog};
 use crate::{Result, expr};
 
 const POSITION_KEY: &[u8] = b"position";
@@ -132,16 +132,36 @@ impl TableSource {
         Ok(chunk.with_data(data))
     }
 
-    /// On a fresh start, the table's rows as inserts; afterwards nothing.
-    pub async fn backfill(&mut self) -> Result<Vec<Chunk>> {
+    /// On a fresh start, the table's rows, read from one snapshot a page
+    /// at a time as the stream is polled (a table of any size is backfilled
+    /// in the memory of a few pages; [`TableSource::backfill_chunks`] turns
+    /// each into chunks to emit); afterwards nothing.
+    pub async fn backfill_stream(&mut self) -> Result<Option<RowStream>> {
         if self.position.is_some() {
+            return Ok(None);
+        }
+        let (seq, rows) = self.log.clone().snapshot_stream(self.table_id).await?;
+        self.position = Some(seq);
+        Ok(Some(rows))
+    }
+
+    /// A page of the backfill as inserts.
+    pub fn backfill_chunks(&mut self, page: RecordBatch) -> Result<Vec<Chunk>> {
+        if page.num_rows() == 0 {
             return Ok(Vec::new());
         }
-        let (batches, seq) = self.log.snapshot(self.table_id).await?;
-        self.position = Some(seq);
+        Ok(self.project(Chunk::inserts(page))?.split(MAX_CHUNK_ROWS))
+    }
+
+    /// The whole backfill at once.
+    #[cfg(test)]
+    pub async fn backfill(&mut self) -> Result<Vec<Chunk>> {
+        use futures::StreamExt;
         let mut out = Vec::new();
-        for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
-            out.extend(self.project(Chunk::inserts(b))?.split(MAX_CHUNK_ROWS));
+        if let Some(mut rows) = self.backfill_stream().await? {
+            while let Some(page) = rows.next().await {
+                out.extend(self.backfill_chunks(page?)?);
+            }
         }
         Ok(out)
     }
@@ -214,6 +234,34 @@ impl TableLog for storage::table::TableStore {
 
     async fn snapshot(&self, table: u64) -> Result<(Vec<RecordBatch>, u64)> {
         Ok(storage::table::TableStore::snapshot(self, table)?)
+    }
+
+    async fn snapshot_stream(self: Arc<Self>, table: u64) -> Result<(u64, RowStream)> {
+        use futures::StreamExt;
+        let (seq_tx, seq_rx) = tokio::sync::oneshot::channel::<Result<u64>>();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+        tokio::task::spawn_blocking(move || {
+            let mut seq_tx = Some(seq_tx);
+            let read = self.snapshot_pages(
+                table,
+                |seq| seq_tx.take().is_some_and(|s| s.send(Ok(seq)).is_ok()),
+                // Stops when the reader is gone.
+                |page| tx.blocking_send(Ok(page)).is_ok(),
+            );
+            if let Err(e) = read {
+                match seq_tx.take() {
+                    Some(s) => drop(s.send(Err(e.into()))),
+                    None => drop(tx.blocking_send(Err(e.into()))),
+                }
+            }
+        });
+        let seq = seq_rx
+            .await
+            .map_err(|_| crate::ExecError::Service("the table snapshot reader stopped".into()))??;
+        let rows = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|page| (page, rx))
+        });
+        Ok((seq, rows.boxed()))
     }
 
     async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>> {
