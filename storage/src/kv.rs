@@ -310,25 +310,4 @@ impl SnapshotReader<'_> {
         }
         Ok(out)
     }
-
-    /// The last key-value pair in `[from, to)`.
-    pub fn last(&self, from: &[u8], to: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let mut opts = ReadOptions::default();
-        opts.set_snapshot(self.snapshot);
-        opts.set_iterate_lower_bound(from.to_vec());
-        let mut it = self
-            .db
-            .iterator_opt(IteratorMode::From(to, Direction::Reverse), opts);
-        loop {
-            match it.next() {
-                None => return Ok(None),
-                Some(item) => {
-                    let (k, v) = item?;
-                    if k.as_ref() < to {
-                        return Ok(Some((k.to_vec(), v.to_vec())));
-                    }
-                }
-            }
-        }
-    }
 }
