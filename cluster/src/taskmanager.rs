@@ -781,25 +781,11 @@ impl TaskExecutorGateway for TaskExecutor {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
     ) -> Result<Vec<RecordBatch>> {
-        let backends = self.holders(state_table, key_groups)?;
-        tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            for (backend, range) in backends {
-                // Before its first completed checkpoint a view is empty.
-                if let Some(view) = backend.read_view()? {
-                    out.extend(executor::operators::materialize::read_view(
-                        &*view,
-                        state_table,
-                        &schema,
-                        range,
-                    )?);
-                }
-            }
-            Ok::<_, executor::ExecError>(out)
-        })
-        .await
-        .map_err(|e| ClusterError::Internal(e.to_string()))?
-        .map_err(Into::into)
+        use futures::TryStreamExt;
+        self.scan_view_stream(state_table, schema, key_groups)
+            .await?
+            .try_collect()
+            .await
     }
 
     async fn scan_view_stream(

@@ -181,8 +181,7 @@ pub fn read_view(
     schema: &SchemaRef,
     key_groups: std::ops::Range<u16>,
 ) -> Result<Vec<RecordBatch>> {
-    let entries = state.scan_state(state_table, key_groups)?;
-    rows_from_entries(&entries, schema)
+    Ok(read_view_page(state, state_table, schema, key_groups, None, usize::MAX)?.0)
 }
 
 /// Where [`read_view_page`] goes on: a key group and the key to start
