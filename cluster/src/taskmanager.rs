@@ -94,6 +94,16 @@ impl StateStore for BackendReader {
         Ok(self.backend()?.put(writes)?)
     }
 
+    fn delete_range(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        to: &[u8],
+    ) -> executor::Result<()> {
+        Ok(self.backend()?.delete_range(table, key_group, from, to)?)
+    }
+
     fn scan(
         &self,
         table: u64,

@@ -143,6 +143,12 @@ impl KeyedStateBackend {
         self.kv()?.write_state(writes)
     }
 
+    /// Deletes a range of keys between barriers, as [`Self::put`] writes
+    /// them (see [`KvStore::delete_state_range`]).
+    pub fn delete_range(&self, table: u64, key_group: u16, from: &[u8], to: &[u8]) -> Result<()> {
+        self.kv()?.delete_state_range(table, key_group, from, to)
+    }
+
     /// The synchronous part of checkpoint `id`: writes the operators'
     /// changes and takes a local RocksDB checkpoint.
     ///

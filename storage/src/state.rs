@@ -83,6 +83,22 @@ impl KvStore {
         )
     }
 
+    /// Deletes the keys of `table` in `key_group` from `from` up to, not
+    /// including, `to`: one range tombstone, however many keys.
+    pub fn delete_state_range(
+        &self,
+        table: u64,
+        key_group: u16,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<()> {
+        self.delete_range(
+            &keys::state_key(table, key_group, from),
+            &keys::state_key(table, key_group, to),
+            false,
+        )
+    }
+
     /// The value of one state key.
     pub fn get_state(&self, table: u64, key_group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.get(&keys::state_key(table, key_group, key))

@@ -35,9 +35,6 @@ use crate::{ExecError, Result};
 /// The key prefix of the epoch in progress (see the module docs).
 pub(crate) const OPEN_EPOCH: [u8; 8] = [0xFF; 8];
 
-/// Entries read per page when looking for what to trim.
-const TRIM_PAGE: usize = 1024;
-
 /// One row's net change in an epoch, in its key group.
 pub struct Change {
     pub key_group: u16,
@@ -133,40 +130,33 @@ impl Changelog {
     }
 
     /// Deletes, in each key group, the entries written before `cutoff`
-    /// and moves the key group's horizon to the last epoch deleted.
+    /// and moves the key group's horizon to the last epoch deleted. The
+    /// aged epochs are the key group's first ones (keys start with the
+    /// epoch, and epochs go by time): the first entry of each epoch is
+    /// read to find where they end, and they go as one range, so a trim
+    /// costs a read per epoch, not per change (after a restart, or with a
+    /// long retention, an epoch can hold millions of changes).
     fn trim(&self, cutoff: u64, writes: &mut Vec<StateWrite>) -> Result<()> {
         let Some(state) = &self.state else {
             return Ok(());
         };
         for kg in self.key_groups.clone() {
-            let mut from = vec![0u8];
             let mut last_trimmed = None;
-            'pages: loop {
-                let page = state.scan_from(self.table, kg, &from, TRIM_PAGE)?;
-                let full = page.len() == TRIM_PAGE;
-                for e in page {
-                    if e.key.starts_with(&OPEN_EPOCH) {
-                        break 'pages;
-                    }
-                    let (epoch, time, _) = decode(&e.key, &e.value)?;
-                    if time >= cutoff {
-                        break 'pages;
-                    }
-                    last_trimmed = Some(epoch);
-                    from = e.key.clone();
-                    from.push(0);
-                    writes.push(StateWrite {
-                        table: self.table,
-                        key_group: kg,
-                        key: e.key,
-                        value: None,
-                    });
-                }
-                if !full {
+            let mut from = vec![0u8];
+            while let Some(e) = state.scan_from(self.table, kg, &from, 1)?.pop() {
+                if e.key.starts_with(&OPEN_EPOCH) {
                     break;
                 }
+                let (epoch, time, _) = decode(&e.key, &e.value)?;
+                if time >= cutoff {
+                    break;
+                }
+                last_trimmed = Some(epoch);
+                // (Up to OPEN_EPOCH, at most: no epoch is that large.)
+                from = epoch.saturating_add(1).to_be_bytes().to_vec();
             }
             if let Some(epoch) = last_trimmed {
+                state.delete_range(self.table, kg, &[0], &from)?;
                 writes.push(StateWrite {
                     table: self.table,
                     key_group: kg,
@@ -343,19 +333,24 @@ mod tests {
         assert!(w.is_empty(), "the changes went into the store");
         // At 11.5 s epoch 1 (1 s) has aged out, epoch 2 (2 s) has not.
         log.checkpoint(&barrier(4, 11_500), &mut w).unwrap();
-        assert!(w.contains(&StateWrite {
-            table: 5,
-            key_group: 3,
-            key: [1u64.to_be_bytes().as_slice(), &row(1)].concat(),
-            value: None
-        }));
-        assert!(w.contains(&StateWrite {
-            table: 5,
-            key_group: 3,
-            key: vec![],
-            value: Some(1u64.to_be_bytes().to_vec())
-        }));
-        assert_eq!(w.len(), 2, "key group 9 keeps epoch 2: {w:?}");
+        let aged = [1u64.to_be_bytes().as_slice(), &row(1)].concat();
+        assert_eq!(
+            state.get(5, 3, &aged).unwrap(),
+            None,
+            "deleted in the store"
+        );
+        let kept = [2u64.to_be_bytes().as_slice(), &row(2)].concat();
+        assert!(state.get(5, 9, &kept).unwrap().is_some(), "epoch 2 kept");
+        assert_eq!(
+            w,
+            vec![StateWrite {
+                table: 5,
+                key_group: 3,
+                key: vec![],
+                value: Some(1u64.to_be_bytes().to_vec())
+            }],
+            "the horizon moves at the barrier; key group 9 keeps epoch 2"
+        );
         commit(&state, std::mem::take(&mut w));
         // Nothing aged: no scan, no writes.
         log.checkpoint(&barrier(5, 11_600), &mut w).unwrap();
@@ -398,6 +393,8 @@ mod tests {
         restored.start(&c);
         let mut w = vec![];
         restored.checkpoint(&barrier(2, 5_000), &mut w).unwrap();
-        assert_eq!(w.len(), 2, "entry deleted, horizon set: {w:?}");
+        let aged = [1u64.to_be_bytes().as_slice(), b"x"].concat();
+        assert_eq!(state.get(5, 0, &aged).unwrap(), None, "entry deleted");
+        assert_eq!(w.len(), 1, "horizon set: {w:?}");
     }
 }

@@ -180,4 +180,34 @@ pub trait StateStore: Send + Sync {
     /// Writes keys a cache let go of before the barrier that would have
     /// written them.
     fn put(&self, writes: Vec<StateWrite>) -> Result<()>;
+
+    /// Deletes the keys of `table` in `key_group` from `from` up to, not
+    /// including, `to`, as [`StateStore::put`] would: a store that can
+    /// deletes the range at once (RocksDB's range tombstone), without
+    /// reading it; this default deletes it a page at a time.
+    fn delete_range(&self, table: u64, key_group: u16, from: &[u8], to: &[u8]) -> Result<()> {
+        let mut from = from.to_vec();
+        loop {
+            let page = self.scan_from(table, key_group, &from, 1024)?;
+            let full = page.len() == 1024;
+            let deletes: Vec<StateWrite> = page
+                .into_iter()
+                .take_while(|e| e.key.as_slice() < to)
+                .map(|e| StateWrite {
+                    table,
+                    key_group,
+                    key: e.key,
+                    value: None,
+                })
+                .collect();
+            let done = !full || deletes.len() < 1024;
+            if let Some(last) = deletes.last() {
+                from = [last.key.as_slice(), &[0]].concat();
+            }
+            self.put(deletes)?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
 }
