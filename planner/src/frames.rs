@@ -8,13 +8,18 @@
 //! aggregate over the whole partition are not: a change anywhere can
 //! change every row's value. OverWindow uses the bound to evaluate only
 //! the rows around a change, reading a partition by ranges instead of
-//! whole (see `executor::operators::over_window`).
+//! whole; without one, it streams a large partition a page at a time
+//! when DataFusion can compute the functions so ([`reads`]; see
+//! `executor::operators::over_window`).
 
-use datafusion::common::ScalarValue;
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::execution::context::ExecutionProps;
 use datafusion::logical_expr::expr::{NullTreatment, WindowFunction};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     Expr, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition,
 };
+use datafusion::physical_planner::create_window_expr;
 
 /// The rows before (`preceding`) and after (`following`) a row that the
 /// window functions' values at that row read.
@@ -38,6 +43,53 @@ impl Reach {
             preceding: (-from.min(to)).max(0) as u64,
             following: from.max(to).max(0) as u64,
         }
+    }
+}
+
+/// How OverWindow reads a touched partition for its functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// The rows around each change.
+    Around(Reach),
+    /// All of it, a page at a time: every function's value at a row
+    /// depends on the rows before it and a bounded number after it
+    /// (`row_number`, `rank`, running sums), so DataFusion computes them
+    /// in bounded memory (its `uses_bounded_memory`).
+    Streamed,
+    /// All of it at once (`ntile`, `cume_dist`, frames that end
+    /// `UNBOUNDED FOLLOWING`: no value is known before the last row).
+    Whole,
+}
+
+impl std::fmt::Display for Reads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reads::Around(r) => write!(
+                f,
+                "rows around each change, {} preceding and {} following",
+                r.preceding, r.following
+            ),
+            Reads::Streamed => f.write_str("whole partition, a page at a time"),
+            Reads::Whole => f.write_str("whole partition"),
+        }
+    }
+}
+
+/// How OverWindow reads a partition for `functions` over rows of
+/// `input`.
+pub fn reads(functions: &[Expr], input: &DFSchema) -> Reads {
+    if let Some(r) = reach(functions) {
+        return Reads::Around(r);
+    }
+    let props = ExecutionProps::new();
+    let ctx = PhysicalPlanningContext::default();
+    let bounded = functions
+        .iter()
+        .all(|f| create_window_expr(f, input, &props, &ctx).is_ok_and(|w| w.uses_bounded_memory()));
+    if bounded {
+        Reads::Streamed
+    } else {
+        Reads::Whole
     }
 }
 
@@ -184,5 +236,37 @@ mod tests {
             WindowFrameBound::CurrentRow,
         );
         assert_eq!(reach(&[lag(col("b"), Some(1), None), unbounded]), None);
+    }
+
+    #[test]
+    fn running_functions_stream_and_the_rest_read_whole() {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::functions_window::expr_fn::{cume_dist, rank};
+        let schema =
+            DFSchema::try_from(Schema::new(vec![Field::new("b", DataType::Int64, true)])).unwrap();
+        let by_b = |e: Expr| {
+            e.order_by(vec![col("b").sort(true, false)])
+                .build()
+                .unwrap()
+        };
+        let running = by_b(Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")])));
+        assert_eq!(
+            reads(&[by_b(row_number()), by_b(rank()), running], &schema),
+            Reads::Streamed
+        );
+        let total = Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")]));
+        assert_eq!(
+            reads(&[total], &schema),
+            Reads::Whole,
+            "the whole partition's sum"
+        );
+        assert_eq!(
+            reads(&[by_b(row_number()), by_b(cume_dist())], &schema),
+            Reads::Whole
+        );
+        assert!(matches!(
+            reads(&[lag(col("b"), Some(1), None)], &schema),
+            Reads::Around(_)
+        ));
     }
 }

@@ -555,6 +555,7 @@ impl fmt::Display for OperatorSpec {
                 order_by,
                 directions,
                 functions,
+                input_schema,
                 ..
             } => write!(
                 f,
@@ -569,13 +570,7 @@ impl fmt::Display for OperatorSpec {
                     })
                     .collect::<Vec<_>>()
                     .join(", "),
-                match crate::frames::reach(functions) {
-                    Some(r) => format!(
-                        "rows around each change, {} preceding and {} following",
-                        r.preceding, r.following
-                    ),
-                    None => "whole partition".into(),
-                }
+                crate::frames::reads(functions, input_schema)
             ),
             OperatorSpec::TemporalFilter { bounds, .. } => {
                 let bounds: Vec<String> = bounds.iter().map(|b| b.to_string()).collect();

@@ -279,7 +279,8 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
 async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in_memory() {
     // 200,000 rows in one TopN partition (a view's ORDER BY … LIMIT has
     // no PARTITION BY), in one window partition (lag and a ROWS frame
-    // without PARTITION BY), under one join key and in one group's value sets
+    // without PARTITION BY) and two more (row_number, rank and a running
+    // sum, streamed through DataFusion), under one join key and in one group's value sets
     // (a retractable min and max, a count of distinct values): tens of
     // MiB each, in a 2 MiB share.
     const ROWS: i64 = 200_000;
@@ -297,6 +298,8 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          count(DISTINCT v % 100000) AS d FROM t; \
          CREATE MATERIALIZED VIEW neighbours AS SELECT k, v, lag(v) OVER (ORDER BY k) AS prev, \
          sum(v) OVER (ORDER BY k ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING) AS near FROM t; \
+         CREATE MATERIALIZED VIEW running AS SELECT k, row_number() OVER (ORDER BY k) AS n, \
+         rank() OVER (ORDER BY k / 10) AS r, sum(v) OVER (ORDER BY k / 10) AS run FROM t; \
          INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
     ))
     .await
@@ -353,10 +356,44 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
         ]]
     };
     let paired = "SELECT count(*), sum(k * prev), sum(k * near) FROM neighbours";
+    // Row numbers in k order, ranks and running sums of v over k / 10
+    // (ties of ten rows: peers share both), of the rows with v <= max,
+    // recomputed apart; weighted by k, the sums taken modulo a prime to
+    // stay within bigint.
+    const M: i64 = 1_000_003;
+    let numbered = |max: i64| -> Vec<Vec<String>> {
+        let v: Vec<(i64, i64)> = (1..=ROWS)
+            .map(|k| (k, k * 7919 % P))
+            .filter(|(_, v)| *v <= max)
+            .collect();
+        let (mut n, mut r, mut run) = (0i64, 0i64, 0i64);
+        let (mut below, mut before) = (0i64, 0i64);
+        for (i, (k, _)) in v.iter().enumerate() {
+            n += k * (i as i64 + 1);
+        }
+        for peers in v.chunk_by(|(a, _), (b, _)| a / 10 == b / 10) {
+            let upto = before + peers.iter().map(|(_, v)| v).sum::<i64>();
+            for (k, _) in peers {
+                r += k * (below + 1);
+                run += k * (upto % M);
+            }
+            below += peers.len() as i64;
+            before = upto;
+        }
+        vec![vec![
+            v.len().to_string(),
+            n.to_string(),
+            r.to_string(),
+            run.to_string(),
+        ]]
+    };
+    let running =
+        format!("SELECT count(*), sum(k * n), sum(k * r), sum(k * (run % {M})) FROM running");
     c.batch_execute("FLUSH").await.unwrap();
     assert_eq!(rows(&c, top).await, expected(P));
     assert_eq!(rows(&c, agg).await, extremes(P));
     assert_eq!(rows(&c, paired).await, neighbours(P));
+    assert_eq!(rows(&c, &running).await, numbered(P));
     let sum = ROWS * (ROWS + 1) / 2;
     assert_eq!(
         rows(&c, "SELECT name, c, s FROM joined").await,
@@ -370,6 +407,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     assert_eq!(rows(&c, top).await, expected(199_000));
     assert_eq!(rows(&c, agg).await, extremes(199_000));
     assert_eq!(rows(&c, paired).await, neighbours(199_000));
+    assert_eq!(rows(&c, &running).await, numbered(199_000));
     let left = one(&c, "SELECT count(*) FROM t").await;
     assert!(
         left.parse::<i64>().unwrap() < ROWS - 900,
@@ -392,6 +430,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     assert_eq!(rows(&c, top).await, expected(198_000));
     assert_eq!(rows(&c, agg).await, extremes(198_000));
     assert_eq!(rows(&c, paired).await, neighbours(198_000));
+    assert_eq!(rows(&c, &running).await, numbered(198_000));
     let (n, s) = (
         one(&c, "SELECT count(*) FROM t").await,
         one(&c, "SELECT sum(k) FROM t").await,
@@ -412,14 +451,18 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          GROUP BY 1, 2 ORDER BY 1",
     )
     .await;
-    assert_eq!(state.len(), 4, "{state:?}");
+    assert_eq!(state.len(), 5, "{state:?}");
     assert_eq!(state[0][2], "3", "min's, max's and count's sets: {state:?}");
     assert_eq!(
         state[1][2], "2",
         "one key on each side of the join: {state:?}"
     );
     assert_eq!(state[2][2], "1", "one window partition: {state:?}");
-    assert_eq!(state[3][2], "1", "one partition: {state:?}");
+    assert_eq!(
+        state[3][2], "2",
+        "one partition for each ORDER BY, streamed: {state:?}"
+    );
+    assert_eq!(state[4][2], "1", "one partition: {state:?}");
     for r in &state {
         let bytes: i64 = r[3].parse().unwrap();
         assert!(

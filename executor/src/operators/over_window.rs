@@ -26,9 +26,21 @@
 //!   of it, and a change costs reads of the rows around it;
 //! * **whole** (`row_number`, `rank`, running sums, aggregates over the
 //!   whole partition): any change can change every row's value, so a
-//!   touched partition is read whole and evaluated whole. A change costs
-//!   a pass over its partition: cheap for the usual small partitions,
-//!   linear for one huge one.
+//!   change costs a pass over its partition: cheap for the usual small
+//!   partitions, linear for one huge one. A partition that fits a page is
+//!   evaluated in memory before and after the chunk. A larger one, when
+//!   every function can be computed in bounded memory (DataFusion's
+//!   `uses_bounded_memory`: each row's value reads the rows before it and
+//!   a bounded number after, as `row_number`, `rank` and running sums
+//!   do), is streamed instead: paged map state, read a page at a time
+//!   through two runs of DataFusion's `BoundedWindowAggExec`, over the
+//!   partition as it was and as it is, whose outputs are compared as they
+//!   come ([`super::window_run`]). Memory holds about a page however
+//!   large the partition; the output, the rows whose values changed, can
+//!   still be the whole partition (an insert at the front of a
+//!   `row_number` changes every row after it). Functions that need the
+//!   whole partition before any value (`ntile`, `percent_rank`,
+//!   `cume_dist`, frames that end `UNBOUNDED FOLLOWING`) read it whole.
 //!
 //! The functions run as DataFusion evaluates them in batch (its physical
 //! `WindowExpr` on one sorted run of a partition), so their meaning is
@@ -37,9 +49,10 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
+use datafusion::execution::TaskContext;
 use datafusion::execution::context::ExecutionProps;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::physical_expr::window::WindowExpr;
@@ -49,13 +62,14 @@ use storage::chunk::{Chunk, Op};
 use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use indexmap::IndexMap;
-use planner::frames::Reach;
+use planner::frames::{Reach, Reads};
 
 use super::sorted_partitions::{Keyed, SortedPartitions, diff, entry_key};
+use super::window_run::{self, OutputDiff};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
 use crate::{ExecError, Result, expr};
@@ -94,8 +108,13 @@ fn bound(key: &EntryBound) -> Bound<&[u8]> {
 pub struct OverWindow {
     rows: SortedPartitions,
     functions: Vec<Arc<dyn WindowExpr>>,
-    /// How far a change reaches (`None`: the whole partition).
-    reach: Option<Reach>,
+    /// How a touched partition is read: the rows around each change, or
+    /// whole (streamed a page at a time, or at once).
+    reads: Reads,
+    /// Decodes stored rows for a streamed partition.
+    row_codec: RowCodec,
+    /// What DataFusion runs a streamed partition's functions in.
+    task: Arc<TaskContext>,
     /// Arrow schema of the input rows a partition is decoded into.
     input_schema: SchemaRef,
     /// Encodes output rows (input columns, then one per function).
@@ -118,7 +137,7 @@ impl OverWindow {
                 "OverWindow built from another spec".into(),
             ));
         };
-        let reach = planner::frames::reach(functions);
+        let reads = planner::frames::reads(functions, input_schema);
         let props = ExecutionProps::new();
         let ctx = PhysicalPlanningContext::default();
         let functions = functions
@@ -133,7 +152,7 @@ impl OverWindow {
         Ok(Self {
             rows: SortedPartitions::new(
                 "OverWindow",
-                reach.map(|_| PAGE),
+                (reads != Reads::Whole).then_some(PAGE),
                 partition_by,
                 order_by,
                 directions,
@@ -141,7 +160,9 @@ impl OverWindow {
                 *state_table,
             )?,
             functions,
-            reach,
+            reads,
+            row_codec: RowCodec::new(expr::types(input_schema))?,
+            task: Arc::new(TaskContext::default()),
             input_schema: expr::output_schema(input_schema),
             output_codec: RowCodec::new(expr::types(output))?,
             schema: expr::output_schema(output),
@@ -150,7 +171,9 @@ impl OverWindow {
 
     /// The partition's output rows, encoded, in the partition's order.
     fn evaluate(&mut self, partition: &[u8], key_group: u16) -> Result<Vec<Vec<u8>>> {
-        let (n, columns) = self.rows.columns(partition, key_group)?;
+        let (_, n, columns) =
+            self.rows
+                .range_columns(partition, key_group, Bound::Unbounded, Bound::Unbounded)?;
         self.outputs(n, columns)
     }
 
@@ -173,20 +196,109 @@ impl OverWindow {
     }
 
     /// Applies the chunk with whole partitions evaluated before and
-    /// after: the changes of their output.
+    /// after: the changes of their output. A partition larger than a
+    /// page, when the functions allow it (`streamed`), is instead streamed
+    /// a page at a time through both evaluations after the chunk is
+    /// applied ([`Self::stream_partition`]).
     fn whole_partitions(&mut self, keys: &Keyed, chunk: &Chunk) -> Result<Vec<(Op, Vec<u8>)>> {
         let touched = keys.touched();
         self.rows.load(&touched)?;
-        let before = touched
+        let mut before = Vec::with_capacity(touched.len());
+        for (p, kg) in &touched {
+            before.push(
+                if self.reads == Reads::Streamed && self.rows.is_partial(p, *kg)? {
+                    None
+                } else {
+                    Some(self.evaluate(p, *kg)?)
+                },
+            );
+        }
+        // Each streamed partition's changed entries: entry key → copies
+        // added (removed when negative).
+        let mut deltas: IndexMap<&[u8], BTreeMap<Vec<u8>, i64>> = touched
             .iter()
-            .map(|(p, kg)| self.evaluate(p, *kg))
-            .collect::<Result<Vec<_>>>()?;
+            .zip(&before)
+            .filter(|(_, old)| old.is_none())
+            .map(|((p, _), _)| (p.as_slice(), BTreeMap::new()))
+            .collect();
+        if !deltas.is_empty() {
+            for r in 0..keys.rows.len() {
+                if let Some(entries) = deltas.get_mut(keys.partitions[r].as_slice()) {
+                    *entries
+                        .entry(entry_key(&keys.sort_keys[r], &keys.rows[r]))
+                        .or_default() += chunk.op(r).sign();
+                }
+            }
+        }
         self.rows.apply_chunk(keys, chunk)?;
         let mut changes = Vec::new();
-        for ((p, key_group), old) in touched.into_iter().zip(before) {
-            changes.extend(diff(old, self.evaluate(&p, key_group)?));
+        for ((p, key_group), old) in touched.iter().zip(before) {
+            match old {
+                Some(old) => changes.extend(diff(old, self.evaluate(p, *key_group)?)),
+                None => {
+                    let entries = deltas.swap_remove(p.as_slice()).unwrap_or_default();
+                    self.stream_partition(p, *key_group, &entries, &mut changes)?;
+                }
+            }
         }
         Ok(changes)
+    }
+
+    /// Streams one partition, as it is now, through two runs of the
+    /// functions: one over it as it was before the chunk (`deltas`, the
+    /// copies the chunk added to each entry, taken back) and one over it
+    /// as it is; appends to `changes` where their outputs differ. Memory
+    /// holds a page of rows and what DataFusion keeps of them.
+    fn stream_partition(
+        &mut self,
+        partition: &[u8],
+        key_group: u16,
+        deltas: &BTreeMap<Vec<u8>, i64>,
+        changes: &mut Vec<(Op, Vec<u8>)>,
+    ) -> Result<()> {
+        let mut runs = OutputDiff::new(&self.functions, &self.input_schema, &self.task)?;
+        let (codec, schema) = (&self.row_codec, &self.input_schema);
+        let encode = |batch: RecordBatch| -> Result<Vec<Vec<u8>>> {
+            Ok(self
+                .output_codec
+                .encode(&window_run::output_columns(&batch, &self.schema)?)?)
+        };
+        // Rows not yet fed, one entry key per copy: before, after.
+        let mut page: [Vec<Arc<[u8]>>; 2] = Default::default();
+        let push = |rows: &mut Vec<Arc<[u8]>>, key: &Arc<[u8]>, copies: i64| {
+            rows.extend(std::iter::repeat_n(key, copies.max(0) as usize).cloned());
+        };
+        let mut pending = deltas.iter().peekable();
+        self.rows.walk(
+            partition,
+            key_group,
+            Bound::Unbounded,
+            false,
+            PAGE,
+            |k, copies| {
+                // Entries the chunk took away altogether.
+                while let Some((gone, delta)) = pending.next_if(|(d, _)| d.as_slice() < k) {
+                    push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
+                }
+                let delta = pending
+                    .next_if(|(d, _)| d.as_slice() == k)
+                    .map_or(0, |(_, d)| *d);
+                let key: Arc<[u8]> = Arc::from(k);
+                push(&mut page[0], &key, copies - delta);
+                push(&mut page[1], &key, copies);
+                if page[0].len().max(page[1].len()) >= PAGE {
+                    runs.feed(&mut page, codec, schema)?;
+                    runs.compare(false, &encode, changes)?;
+                }
+                Ok(true)
+            },
+        )?;
+        for (gone, delta) in pending {
+            push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
+        }
+        runs.feed(&mut page, codec, schema)?;
+        runs.end();
+        runs.compare(true, &encode, changes)
     }
 
     /// Applies the chunk with only the rows around its changes evaluated
@@ -363,9 +475,9 @@ impl Operator for OverWindow {
 
     fn process_batch(&mut self, _input: usize, chunk: Chunk, out: &mut Collector) -> Result<()> {
         let keys = self.rows.keys(chunk.data())?;
-        let changes = match self.reach {
-            Some(reach) => self.around_changes(reach, &keys, &chunk)?,
-            None => self.whole_partitions(&keys, &chunk)?,
+        let changes = match self.reads {
+            Reads::Around(reach) => self.around_changes(reach, &keys, &chunk)?,
+            Reads::Streamed | Reads::Whole => self.whole_partitions(&keys, &chunk)?,
         };
         self.rows.settle()?;
         if changes.is_empty() {
@@ -513,16 +625,26 @@ mod tests {
         out
     }
 
+    /// The rows of two partitions, `(a, b)` → copies, as a recomputation
+    /// expects them: each output row, sorted.
+    type Expected = fn(&BTreeMap<(i64, i64), i64>) -> Vec<String>;
+
     /// Random inserts and deletes, duplicates among them, into two
     /// partitions: the view the operator's changes add up to equals the
-    /// recomputation after every chunk. With `pool`, the rocksdb backend
-    /// over that much memory, restored from a checkpoint half way.
-    fn bounded_reach_follows_random_changes(pool: Option<usize>) -> OverWindow {
+    /// recomputation (`expected`) after every chunk. With `pool`, the
+    /// rocksdb backend over that much memory, restored from a checkpoint
+    /// half way.
+    fn follows_random_changes(
+        functions: fn() -> Vec<Expr>,
+        names: &[&str],
+        expected: Expected,
+        pool: Option<usize>,
+    ) -> OverWindow {
         use crate::state::StateStore;
         let state = Arc::new(MemState::default());
         let pool = pool.map(|bytes| Arc::new(storage::memory::MemoryPool::new(bytes)));
         let start = |restored: bool| {
-            let mut w = over(bounded_functions(), &["prev2", "next", "total"]);
+            let mut w = over(functions(), names);
             let ctx = match &pool {
                 Some(pool) => rocksdb_ctx(state.clone(), pool, restored),
                 None => ctx(state.clone()),
@@ -531,7 +653,6 @@ mod tests {
             w
         };
         let mut w = start(false);
-        assert!(w.reach.is_some());
         let mut rows = BTreeMap::<(i64, i64), i64>::new();
         let mut shown = BTreeMap::<String, i64>::new();
         let mut next = random_below(11);
@@ -574,7 +695,7 @@ mod tests {
                 .iter()
                 .flat_map(|(row, n)| std::iter::repeat_n(row.clone(), *n as usize))
                 .collect();
-            assert_eq!(got, expected_bounded(&rows), "step {step}");
+            assert_eq!(got, expected(&rows), "step {step}");
             if let Some(pool) = &pool {
                 assert!(
                     w.rows.report().bytes_in_memory as usize <= pool.capacity(),
@@ -595,6 +716,17 @@ mod tests {
         w
     }
 
+    fn bounded_reach_follows_random_changes(pool: Option<usize>) -> OverWindow {
+        let w = follows_random_changes(
+            bounded_functions,
+            &["prev2", "next", "total"],
+            expected_bounded,
+            pool,
+        );
+        assert!(matches!(w.reads, Reads::Around(_)));
+        w
+    }
+
     #[test]
     fn bounded_reach_follows_random_changes_in_memory() {
         bounded_reach_follows_random_changes(None);
@@ -610,15 +742,86 @@ mod tests {
         assert!(ranked.is_partial(), "{} rows in memory", ranked.len());
     }
 
+    fn running_functions() -> Vec<Expr> {
+        use datafusion::functions_window::expr_fn::rank;
+        let by_b = |e: Expr| {
+            e.partition_by(vec![col("a")])
+                .order_by(vec![col("b").sort(true, false)])
+                .build()
+                .unwrap()
+        };
+        // SQL's default frame with ORDER BY: RANGE UNBOUNDED PRECEDING to
+        // CURRENT ROW, peers included (the builder's default is ROWS).
+        let running = Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")]))
+            .partition_by(vec![col("a")])
+            .order_by(vec![col("b").sort(true, false)])
+            .window_frame(datafusion::logical_expr::WindowFrame::new(Some(false)))
+            .build()
+            .unwrap();
+        vec![by_b(row_number()), by_b(rank()), running]
+    }
+
+    /// What `running_functions` give, by a separate recomputation: each
+    /// partition's `b`s in order, one per copy, with the row's number, the
+    /// rank (one more than the rows with a smaller `b`) and the sum of
+    /// every `b` up to its own, ties included.
+    fn expected_running(rows: &BTreeMap<(i64, i64), i64>) -> Vec<String> {
+        let mut out = Vec::new();
+        for a in [1, 2] {
+            let mut number = 0;
+            let (mut below, mut sum) = (0, 0);
+            for ((_, b), n) in rows.range((a, i64::MIN)..=(a, i64::MAX)) {
+                let rank = below + 1;
+                sum += b * n;
+                for _ in 0..*n {
+                    number += 1;
+                    out.push(format!("{a} {b} {number} {rank} {sum}"));
+                }
+                below += n;
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn running_functions_follow_random_changes(pool: Option<usize>) -> OverWindow {
+        let w = follows_random_changes(
+            running_functions,
+            &["n", "r", "total"],
+            expected_running,
+            pool,
+        );
+        assert_eq!(w.reads, Reads::Streamed);
+        w
+    }
+
     #[test]
-    fn whole_partition_functions_read_it_whole() {
+    fn running_functions_follow_random_changes_in_memory() {
+        running_functions_follow_random_changes(None);
+    }
+
+    #[test]
+    fn running_functions_stream_a_partition_far_past_memory() {
+        let mut w = running_functions_follow_random_changes(Some(48 << 10));
+        let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
+        let keys = w.rows.keys(c.data()).unwrap();
+        assert!(
+            w.rows
+                .is_partial(&keys.partitions[0], keys.key_groups[0])
+                .unwrap(),
+            "the partition is streamed, not read whole"
+        );
+    }
+
+    #[test]
+    fn row_number_renumbers_the_rows_after_an_insert() {
         let numbered = row_number()
             .partition_by(vec![col("a")])
             .order_by(vec![col("b").sort(true, false)])
             .build()
             .unwrap();
         let mut w = over(vec![numbered], &["n"]);
-        assert!(w.reach.is_none());
+        assert_eq!(w.reads, Reads::Streamed);
         assert_eq!(
             feed(&mut w, &[I, I], &[1, 1], &[5, 7]),
             vec!["+I 1 5 1", "+I 1 7 2"]

@@ -10,12 +10,15 @@
 //! in every run and after every restore, in memory and on disk.
 //!
 //! A changed entry is written alone; partitions leave the cache as the
-//! slot's managed memory requires. OverWindow reads a partition whole
-//! when the cache lacks it (one prefix scan), as its functions range over
-//! all of it. TopN's partitions are paged ([`MapLayout::paged`]): it reads
-//! a partition's first entries, and more only when its range reaches past
-//! them, so that a partition of millions of rows (any `ORDER BY … LIMIT`
-//! without `PARTITION BY` is one) costs memory for about a page of them.
+//! slot's managed memory requires. Partitions are paged
+//! ([`MapLayout::paged`]) wherever the operator can work a page at a time:
+//! TopN reads a partition's first entries, and more only when its range
+//! reaches past them; OverWindow walks the rows around each change, or
+//! streams a large partition through its functions. A partition of
+//! millions of rows (any `ORDER BY … LIMIT`, or window, without
+//! `PARTITION BY` is one) then costs memory for about a page of them.
+//! OverWindow's functions that need a whole partition at once (`ntile`,
+//! `cume_dist`, frames to `UNBOUNDED FOLLOWING`) keep it whole.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -221,6 +224,14 @@ impl SortedPartitions {
         self.partitions.get(partition, key_group)
     }
 
+    /// The partition is paged and memory holds only part of it.
+    pub(super) fn is_partial(&mut self, partition: &[u8], key_group: u16) -> Result<bool> {
+        Ok(self
+            .partitions
+            .get(partition, key_group)?
+            .is_some_and(|ranked| ranked.is_partial()))
+    }
+
     /// Reads the next page of a paged partition's entries.
     pub(super) fn read_more(&mut self, partition: &[u8], key_group: u16) -> Result<()> {
         self.partitions
@@ -291,25 +302,6 @@ impl SortedPartitions {
         }
         let n = rows.len();
         Ok((keys, n, self.row_codec.decode(rows)?))
-    }
-
-    /// The partition's rows in order, one per copy, decoded: the number
-    /// of rows and the columns.
-    pub(super) fn columns(
-        &mut self,
-        partition: &[u8],
-        key_group: u16,
-    ) -> Result<(usize, Vec<ArrayRef>)> {
-        let mut rows = Vec::new();
-        let ranked = self.partitions.get(partition, key_group)?;
-        for (entry, copies) in ranked.into_iter().flat_map(|r| r.iter()) {
-            let (_, row) = split_entry(entry);
-            for _ in 0..(*copies).max(0) {
-                rows.push(row);
-            }
-        }
-        let n = rows.len();
-        Ok((n, self.row_codec.decode(rows)?))
     }
 
     /// Applies every row of `chunk` (encoded as `keys`).
