@@ -21,6 +21,7 @@ pub mod message;
 pub mod operator;
 pub mod operators;
 mod postgres;
+pub mod read_once;
 pub mod sinks;
 pub mod state;
 pub mod task;

@@ -20,11 +20,8 @@ use datafusion::common::DFSchema;
 use datafusion::datasource::{TableType, ViewTable};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -167,7 +164,7 @@ impl TableProvider for ViewRows {
 
 /// Rows of one snapshot as they are read, pinned when the statement was
 /// planned.
-type Rows = futures::stream::BoxStream<'static, DfResult<RecordBatch>>;
+type Rows = executor::read_once::Batches;
 
 /// A plan that reads `rows` once as it runs.
 fn streamed(
@@ -176,52 +173,14 @@ fn streamed(
     projection: Option<&Vec<usize>>,
     limit: Option<usize>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let partition = Arc::new(ReadOnce {
-        schema: schema.clone(),
-        rows: std::sync::Mutex::new(Some(rows)),
-    });
-    Ok(Arc::new(StreamingTableExec::try_new(
+    Ok(Arc::new(executor::read_once::plan(
+        "a table's or view's rows",
         schema,
-        vec![partition],
+        rows,
         projection,
-        [],
-        false,
+        None,
         limit,
     )?))
-}
-
-/// A table's or view's rows as a plan reads them: once.
-struct ReadOnce {
-    schema: SchemaRef,
-    rows: std::sync::Mutex<Option<Rows>>,
-}
-
-impl std::fmt::Debug for ReadOnce {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReadOnce")
-    }
-}
-
-impl PartitionStream for ReadOnce {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let rows = self.rows.lock().ok().and_then(|mut rows| rows.take());
-        let schema = self.schema.clone();
-        match rows {
-            Some(rows) => Box::pin(RecordBatchStreamAdapter::new(schema, rows)),
-            None => Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::once(async {
-                    Err(DataFusionError::Internal(
-                        "a table's or view's rows were read twice in one statement".into(),
-                    ))
-                }),
-            )),
-        }
-    }
 }
 
 /// The columns a materialized view's rows were written with: those of its

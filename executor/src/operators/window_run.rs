@@ -20,13 +20,10 @@ use std::task::{Context, Poll};
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::window::WindowExpr;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::ExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::windows::BoundedWindowAggExec;
 use datafusion::physical_plan::{InputOrderMode, SendableRecordBatchStream};
 use futures::StreamExt;
@@ -39,34 +36,6 @@ use super::sorted_partitions::{diff, split_entry};
 use crate::{ExecError, Result, expr};
 
 type Feed = mpsc::UnboundedSender<datafusion::common::Result<RecordBatch>>;
-
-/// The pages a run is fed, as DataFusion's input: handed out once.
-#[derive(Debug)]
-struct Pages {
-    schema: SchemaRef,
-    pages:
-        std::sync::Mutex<Option<mpsc::UnboundedReceiver<datafusion::common::Result<RecordBatch>>>>,
-}
-
-impl PartitionStream for Pages {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let pages = self.pages.lock().ok().and_then(|mut p| p.take());
-        let schema = self.schema.clone();
-        match pages {
-            Some(pages) => Box::pin(RecordBatchStreamAdapter::new(schema, pages)),
-            None => Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::once(async {
-                    Err(DataFusionError::Internal("window pages read twice".into()))
-                }),
-            )),
-        }
-    }
-}
 
 /// One evaluation of the functions over one partition, fed in order.
 struct WindowRun {
@@ -97,15 +66,12 @@ impl WindowRun {
                     .chain(f.order_by().iter().cloned()),
             )
         });
-        let input = StreamingTableExec::try_new(
-            schema.clone(),
-            vec![Arc::new(Pages {
-                schema,
-                pages: std::sync::Mutex::new(Some(pages)),
-            })],
+        let input = crate::read_once::plan(
+            "a partition's window pages",
+            schema,
+            pages.boxed(),
             None,
             ordering,
-            false,
             None,
         )?;
         let exec = BoundedWindowAggExec::try_new(
