@@ -735,11 +735,16 @@ mod tests {
     #[test]
     fn bounded_reach_keeps_a_page_of_a_partition_far_past_memory() {
         let mut w = bounded_reach_follows_random_changes(Some(48 << 10));
+        assert!(first_partition_is_partial(&mut w), "a page of it in memory");
+    }
+
+    /// Memory holds only part of partition `a = 1`.
+    fn first_partition_is_partial(w: &mut OverWindow) -> bool {
         let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
         let keys = w.rows.keys(c.data()).unwrap();
-        let ranked = w.rows.get(&keys.partitions[0], keys.key_groups[0]);
-        let ranked = ranked.unwrap().unwrap();
-        assert!(ranked.is_partial(), "{} rows in memory", ranked.len());
+        w.rows
+            .is_partial(&keys.partitions[0], keys.key_groups[0])
+            .unwrap()
     }
 
     fn running_functions() -> Vec<Expr> {
@@ -747,18 +752,15 @@ mod tests {
         let by_b = |e: Expr| {
             e.partition_by(vec![col("a")])
                 .order_by(vec![col("b").sort(true, false)])
-                .build()
-                .unwrap()
         };
         // SQL's default frame with ORDER BY: RANGE UNBOUNDED PRECEDING to
         // CURRENT ROW, peers included (the builder's default is ROWS).
-        let running = Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")]))
-            .partition_by(vec![col("a")])
-            .order_by(vec![col("b").sort(true, false)])
-            .window_frame(datafusion::logical_expr::WindowFrame::new(Some(false)))
-            .build()
-            .unwrap();
-        vec![by_b(row_number()), by_b(rank()), running]
+        let running = by_b(Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")])))
+            .window_frame(datafusion::logical_expr::WindowFrame::new(Some(false)));
+        [by_b(row_number()), by_b(rank()), running]
+            .into_iter()
+            .map(|f| f.build().unwrap())
+            .collect()
     }
 
     /// What `running_functions` give, by a separate recomputation: each
@@ -803,12 +805,8 @@ mod tests {
     #[test]
     fn running_functions_stream_a_partition_far_past_memory() {
         let mut w = running_functions_follow_random_changes(Some(48 << 10));
-        let (c, _) = chunk(&[I], vec![ints(&[Some(1)]), ints(&[Some(0)])]);
-        let keys = w.rows.keys(c.data()).unwrap();
         assert!(
-            w.rows
-                .is_partial(&keys.partitions[0], keys.key_groups[0])
-                .unwrap(),
+            first_partition_is_partial(&mut w),
             "the partition is streamed, not read whole"
         );
     }
