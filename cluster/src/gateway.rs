@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::operators::changelog::Changes;
 use executor::task::{CheckpointAck, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 
@@ -17,6 +16,16 @@ use crate::Result;
 
 /// A view's rows as they are read.
 pub type ViewStream = futures::stream::BoxStream<'static, Result<RecordBatch>>;
+
+/// A view's changes after an epoch, read a page at a time
+/// (pages in the order of
+/// [`executor::operators::changelog::ChangeReader`]), and the horizon read before them.
+pub struct ChangeStream {
+    /// Every epoch after this one is whole; a `since` older than it reads
+    /// nothing.
+    pub horizon: u64,
+    pub batches: ViewStream,
+}
 
 /// Identifies a TaskManager (Flink's `ResourceID`).
 pub type ResourceId = String;
@@ -201,14 +210,15 @@ pub trait TaskExecutorGateway: Send + Sync {
 
     /// Reads a view's changes after epoch `since` in `key_groups` from its
     /// changelog table, at the checkpoint this TaskManager committed last
-    /// (what `SUBSCRIBE` follows).
+    /// (what `SUBSCRIBE` follows): pinned when the call returns, read a
+    /// page at a time as the stream is polled.
     async fn scan_changes(
         &self,
         changelog_table: u64,
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
         since: u64,
-    ) -> Result<Changes>;
+    ) -> Result<ChangeStream>;
 }
 
 /// A JobMaster, as TaskManagers call it. Acknowledgements and state

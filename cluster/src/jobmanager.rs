@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use executor::operators::changelog::Changes;
 use planner::execution_graph::{ExecutionGraph, ExecutionState};
 use planner::job_graph::JobGraph;
 use storage::checkpoint_storage::{CheckpointMetadata, CheckpointStorage, FORMAT_VERSION};
@@ -203,20 +202,24 @@ impl JobManager {
         state_table: u64,
         schema: SchemaRef,
     ) -> Result<crate::gateway::ViewStream> {
-        self.master(job)?
+        Ok(self
+            .master(job)?
             .read_view_stream(state_table, schema)
-            .await
+            .await?
+            .1)
     }
 
-    /// [`JobManager::read_view`], with the id of the checkpoint read (0
-    /// before the first).
-    pub async fn read_view_at(
+    /// [`JobManager::read_view_stream`], with the id of the checkpoint
+    /// read (0 before the first).
+    pub async fn read_view_stream_at(
         &self,
         job: u64,
         state_table: u64,
         schema: SchemaRef,
-    ) -> Result<(u64, Vec<RecordBatch>)> {
-        self.master(job)?.read_view_at(state_table, schema).await
+    ) -> Result<(u64, crate::gateway::ViewStream)> {
+        self.master(job)?
+            .read_view_stream(state_table, schema)
+            .await
     }
 
     /// A view's changes after epoch `since`, from its changelog table at
@@ -227,7 +230,7 @@ impl JobManager {
         changelog_table: u64,
         schema: SchemaRef,
         since: u64,
-    ) -> Result<(u64, Changes)> {
+    ) -> Result<(u64, crate::gateway::ChangeStream)> {
         self.master(job)?
             .read_changes(changelog_table, schema, since)
             .await

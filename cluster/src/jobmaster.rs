@@ -39,13 +39,14 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::operators::changelog::{self, Changes};
+use executor::operators::changelog;
 use executor::state::OperatorStateStats;
 use executor::task::{CheckpointAck, TaskDeployment, TaskId, TaskRestore};
 use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
 use planner::spec::OperatorSpec;
 use storage::StorageError;
+use storage::backend::StoredTable;
 use storage::checkpoint_storage::{
     CheckpointMetadata, CheckpointStorage, FORMAT_VERSION, SharedFiles, SnapshotKind, StateHandle,
 };
@@ -57,7 +58,8 @@ use crate::checkpoint::{
 };
 use crate::config::ClusterConfig;
 use crate::gateway::{
-    JobMasterGateway, ResourceId, ResourceManagerGateway, TaskExecutorGateway, ViewStream,
+    ChangeStream, JobMasterGateway, ResourceId, ResourceManagerGateway, TaskExecutorGateway,
+    ViewStream,
 };
 use crate::{ClusterError, Result};
 use futures::StreamExt;
@@ -1145,21 +1147,7 @@ impl JobMaster {
         state_table: u64,
         schema: SchemaRef,
     ) -> Result<Vec<RecordBatch>> {
-        Ok(self.read_view_at(state_table, schema).await?.1)
-    }
-
-    /// [`JobMaster::read_view`], with the id of the checkpoint read (0
-    /// before the first).
-    pub(crate) async fn read_view_at(
-        &self,
-        state_table: u64,
-        schema: SchemaRef,
-    ) -> Result<(u64, Vec<RecordBatch>)> {
-        let (at, read) = self.read_state(state_table, schema, None).await?;
-        match read {
-            StateRead::Rows(rows) => Ok((at, rows)),
-            StateRead::Changes(_) => Err(ClusterError::Internal("read rows, got changes".into())),
-        }
+        Ok(self.read_rows(state_table, schema).await?.1)
     }
 
     /// [`JobMaster::read_view`] as a stream read a page at a time from
@@ -1170,9 +1158,10 @@ impl JobMaster {
         &self,
         state_table: u64,
         schema: SchemaRef,
-    ) -> Result<ViewStream> {
+    ) -> Result<(u64, ViewStream)> {
         {
             let _commit = self.commit.read().await;
+            let at = self.lock()?.retained.back().map_or(0, |m| m.id);
             if let Some(targets) = self.scan_targets(state_table) {
                 let mut parts = Vec::new();
                 for (tm, key_groups) in targets {
@@ -1189,105 +1178,162 @@ impl JobMaster {
                     }
                 }
                 if !parts.is_empty() {
-                    return Ok(futures::stream::iter(parts).flatten().boxed());
+                    return Ok((at, futures::stream::iter(parts).flatten().boxed()));
                 }
             }
         }
-        let rows = self.read_view(state_table, schema).await?;
-        Ok(futures::stream::iter(rows.into_iter().map(Ok)).boxed())
+        let (at, rows) = self.read_rows(state_table, schema).await?;
+        Ok((at, futures::stream::iter(rows.into_iter().map(Ok)).boxed()))
     }
 
     /// A view's changes after epoch `since` from its changelog table at
-    /// the latest completed checkpoint, with that checkpoint's id.
+    /// the latest completed checkpoint, with that checkpoint's id: read a
+    /// page at a time as the stream is polled, from the TaskManagers while
+    /// the job runs (each pins the checkpoint before this returns), else
+    /// from the checkpoint's files. A `since` older than the horizon reads
+    /// nothing.
     pub(crate) async fn read_changes(
         &self,
         changelog_table: u64,
         schema: SchemaRef,
         since: u64,
-    ) -> Result<(u64, Changes)> {
-        let (at, read) = self
-            .read_state(changelog_table, schema, Some(since))
-            .await?;
-        match read {
-            StateRead::Changes(changes) => Ok((at, changes)),
-            StateRead::Rows(_) => Err(ClusterError::Internal("read changes, got rows".into())),
+    ) -> Result<(u64, ChangeStream)> {
+        let _commit = self.commit.read().await;
+        let latest = self.lock()?.retained.back().cloned();
+        let at = latest.as_ref().map_or(0, |m| m.id);
+        if let Some(targets) = self.scan_targets(changelog_table) {
+            let mut horizon = 0;
+            let mut parts = Vec::new();
+            let mut complete = true;
+            for (tm, key_groups) in targets {
+                match tm
+                    .scan_changes(changelog_table, schema.clone(), key_groups, since)
+                    .await
+                {
+                    Ok(part) => {
+                        horizon = horizon.max(part.horizon);
+                        parts.push(part.batches);
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = self.job, error = %e, "changelog scan on a task manager failed; reading checkpoint storage");
+                        complete = false;
+                        break;
+                    }
+                }
+            }
+            if complete {
+                if since < horizon {
+                    parts.clear();
+                }
+                return Ok((
+                    at,
+                    ChangeStream {
+                        horizon,
+                        batches: crate::changes::merge_by_epoch(parts),
+                    },
+                ));
+            }
         }
+        let Some(meta) = latest else {
+            return Ok((
+                0,
+                ChangeStream {
+                    horizon: 0,
+                    batches: crate::changes::merge_by_epoch(Vec::new()),
+                },
+            ));
+        };
+        let base = self
+            .scratch
+            .join(format!("read-{}", SCRATCH.fetch_add(1, Ordering::Relaxed)));
+        let stored = storage::backend::open_table(
+            &self.storage,
+            &meta.handles,
+            changelog_table,
+            0..MAX_PARALLELISM,
+            &base,
+        )
+        .await
+        .map_err(stored_error)?;
+        let readers = tokio::task::spawn_blocking(move || {
+            let mut readers = Vec::new();
+            for part in stored {
+                match part {
+                    StoredTable::Opened {
+                        kv,
+                        key_groups,
+                        dir,
+                    } => {
+                        let reader = changelog::ChangeReader::open(
+                            &*kv,
+                            changelog_table,
+                            &schema,
+                            key_groups,
+                            since,
+                        )?;
+                        readers.push((reader.horizon(), Ok((kv, reader, dir))));
+                    }
+                    StoredTable::Entries(entries) => {
+                        // A savepoint's canonical files: read whole.
+                        let changes = changelog::changes_from_entries(&entries, &schema, since)?;
+                        readers.push((changes.horizon, Err(changes.batches)));
+                    }
+                }
+            }
+            Ok::<_, executor::ExecError>(readers)
+        })
+        .await
+        .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        let horizon = readers.iter().map(|(h, _)| *h).max().unwrap_or(0);
+        let mut parts = Vec::new();
+        if since >= horizon {
+            for (_, part) in readers {
+                parts.push(match part {
+                    Ok((kv, reader, dir)) => crate::changes::pages(kv, reader, dir),
+                    Err(batches) => futures::stream::iter(batches.into_iter().map(Ok)).boxed(),
+                });
+            }
+        }
+        Ok((
+            at,
+            ChangeStream {
+                horizon,
+                batches: crate::changes::merge_by_epoch(parts),
+            },
+        ))
     }
 
-    /// Reads a view's rows (`since: None`) or changes after `since` at the
-    /// latest completed checkpoint; no checkpoint completes meanwhile.
-    async fn read_state(
-        &self,
-        table: u64,
-        schema: SchemaRef,
-        since: Option<u64>,
-    ) -> Result<(u64, StateRead)> {
+    /// Reads a view's rows at the latest completed checkpoint; no
+    /// checkpoint completes meanwhile.
+    async fn read_rows(&self, table: u64, schema: SchemaRef) -> Result<(u64, Vec<RecordBatch>)> {
         let _commit = self.commit.read().await;
         let latest = self.lock()?.retained.back().cloned();
         let at = latest.as_ref().map_or(0, |m| m.id);
         if let Some(targets) = self.scan_targets(table) {
             let mut rows = Vec::new();
-            let mut changes = Changes {
-                horizon: 0,
-                batches: Vec::new(),
-            };
             let mut complete = true;
             for (tm, key_groups) in targets {
-                let part = match since {
-                    None => tm
-                        .scan_view(table, schema.clone(), key_groups)
-                        .await
-                        .map(|b| rows.extend(b)),
-                    Some(since) => tm
-                        .scan_changes(table, schema.clone(), key_groups, since)
-                        .await
-                        .map(|c| {
-                            changes.horizon = changes.horizon.max(c.horizon);
-                            changes.batches.extend(c.batches);
-                        }),
-                };
-                if let Err(e) = part {
-                    tracing::warn!(job = self.job, error = %e, "view scan on a task manager failed; reading checkpoint storage");
-                    complete = false;
-                    break;
+                match tm.scan_view(table, schema.clone(), key_groups).await {
+                    Ok(part) => rows.extend(part),
+                    Err(e) => {
+                        tracing::warn!(job = self.job, error = %e, "view scan on a task manager failed; reading checkpoint storage");
+                        complete = false;
+                        break;
+                    }
                 }
             }
             if complete {
-                return Ok(match since {
-                    None => (at, StateRead::Rows(rows)),
-                    Some(_) => {
-                        // Parts came from several TaskManagers: epochs in order.
-                        changes.batches = sort_by_epoch(changes.batches)?;
-                        (at, StateRead::Changes(changes))
-                    }
-                });
+                return Ok((at, rows));
             }
         }
         let Some(meta) = latest else {
-            return Ok(match since {
-                None => (0, StateRead::Rows(Vec::new())),
-                Some(_) => (
-                    0,
-                    StateRead::Changes(Changes {
-                        horizon: 0,
-                        batches: Vec::new(),
-                    }),
-                ),
-            });
+            return Ok((0, Vec::new()));
         };
         let entries = read_stored_entries(&self.storage, &self.scratch, &meta, table).await?;
-        Ok(match since {
-            None => (
-                at,
-                StateRead::Rows(executor::operators::materialize::rows_from_entries(
-                    &entries, &schema,
-                )?),
-            ),
-            Some(since) => (
-                at,
-                StateRead::Changes(changelog::changes_from_entries(&entries, &schema, since)?),
-            ),
-        })
+        Ok((
+            at,
+            executor::operators::materialize::rows_from_entries(&entries, &schema)?,
+        ))
     }
 
     /// Where the oldest retained checkpoint left the job's sources: the
@@ -1342,30 +1388,14 @@ async fn read_stored_entries(
         storage::backend::read_handles(storage, &meta.handles, table, 0..MAX_PARALLELISM, &dir)
             .await;
     let _ = std::fs::remove_dir_all(&dir);
-    entries.map_err(|e| match e {
+    entries.map_err(stored_error)
+}
+
+fn stored_error(e: StorageError) -> ClusterError {
+    match e {
         StorageError::Corrupt(why) => ClusterError::CorruptCheckpoint(why),
         e => e.into(),
-    })
-}
-
-/// What [`JobMaster::read_state`] read.
-enum StateRead {
-    Rows(Vec<RecordBatch>),
-    Changes(Changes),
-}
-
-/// Change batches from several readers, merged into one epoch order.
-fn sort_by_epoch(batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
-    let Some(first) = batches.first() else {
-        return Ok(batches);
-    };
-    let all = datafusion::arrow::compute::concat_batches(&first.schema(), &batches)
-        .map_err(|e| ClusterError::Internal(e.to_string()))?;
-    let order = datafusion::arrow::compute::sort_to_indices(all.column(0), None, None)
-        .map_err(|e| ClusterError::Internal(e.to_string()))?;
-    let sorted = datafusion::arrow::compute::take_record_batch(&all, &order)
-        .map_err(|e| ClusterError::Internal(e.to_string()))?;
-    Ok(vec![sorted])
+    }
 }
 
 #[async_trait]

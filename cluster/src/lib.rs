@@ -10,6 +10,7 @@
 //! (`proto/cluster.proto`, module `rpc`), including the network shuffle
 //! between TaskManagers.
 
+mod changes;
 mod checkpoint;
 pub mod config;
 mod error;

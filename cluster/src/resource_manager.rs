@@ -402,7 +402,6 @@ mod tests {
     use datafusion::arrow::array::RecordBatch;
     use datafusion::arrow::datatypes::SchemaRef;
     use executor::message::Barrier;
-    use executor::operators::changelog::Changes;
     use executor::task::{CheckpointAck, TaskDeployment, TaskId};
     use planner::execution_graph::ExecutionState;
 
@@ -469,7 +468,7 @@ mod tests {
             _: SchemaRef,
             _: std::ops::Range<u16>,
             _: u64,
-        ) -> Result<Changes> {
+        ) -> Result<crate::gateway::ChangeStream> {
             Err(ClusterError::Internal("not here".into()))
         }
     }

@@ -34,7 +34,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::exchange::LocalShuffle;
 use executor::message::Barrier;
-use executor::operators::changelog::{self, Changes};
+use executor::operators::changelog;
 use executor::state::StateStore;
 use executor::task::{
     CheckpointAck, RemoteChannels, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
@@ -54,8 +54,9 @@ use tracing::Instrument;
 
 use crate::config::ClusterConfig;
 use crate::gateway::{
-    HardwareDescription, JobMasterGateway, ResourceId, ResourceManagerGateway, SlotMemoryUsed,
-    SlotReport, SlotStatus, TaskExecutorGateway, TaskExecutorRegistration, ViewStream,
+    ChangeStream, HardwareDescription, JobMasterGateway, ResourceId, ResourceManagerGateway,
+    SlotMemoryUsed, SlotReport, SlotStatus, TaskExecutorGateway, TaskExecutorRegistration,
+    ViewStream,
 };
 use crate::{ClusterError, Result};
 
@@ -855,25 +856,40 @@ impl TaskExecutorGateway for TaskExecutor {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
         since: u64,
-    ) -> Result<Changes> {
+    ) -> Result<ChangeStream> {
         let backends = self.holders(changelog_table, key_groups)?;
-        tokio::task::spawn_blocking(move || {
-            let mut out = Changes {
-                horizon: 0,
-                batches: Vec::new(),
-            };
+        // Pin each backend's checkpoint and read its horizons now; the
+        // changes as the stream is polled.
+        let readers = tokio::task::spawn_blocking(move || {
+            let mut readers = Vec::new();
             for (backend, range) in backends {
                 if let Some(view) = backend.read_view()? {
-                    let part =
-                        changelog::read_changes(&*view, changelog_table, &schema, range, since)?;
-                    out.horizon = out.horizon.max(part.horizon);
-                    out.batches.extend(part.batches);
+                    let reader = changelog::ChangeReader::open(
+                        &*view,
+                        changelog_table,
+                        &schema,
+                        range,
+                        since,
+                    )?;
+                    readers.push((view, reader));
                 }
             }
-            Ok::<_, executor::ExecError>(out)
+            Ok::<_, executor::ExecError>(readers)
         })
         .await
-        .map_err(|e| ClusterError::Internal(e.to_string()))?
-        .map_err(Into::into)
+        .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        let horizon = readers.iter().map(|(_, r)| r.horizon()).max().unwrap_or(0);
+        // From before the horizon of any part: refused, nothing read.
+        let streams = match since < horizon {
+            true => Vec::new(),
+            false => readers
+                .into_iter()
+                .map(|(view, reader)| crate::changes::pages(view, reader, ()))
+                .collect(),
+        };
+        Ok(ChangeStream {
+            horizon,
+            batches: crate::changes::merge_by_epoch(streams),
+        })
     }
 }

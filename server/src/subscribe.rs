@@ -21,11 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::CompletedCheckpoint;
+use cluster::gateway::ViewStream;
 use datafusion::arrow::array::{
     ArrayRef, AsArray, Int64Array, RecordBatch, StringArray, UInt32Array, new_null_array,
 };
-use datafusion::arrow::compute::{concat_batches, take};
+use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -52,7 +54,19 @@ pub struct Subscription {
     frontier: Option<u64>,
     progress: bool,
     ready: VecDeque<RecordBatch>,
+    /// A read in progress: what checkpoint *at* adds, a page at a time.
+    reading: Option<Reading>,
     completed: Option<watch::Receiver<CompletedCheckpoint>>,
+}
+
+/// A read of checkpoint `at`: the view's rows (the snapshot) or its
+/// changes after the frontier, as pages to take one at a time, so that a
+/// subscription holds a page, not the view or its history.
+struct Reading {
+    at: u64,
+    snapshot: bool,
+    /// Only ever used through `&mut` (the lock makes a session `Sync`).
+    pages: tokio::sync::Mutex<ViewStream>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -111,6 +125,7 @@ impl Subscription {
             frontier: s.since,
             progress: s.progress,
             ready: VecDeque::new(),
+            reading: None,
             completed: None,
         };
         if s.since.is_some() {
@@ -134,11 +149,14 @@ impl Subscription {
         deadline: Option<Instant>,
     ) -> Result<Vec<RecordBatch>> {
         loop {
-            if !self.ready.is_empty() {
+            // What is ready, once a read in progress is done or `max`
+            // rows are ready (a read goes on a page at a time).
+            let ready: usize = self.ready.iter().map(|b| b.num_rows()).sum();
+            if ready > 0 && (self.reading.is_none() || ready >= max) {
                 return Ok(self.take(max));
             }
             self.poll().await?;
-            if !self.ready.is_empty() {
+            if !self.ready.is_empty() || self.reading.is_some() {
                 continue;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -195,7 +213,8 @@ impl Subscription {
         }
     }
 
-    /// Reads what the latest completed checkpoint adds.
+    /// Reads the next page of what the latest completed checkpoint adds
+    /// (and starts reading it when no read is in progress).
     async fn poll(&mut self) -> Result<()> {
         if !matches!(
             self.db.catalog.get(self.job),
@@ -206,26 +225,52 @@ impl Subscription {
                 self.view
             )));
         }
+        if self.reading.is_none() {
+            self.reading = self.start_reading().await?;
+        }
+        let Some(reading) = &mut self.reading else {
+            return Ok(());
+        };
+        match reading.pages.get_mut().next().await {
+            Some(page) => {
+                let page = page.map_err(|e| self.db.job_error(e))?;
+                let (at, snapshot) = (reading.at, reading.snapshot);
+                match snapshot {
+                    true => {
+                        let n = page.num_rows();
+                        self.push(at, vec!["insert"; n], page.columns().to_vec())?;
+                    }
+                    false => self.push_changes(&page)?,
+                }
+            }
+            None => {
+                let at = reading.at;
+                self.reading = None;
+                self.advance(at)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts reading the latest completed checkpoint, if it is after the
+    /// frontier.
+    async fn start_reading(&mut self) -> Result<Option<Reading>> {
         let jm = &self.db.cluster.job_manager;
         let Some(since) = self.frontier else {
-            let (at, rows) = jm
-                .read_view_at(
+            let (at, pages) = jm
+                .read_view_stream_at(
                     self.job,
                     planner::view_state_table(self.job),
                     self.view_schema.clone(),
                 )
                 .await
                 .map_err(|e| self.db.job_error(e))?;
-            if at == 0 {
-                // No checkpoint yet: nothing to show.
-                return Ok(());
-            }
-            for batch in rows {
-                let n = batch.num_rows();
-                self.push(at, vec!["insert"; n], batch.columns().to_vec())?;
-            }
-            self.advance(at)?;
-            return Ok(());
+            // No checkpoint yet: nothing to show.
+            return Ok((at > 0).then_some(Reading {
+                at,
+                snapshot: true,
+                pages: pages.into(),
+            }));
         };
         let (at, changes) = jm
             .read_changes(
@@ -246,14 +291,11 @@ impl Subscription {
                 changes.horizon
             )));
         }
-        if !changes.batches.is_empty() {
-            let all = concat_batches(&changes.batches[0].schema(), &changes.batches)?;
-            self.push_changes(&all)?;
-        }
-        if at > since {
-            self.advance(at)?;
-        }
-        Ok(())
+        Ok((at > since).then_some(Reading {
+            at,
+            snapshot: false,
+            pages: changes.batches.into(),
+        }))
     }
 
     /// Epoch `at` is whole.
@@ -272,7 +314,8 @@ impl Subscription {
     }
 
     /// Changes (`epoch, diff, columns…`, in epoch order) as rows: each
-    /// repeated by its diff, an epoch's deletes before its inserts.
+    /// repeated by its diff, an epoch's deletes before its inserts (pages
+    /// come that way, one kind of change each).
     fn push_changes(&mut self, changes: &RecordBatch) -> Result<()> {
         let epochs = changes.column(0).as_primitive::<Int64Type>();
         let diffs = changes.column(1).as_primitive::<Int64Type>();

@@ -432,3 +432,119 @@ async fn subscribe_errors() {
         assert_eq!(r[1], "insert", "{r:?}");
     }
 }
+
+/// Fetches `cursor` `n` rows at a time until a `progress` row of an epoch
+/// at or after `until` (or of any epoch, if 0) has come.
+async fn fetch_until_progress(
+    client: &tokio_postgres::Client,
+    cursor: &str,
+    n: usize,
+    until: u64,
+) -> Vec<Vec<String>> {
+    let started = Instant::now();
+    let mut all = Vec::new();
+    loop {
+        let got = rows(
+            client,
+            &format!("FETCH {n} {cursor} WITH (timeout = '500ms')"),
+        )
+        .await;
+        assert!(got.len() <= n, "FETCH {n} returned {}", got.len());
+        let done = got
+            .iter()
+            .any(|r| r[1] == "progress" && r[0].parse::<u64>().unwrap() >= until);
+        all.extend(got);
+        if done {
+            return all;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no progress at or after epoch {until} on {cursor}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_snapshot_and_epoch_arrive_in_pages_in_order() {
+    // More rows than a page (16,384 changes) in the snapshot and in one
+    // statement's epoch, so both are read a page at a time.
+    const N: i64 = 40_000;
+    let server = Server::start();
+    let c = server.client().await;
+    rows(
+        &c,
+        &format!(
+            "CREATE TABLE t (k int PRIMARY KEY, v int);
+             INSERT INTO t SELECT g, g FROM generate_series(1, {N}) AS s(g);
+             CREATE MATERIALIZED VIEW m AS SELECT k, v FROM t;"
+        ),
+    )
+    .await;
+    let sub = server.client().await;
+    rows(&sub, "DECLARE snap CURSOR FOR SUBSCRIBE m WITH (progress)").await;
+    let snapshot = fetch_until_progress(&sub, "snap", 7_000, 0).await;
+    let s: u64 = snapshot.last().unwrap()[0].parse().unwrap();
+    let mut f = Follower::default();
+    f.apply(snapshot);
+    assert_eq!(f.rows.len() as i64, N, "the snapshot holds every row");
+    assert!(f.rows.contains_key(&vec![N.to_string(), N.to_string()]));
+
+    rows(&c, "UPDATE t SET v = v + 1").await;
+    rows(&c, "DELETE FROM t WHERE k % 2 = 0").await;
+    // Wait until the view has both statements.
+    let started = Instant::now();
+    while rows(&c, "SELECT count(*) FROM m").await[0][0] != (N / 2).to_string() {
+        assert!(started.elapsed() < Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let at: u64 = rows(
+        &c,
+        "SELECT max(id) FROM weir_catalog.checkpoints WHERE state = 'COMPLETED' AND view = 'm'",
+    )
+    .await[0][0]
+        .parse()
+        .unwrap();
+
+    // Resume after the snapshot: every change since, epoch by epoch, each
+    // epoch's deletes before its inserts, in pages of at most 7,000 rows.
+    rows(
+        &sub,
+        &format!("DECLARE ch CURSOR FOR SUBSCRIBE m SINCE {s} WITH (progress)"),
+    )
+    .await;
+    let changes = fetch_until_progress(&sub, "ch", 7_000, at).await;
+    let mut last = (0u64, "delete".to_string());
+    let (mut deletes, mut inserts) = (0, 0);
+    for r in &changes {
+        let epoch: u64 = r[0].parse().unwrap();
+        assert!(epoch > s, "epoch {epoch} is not after {s}");
+        if r[1] == "progress" {
+            continue;
+        }
+        if epoch == last.0 {
+            assert!(
+                !(last.1 == "insert" && r[1] == "delete"),
+                "a delete after an insert in epoch {epoch}"
+            );
+        } else {
+            assert!(epoch > last.0, "epochs go forward");
+        }
+        match r[1].as_str() {
+            "delete" => deletes += 1,
+            _ => inserts += 1,
+        }
+        last = (epoch, r[1].clone());
+    }
+    // Every row's old value goes; what the delete removed of the updated
+    // rows never arrives if both statements fell in one epoch (an epoch
+    // holds each row's net change).
+    assert!(deletes >= N, "{deletes} deletes");
+    assert_eq!(inserts - deletes, -N / 2, "{last:?}");
+    f.apply(changes);
+    let want = multiset(rows(&c, "SELECT k::text, v::text FROM m").await);
+    assert_eq!(f.rows.len(), want.len());
+    assert!(
+        f.rows == want,
+        "the snapshot and the changes fold into the view"
+    );
+}

@@ -473,6 +473,70 @@ pub async fn open_handle(
     KvStore::open_read_only(dir)
 }
 
+/// A completed checkpoint's part of a table, opened where it lies: a
+/// subtask's snapshot downloaded into a scratch directory, deleted when
+/// this is dropped, or the entries of a savepoint in the canonical format.
+pub enum StoredTable {
+    Opened {
+        kv: Arc<KvStore>,
+        key_groups: std::ops::Range<u16>,
+        /// Dropped after `kv`, with the last part of its snapshot.
+        dir: Arc<ScratchDir>,
+    },
+    Entries(Vec<StateEntry>),
+}
+
+/// A directory deleted when dropped.
+pub struct ScratchDir(pub PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Opens `table`'s parts in `key_groups` of a completed checkpoint, to be
+/// read a page at a time ([`read_handles`] reads them whole); snapshots
+/// go into directories named `scratch` followed by `-0`, `-1`, …
+pub async fn open_table(
+    storage: &CheckpointStorage,
+    handles: &[StateHandle],
+    table: u64,
+    key_groups: std::ops::Range<u16>,
+    scratch: &Path,
+) -> Result<Vec<StoredTable>> {
+    let mut out = Vec::new();
+    for (i, handle) in handles
+        .iter()
+        .filter(|h| h.overlaps(table, &key_groups))
+        .enumerate()
+    {
+        if handle.format == HandleFormat::Canonical {
+            out.push(StoredTable::Entries(
+                crate::savepoint::read_canonical(storage, handle, table, &key_groups).await?,
+            ));
+            continue;
+        }
+        let dir = Arc::new(ScratchDir(PathBuf::from(format!(
+            "{}-{i}",
+            scratch.display()
+        ))));
+        let kv = Arc::new(open_handle(storage, handle, &dir.0).await?);
+        for h in handle.tables.iter().filter(|h| h.table == table) {
+            let from = key_groups.start.max(h.key_groups.start);
+            let to = key_groups.end.min(h.key_groups.end);
+            if from < to {
+                out.push(StoredTable::Opened {
+                    kv: kv.clone(),
+                    key_groups: from..to,
+                    dir: dir.clone(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The entries of `table` in `key_groups` of a completed checkpoint,
 /// read straight from checkpoint storage (through `scratch`).
 pub async fn read_handles(

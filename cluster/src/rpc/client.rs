@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::operators::changelog::Changes;
 use executor::task::{CheckpointAck, TableLog, TaskDeployment, TaskId};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
@@ -25,8 +24,8 @@ use super::pb::table_log_client::TableLogClient;
 use super::pb::task_executor_client::TaskExecutorClient;
 use super::{CALL_TIMEOUT, CONNECT_TIMEOUT, MAX_MESSAGE, from_status, uri};
 use crate::gateway::{
-    JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport, TaskExecutorGateway,
-    TaskExecutorRegistration, ViewStream,
+    ChangeStream, JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport,
+    TaskExecutorGateway, TaskExecutorRegistration, ViewStream,
 };
 use crate::{ClusterError, Result};
 
@@ -389,7 +388,8 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
         schema: SchemaRef,
         key_groups: std::ops::Range<u16>,
         since: u64,
-    ) -> Result<Changes> {
+    ) -> Result<ChangeStream> {
+        use futures::StreamExt;
         let request = pb::ScanRequest {
             state_table: changelog_table,
             schema: super::batch_to_ipc(RecordBatch::new_empty(schema))?,
@@ -403,17 +403,22 @@ impl TaskExecutorGateway for RemoteTaskExecutor {
             .await
             .map_err(|e| self.rpc(e))?
             .into_inner();
-        let mut out = Changes {
-            horizon: 0,
-            batches: Vec::new(),
-        };
-        while let Some(part) = parts.message().await.map_err(|e| self.rpc(e))? {
-            out.horizon = out.horizon.max(part.horizon);
-            if !part.batch.is_empty() {
-                out.batches.push(super::batch_from_ipc(&part.batch)?);
-            }
-        }
-        Ok(out)
+        // The first part carries the horizon, and no batch.
+        let horizon = parts
+            .message()
+            .await
+            .map_err(|e| self.rpc(e))?
+            .map_or(0, |p| p.horizon);
+        let peer = self.resource_id.clone();
+        Ok(ChangeStream {
+            horizon,
+            batches: parts
+                .map(move |part| {
+                    let part = part.map_err(|e| Self::failed(&peer, e))?;
+                    super::batch_from_ipc(&part.batch)
+                })
+                .boxed(),
+        })
     }
 }
 

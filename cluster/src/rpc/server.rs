@@ -525,6 +525,7 @@ impl TaskExecutorService for TaskManagerServices {
             .map_err(status)?;
         let (tx, rx) = mpsc::channel(2);
         tokio::spawn(async move {
+            use futures::StreamExt;
             let first = pb::ScanPart {
                 batch: Vec::new(),
                 horizon: changes.horizon,
@@ -532,8 +533,10 @@ impl TaskExecutorService for TaskManagerServices {
             if tx.send(Ok(first)).await.is_err() {
                 return;
             }
-            for b in changes.batches {
-                let part = super::batch_to_ipc(b)
+            let mut batches = changes.batches;
+            while let Some(b) = batches.next().await {
+                let part = b
+                    .and_then(super::batch_to_ipc)
                     .map(|batch| pb::ScanPart { batch, horizon: 0 })
                     .map_err(status);
                 if tx.send(part).await.is_err() {

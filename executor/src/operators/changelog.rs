@@ -18,7 +18,8 @@
 //! Trimming goes by the barrier's time, which every subtask reads from the
 //! same barrier, so all subtasks keep and drop the same epochs.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -212,38 +213,199 @@ pub struct Changes {
     pub batches: Vec<RecordBatch>,
 }
 
-/// Reads the changes of epochs after `since` in `key_groups`. The
-/// horizons are read first: when `since` is older than one of them the
-/// reader is refused anyway, so no change is read (a `SINCE 0` on a view
-/// with a long history would read all of it).
-pub fn read_changes(
-    state: &dyn StateScan,
+/// Reads a view's changes after epoch `since` in some key groups, a page
+/// at a time, in the order a subscriber applies them: by epoch, and in
+/// each epoch its deletes before its inserts. No page holds two epochs, or
+/// deletes and inserts both, so that pages from readers of other key
+/// groups merge by their first row. Memory is a page, whatever the size
+/// of an epoch or of the history.
+///
+/// Each key group's next epoch with changes is found with one seek, so a
+/// read costs a seek per key group and epoch that has changes, plus the
+/// changes (read twice, once per kind). The horizons are read first: when
+/// `since` is older than one of them the reader is refused anyway, so no
+/// change is read (a `SINCE 0` on a view with a long history would read
+/// all of it).
+pub struct ChangeReader {
     table: u64,
-    view: &SchemaRef,
-    key_groups: Range<u16>,
-    since: u64,
-) -> Result<Changes> {
-    let mut entries = Vec::new();
-    for kg in key_groups.clone() {
-        entries.extend(
-            state
-                .scan_state_from(table, kg, &[], 1)?
-                .into_iter()
-                .filter(|h| h.key.is_empty()),
-        );
-    }
-    let gone = changes_from_entries(&entries, view, since)?;
-    if since < gone.horizon {
-        return Ok(gone);
-    }
-    let from = since.saturating_add(1).to_be_bytes();
-    for kg in key_groups {
-        entries.extend(state.scan_state_from(table, kg, &from, usize::MAX)?);
-    }
-    changes_from_entries(&entries, view, since)
+    schema: SchemaRef,
+    view: SchemaRef,
+    codec: RowCodec,
+    horizon: u64,
+    /// (next epoch with changes, key group) of every key group not at it.
+    next: BinaryHeap<Reverse<(u64, u16)>>,
+    at: Option<Position>,
 }
 
-/// The changes after epoch `since` among a changelog's entries.
+/// Where a [`ChangeReader`] is: the epoch, which kind of change, the key
+/// groups with changes in the epoch, and the last key read in the current
+/// one.
+struct Position {
+    epoch: u64,
+    inserts: bool,
+    key_groups: Vec<u16>,
+    index: usize,
+    after: Option<Vec<u8>>,
+}
+
+impl ChangeReader {
+    pub fn open(
+        state: &dyn StateScan,
+        table: u64,
+        view: &SchemaRef,
+        key_groups: Range<u16>,
+        since: u64,
+    ) -> Result<Self> {
+        let mut horizon = 0;
+        for kg in key_groups.clone() {
+            for h in state.scan_state_from(table, kg, &[], 1)? {
+                if h.key.is_empty() {
+                    horizon = horizon.max(epoch_of(&h.value)?);
+                }
+            }
+        }
+        let mut reader = Self {
+            table,
+            schema: changes_schema(view),
+            view: view.clone(),
+            codec: RowCodec::new(
+                view.fields()
+                    .iter()
+                    .map(|f| f.data_type().clone())
+                    .collect(),
+            )?,
+            horizon,
+            next: BinaryHeap::new(),
+            at: None,
+        };
+        if since >= horizon {
+            for kg in key_groups {
+                reader.seek(state, kg, since.saturating_add(1))?;
+            }
+        }
+        Ok(reader)
+    }
+
+    /// Every epoch after this one is whole; `since` must not be older
+    /// (if it is, the reader reads nothing).
+    pub fn horizon(&self) -> u64 {
+        self.horizon
+    }
+
+    /// Notes `key_group`'s first epoch with changes from `epoch` on.
+    fn seek(&mut self, state: &dyn StateScan, key_group: u16, epoch: u64) -> Result<()> {
+        if let Some(e) = state
+            .scan_state_from(self.table, key_group, &epoch.to_be_bytes(), 1)?
+            .pop()
+            && !e.key.starts_with(&OPEN_EPOCH)
+        {
+            self.next.push(Reverse((
+                epoch_of(&e.key[..8.min(e.key.len())])?,
+                key_group,
+            )));
+        }
+        Ok(())
+    }
+
+    /// The next page of at most about `limit` changes, as rows of
+    /// [`changes_schema`]; `None` when all are read.
+    pub fn next_page(
+        &mut self,
+        state: &dyn StateScan,
+        limit: usize,
+    ) -> Result<Option<RecordBatch>> {
+        let limit = limit.max(1);
+        let mut rows: Vec<(i64, Vec<u8>)> = Vec::new();
+        loop {
+            let Some(at) = &mut self.at else {
+                let Some(Reverse((epoch, _))) = self.next.peek().copied() else {
+                    return Ok(None);
+                };
+                let mut key_groups = Vec::new();
+                while let Some(Reverse((e, kg))) = self.next.peek().copied()
+                    && e == epoch
+                {
+                    self.next.pop();
+                    key_groups.push(kg);
+                }
+                key_groups.sort_unstable();
+                self.at = Some(Position {
+                    epoch,
+                    inserts: false,
+                    key_groups,
+                    index: 0,
+                    after: None,
+                });
+                continue;
+            };
+            let prefix = at.epoch.to_be_bytes();
+            let kg = at.key_groups[at.index];
+            let from = at.after.as_deref().unwrap_or(&prefix);
+            let want = limit - rows.len();
+            let page = state.scan_state_prefix_from(self.table, kg, &prefix, from, want)?;
+            let full = page.len() == want;
+            if let Some(last) = page.last() {
+                // The next key after the last read.
+                let mut after = last.key.clone();
+                after.push(0);
+                at.after = Some(after);
+            }
+            for e in page {
+                let (_, _, diff) = decode(&e.key, &e.value)?;
+                if (diff > 0) == at.inserts {
+                    rows.push((diff, e.key[8..].to_vec()));
+                }
+            }
+            if !full {
+                // This key group is done with this kind of change.
+                at.index += 1;
+                at.after = None;
+                if at.index == at.key_groups.len() {
+                    let (epoch, inserts) = (at.epoch, at.inserts);
+                    if inserts {
+                        let done = self.at.take().map(|p| p.key_groups).unwrap_or_default();
+                        for kg in done {
+                            self.seek(state, kg, epoch.saturating_add(1))?;
+                        }
+                    } else {
+                        at.inserts = true;
+                        at.index = 0;
+                    }
+                    if !rows.is_empty() {
+                        return self.batch(epoch, rows).map(Some);
+                    }
+                    continue;
+                }
+            }
+            if rows.len() >= limit {
+                let epoch = at.epoch;
+                return self.batch(epoch, rows).map(Some);
+            }
+        }
+    }
+
+    fn batch(&self, epoch: u64, rows: Vec<(i64, Vec<u8>)>) -> Result<RecordBatch> {
+        let decoded = self
+            .codec
+            .decode_batch(&self.view, rows.iter().map(|(_, r)| r.as_slice()))?;
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![epoch as i64; rows.len()])),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|(d, _)| *d))),
+        ];
+        columns.extend(decoded.columns().iter().cloned());
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+fn epoch_of(bytes: &[u8]) -> Result<u64> {
+    bytes
+        .try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| corrupt("epoch"))
+}
+
+/// The changes after epoch `since` among a changelog's entries, in
+/// [`ChangeReader`]'s order and pages.
 pub fn changes_from_entries(
     entries: &[StateEntry],
     view: &SchemaRef,
@@ -267,7 +429,7 @@ pub fn changes_from_entries(
             changes.push((epoch, diff, &e.key[8..]));
         }
     }
-    changes.sort_by_key(|(epoch, _, _)| *epoch);
+    changes.sort_by_key(|(epoch, diff, _)| (*epoch, *diff > 0));
     let codec = RowCodec::new(
         view.fields()
             .iter()
@@ -276,7 +438,10 @@ pub fn changes_from_entries(
     )?;
     let schema = changes_schema(view);
     let mut batches = Vec::new();
-    for page in changes.chunks(8192) {
+    let pages = changes
+        .chunk_by(|a, b| (a.0, a.1 > 0) == (b.0, b.1 > 0))
+        .flat_map(|same| same.chunks(8192));
+    for page in pages {
         let rows = codec.decode_batch(view, page.iter().map(|(_, _, r)| *r))?;
         let mut columns: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from_iter_values(
@@ -374,18 +539,85 @@ mod tests {
         let committed = state.0.lock().unwrap().clone();
         kv.write_state(committed).unwrap();
         let view: SchemaRef = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
-        let changes = read_changes(&kv, 5, &view, 0..128, 1).unwrap();
-        assert_eq!(changes.horizon, 1);
-        let b = &changes.batches[0];
-        let col = |i: usize| b.column(i).as_primitive::<Int64Type>().values().to_vec();
-        assert_eq!(col(0), vec![2, 6], "epochs, in order");
-        assert_eq!(col(1), vec![-1, 2], "diffs");
-        assert_eq!(col(2), vec![2, 42], "rows");
-        let later = read_changes(&kv, 5, &view, 0..128, 6).unwrap();
-        assert!(later.batches.is_empty());
+        let changes = read_all(&kv, &view, 1, 100);
+        assert_eq!(changes.0, 1, "horizon");
+        assert_eq!(
+            changes.1,
+            vec![vec![(2, -1, 2)], vec![(6, 2, 42)]],
+            "(epoch, diff, row) in order"
+        );
+        assert!(read_all(&kv, &view, 6, 100).1.is_empty());
         // From before the horizon: refused by the reader, so nothing read.
-        let gone = read_changes(&kv, 5, &view, 0..128, 0).unwrap();
-        assert_eq!((gone.horizon, gone.batches.len()), (1, 0));
+        assert_eq!(read_all(&kv, &view, 0, 100), (1, vec![]));
+    }
+
+    /// A reader's horizon and pages, each as (epoch, diff, a) rows.
+    #[allow(clippy::type_complexity)]
+    fn read_all(
+        kv: &storage::KvStore,
+        view: &SchemaRef,
+        since: u64,
+        limit: usize,
+    ) -> (u64, Vec<Vec<(i64, i64, i64)>>) {
+        let mut reader = ChangeReader::open(kv, 5, view, 0..128, since).unwrap();
+        let mut pages = Vec::new();
+        while let Some(b) = reader.next_page(kv, limit).unwrap() {
+            let col = |i: usize| b.column(i).as_primitive::<Int64Type>().values().to_vec();
+            let (e, d, a) = (col(0), col(1), col(2));
+            pages.push((0..b.num_rows()).map(|i| (e[i], d[i], a[i])).collect());
+        }
+        (reader.horizon(), pages)
+    }
+
+    #[test]
+    fn pages_go_by_epoch_deletes_first_and_hold_one_kind() {
+        // Epoch 3: key groups 1 and 7 both insert and delete; epoch 5 only
+        // key group 7; epoch 4 nothing. Pages of at most 2 changes.
+        let mut w = Vec::new();
+        let mut put = |kg: u16, epoch: u64, a: i64, diff: i64| {
+            let mut value = 1_000u64.to_be_bytes().to_vec();
+            value.extend_from_slice(&diff.to_be_bytes());
+            w.push(StateWrite {
+                table: 5,
+                key_group: kg,
+                key: [epoch.to_be_bytes().as_slice(), &row(a)].concat(),
+                value: Some(value),
+            });
+        };
+        put(1, 3, 10, 1);
+        put(1, 3, 11, -1);
+        put(1, 3, 12, 3);
+        put(7, 3, 20, -2);
+        put(7, 3, 21, 1);
+        put(7, 3, 22, -1);
+        put(7, 5, 30, 1);
+        put(1, 2, 99, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let kv = storage::KvStore::open(dir.path(), 1 << 20).unwrap();
+        kv.write_state(w).unwrap();
+        let view: SchemaRef = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        let (horizon, pages) = read_all(&kv, &view, 2, 2);
+        assert_eq!(horizon, 0);
+        assert_eq!(
+            pages,
+            vec![
+                vec![(3, -1, 11), (3, -2, 20)],
+                vec![(3, -1, 22)],
+                vec![(3, 1, 10), (3, 3, 12)],
+                vec![(3, 1, 21)],
+                vec![(5, 1, 30)],
+            ],
+            "epoch 2 is not after since; each page one epoch and one kind"
+        );
+        // The whole read in one page per (epoch, kind).
+        let (_, pages) = read_all(&kv, &view, 0, 1000);
+        assert_eq!(pages.len(), 4, "{pages:?}");
+        assert_eq!(pages[0], vec![(2, 1, 99)]);
+        // The same entries, read whole, come in the same order and pages.
+        let entries = kv.scan_state(5, 0..128).unwrap();
+        let whole = changes_from_entries(&entries, &view, 2).unwrap();
+        let rows: Vec<usize> = whole.batches.iter().map(|b| b.num_rows()).collect();
+        assert_eq!(rows, vec![3, 3, 1]);
     }
 
     #[test]
