@@ -19,6 +19,7 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::logical_expr::{
     Expr, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition,
 };
+use datafusion::physical_expr::window::PlainAggregateWindowExpr;
 use datafusion::physical_planner::create_window_expr;
 
 /// The rows before (`preceding`) and after (`following`) a row that the
@@ -56,8 +57,14 @@ pub enum Reads {
     /// (`row_number`, `rank`, running sums), so DataFusion computes them
     /// in bounded memory (its `uses_bounded_memory`).
     Streamed,
-    /// All of it at once (`ntile`, `cume_dist`, frames that end
-    /// `UNBOUNDED FOLLOWING`: no value is known before the last row).
+    /// All of it, a page at a time, twice: the first pass counts the
+    /// partition and computes its aggregates over the whole partition,
+    /// the second streams as [`Reads::Streamed`] does, with `ntile` and
+    /// `percent_rank` from the count (see [`Streaming`]).
+    TwoPasses,
+    /// All of it at once (`cume_dist`, frames that end `UNBOUNDED
+    /// FOLLOWING` but do not start `UNBOUNDED PRECEDING`, …: no value is
+    /// known before the partition's end).
     Whole,
 }
 
@@ -70,9 +77,27 @@ impl std::fmt::Display for Reads {
                 r.preceding, r.following
             ),
             Reads::Streamed => f.write_str("whole partition, a page at a time"),
+            Reads::TwoPasses => f.write_str("whole partition, two passes a page at a time"),
             Reads::Whole => f.write_str("whole partition"),
         }
     }
+}
+
+/// How a function's values come when its partition is streamed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Streaming {
+    /// DataFusion streams it: the value of the [`streamed`] expression.
+    Bounded,
+    /// The same at every row: an aggregate over the whole partition
+    /// (`sum(x) OVER (PARTITION BY g)`, `count(*) OVER ()`), computed in
+    /// a first pass.
+    Total,
+    /// `ntile(n)`: from the row's `row_number()` (the [`streamed`]
+    /// expression) and the partition's count.
+    Ntile(u64),
+    /// `percent_rank()`: from the row's `rank()` (the [`streamed`]
+    /// expression) and the partition's count.
+    PercentRank,
 }
 
 /// How OverWindow reads a partition for `functions` over rows of
@@ -81,16 +106,93 @@ pub fn reads(functions: &[Expr], input: &DFSchema) -> Reads {
     if let Some(r) = reach(functions) {
         return Reads::Around(r);
     }
+    let mut two_passes = false;
+    for f in functions {
+        match streaming(f, input) {
+            Some(Streaming::Bounded) => {}
+            Some(_) => two_passes = true,
+            None => return Reads::Whole,
+        }
+    }
+    match two_passes {
+        true => Reads::TwoPasses,
+        false => Reads::Streamed,
+    }
+}
+
+/// How `function`'s values come when its partition is streamed; `None`
+/// when they cannot (it needs the partition whole).
+pub fn streaming(function: &Expr, input: &DFSchema) -> Option<Streaming> {
     let props = ExecutionProps::new();
     let ctx = PhysicalPlanningContext::default();
-    let bounded = functions
-        .iter()
-        .all(|f| create_window_expr(f, input, &props, &ctx).is_ok_and(|w| w.uses_bounded_memory()));
-    if bounded {
-        Reads::Streamed
-    } else {
-        Reads::Whole
+    let physical = create_window_expr(function, input, &props, &ctx).ok()?;
+    if physical.uses_bounded_memory() {
+        return Some(Streaming::Bounded);
     }
+    let Expr::WindowFunction(w) = function.clone().unalias() else {
+        return None;
+    };
+    match &w.fun {
+        WindowFunctionDefinition::AggregateUDF(_) => {
+            // Every row's frame the whole partition (as DataFusion's
+            // `is_window_constant_in_partition`), from its first row, so
+            // DataFusion plans it without sliding; a FILTER is not read.
+            let frame = &w.params.window_frame;
+            let whole_end = match frame.end_bound {
+                WindowFrameBound::CurrentRow => {
+                    frame.units == WindowFrameUnits::Range && w.params.order_by.is_empty()
+                }
+                ref end => end.is_unbounded(),
+            };
+            let plain = physical.as_any().is::<PlainAggregateWindowExpr>();
+            (frame.start_bound.is_unbounded() && whole_end && plain && w.params.filter.is_none())
+                .then_some(Streaming::Total)
+        }
+        WindowFunctionDefinition::WindowUDF(udf) => match udf.name() {
+            "ntile" => match w.params.args.first() {
+                Some(Expr::Literal(v, _)) => integer(v)
+                    .filter(|n| *n > 0)
+                    .map(|n| Streaming::Ntile(n as u64)),
+                _ => None,
+            },
+            "percent_rank" => Some(Streaming::PercentRank),
+            _ => None,
+        },
+    }
+}
+
+/// What a streamed partition's runs compute for `function` (see
+/// [`Streaming`]): the function itself, or the `row_number()` or `rank()`
+/// its value comes from, over the same partition and order. `None` for a
+/// [`Streaming::Total`] or a function that does not stream.
+pub fn streamed(function: &Expr, input: &DFSchema) -> Option<Expr> {
+    match streaming(function, input)? {
+        Streaming::Bounded => Some(function.clone()),
+        Streaming::Total => None,
+        Streaming::Ntile(_) => row_number_over(function),
+        Streaming::PercentRank => over(function, datafusion::functions_window::rank::rank_udwf()),
+    }
+}
+
+/// `row_number()` over `function`'s partition and order.
+pub fn row_number_over(function: &Expr) -> Option<Expr> {
+    over(
+        function,
+        datafusion::functions_window::row_number::row_number_udwf(),
+    )
+}
+
+fn over(
+    function: &Expr,
+    udwf: std::sync::Arc<datafusion::logical_expr::WindowUDF>,
+) -> Option<Expr> {
+    let Expr::WindowFunction(w) = function.clone().unalias() else {
+        return None;
+    };
+    let mut helper = WindowFunction::new(WindowFunctionDefinition::WindowUDF(udwf), vec![]);
+    helper.params.partition_by = w.params.partition_by;
+    helper.params.order_by = w.params.order_by;
+    Some(Expr::from(helper))
 }
 
 /// The reach of every function together; `None` when one of them reads
@@ -241,7 +343,7 @@ mod tests {
     #[test]
     fn running_functions_stream_and_the_rest_read_whole() {
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
-        use datafusion::functions_window::expr_fn::{cume_dist, rank};
+        use datafusion::functions_window::expr_fn::{cume_dist, ntile, percent_rank, rank};
         let schema =
             DFSchema::try_from(Schema::new(vec![Field::new("b", DataType::Int64, true)])).unwrap();
         let by_b = |e: Expr| {
@@ -256,14 +358,31 @@ mod tests {
         );
         let total = Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")]));
         assert_eq!(
-            reads(&[total], &schema),
-            Reads::Whole,
-            "the whole partition's sum"
+            reads(&[total.clone(), by_b(row_number())], &schema),
+            Reads::TwoPasses,
+            "the whole partition's sum, first"
+        );
+        assert_eq!(streaming(&total, &schema), Some(Streaming::Total));
+        let thirds = by_b(ntile(datafusion::prelude::lit(3i64)));
+        assert_eq!(streaming(&thirds, &schema), Some(Streaming::Ntile(3)));
+        assert_eq!(
+            streaming(&by_b(percent_rank()), &schema),
+            Some(Streaming::PercentRank)
         );
         assert_eq!(
             reads(&[by_b(row_number()), by_b(cume_dist())], &schema),
             Reads::Whole
         );
+        let rest = Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")]))
+            .order_by(vec![col("b").sort(true, false)])
+            .window_frame(WindowFrame::new_bounds(
+                WindowFrameUnits::Rows,
+                WindowFrameBound::CurrentRow,
+                WindowFrameBound::Following(ScalarValue::UInt64(None)),
+            ))
+            .build()
+            .unwrap();
+        assert_eq!(reads(&[rest], &schema), Reads::Whole, "the rest's sum");
         assert!(matches!(
             reads(&[lag(col("b"), Some(1), None)], &schema),
             Reads::Around(_)

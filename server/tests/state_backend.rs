@@ -279,8 +279,10 @@ async fn a_left_join_past_managed_memory_keeps_its_rows_in_rocksdb() {
 async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in_memory() {
     // 200,000 rows in one TopN partition (a view's ORDER BY … LIMIT has
     // no PARTITION BY), in one window partition (lag and a ROWS frame
-    // without PARTITION BY) and two more (row_number, rank and a running
-    // sum, streamed through DataFusion), under one join key and in one group's value sets
+    // without PARTITION BY), two more (row_number, rank and a running
+    // sum, streamed through DataFusion) and three more (the partition's
+    // sum and count, ntile and percent_rank: streamed twice), under one
+    // join key and in one group's value sets
     // (a retractable min and max, a count of distinct values): tens of
     // MiB each, in a 2 MiB share.
     const ROWS: i64 = 200_000;
@@ -300,6 +302,9 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          sum(v) OVER (ORDER BY k ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING) AS near FROM t; \
          CREATE MATERIALIZED VIEW running AS SELECT k, row_number() OVER (ORDER BY k) AS n, \
          rank() OVER (ORDER BY k / 10) AS r, sum(v) OVER (ORDER BY k / 10) AS run FROM t; \
+         CREATE MATERIALIZED VIEW relative AS SELECT k, sum(v) OVER () AS total, \
+         count(*) OVER () AS c, ntile(7) OVER (ORDER BY k) AS t, \
+         percent_rank() OVER (ORDER BY k / 10) AS pr FROM t; \
          INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
     ))
     .await
@@ -389,11 +394,50 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     };
     let running =
         format!("SELECT count(*), sum(k * n), sum(k * r), sum(k * (run % {M})) FROM running");
+    // The partition's sum and count at every row, sevenths of the rows in
+    // k order (the first count % 7 one row larger) and relative ranks
+    // over k / 10, (rank - 1) / (count - 1), of the rows with v <= max,
+    // recomputed apart; sevenths weighted by k, ranks summed.
+    let relative = |max: i64| -> Vec<Vec<String>> {
+        let v: Vec<(i64, i64)> = (1..=ROWS)
+            .map(|k| (k, k * 7919 % P))
+            .filter(|(_, v)| *v <= max)
+            .collect();
+        let count = v.len() as i64;
+        let total: i64 = v.iter().map(|(_, v)| v).sum();
+        let mut sizes: Vec<i64> = (0..7)
+            .map(|s| count / 7 + i64::from(s < count % 7))
+            .collect();
+        let (mut seventh, mut weighted) = (0usize, 0i64);
+        for (k, _) in &v {
+            while sizes[seventh] == 0 {
+                seventh += 1;
+            }
+            sizes[seventh] -= 1;
+            weighted += k * (seventh as i64 + 1);
+        }
+        let (mut below, mut ranks) = (0i64, 0i64);
+        for peers in v.chunk_by(|(a, _), (b, _)| a / 10 == b / 10) {
+            ranks += below * peers.len() as i64;
+            below += peers.len() as i64;
+        }
+        vec![vec![
+            count.to_string(),
+            total.to_string(),
+            count.to_string(),
+            count.to_string(),
+            weighted.to_string(),
+            ranks.to_string(),
+        ]]
+    };
+    let relatives = "SELECT count(*), min(total), min(c), max(c), sum(k * t), \
+                     sum(round(pr * (c - 1))::bigint) FROM relative";
     c.batch_execute("FLUSH").await.unwrap();
     assert_eq!(rows(&c, top).await, expected(P));
     assert_eq!(rows(&c, agg).await, extremes(P));
     assert_eq!(rows(&c, paired).await, neighbours(P));
     assert_eq!(rows(&c, &running).await, numbered(P));
+    assert_eq!(rows(&c, relatives).await, relative(P));
     let sum = ROWS * (ROWS + 1) / 2;
     assert_eq!(
         rows(&c, "SELECT name, c, s FROM joined").await,
@@ -408,6 +452,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     assert_eq!(rows(&c, agg).await, extremes(199_000));
     assert_eq!(rows(&c, paired).await, neighbours(199_000));
     assert_eq!(rows(&c, &running).await, numbered(199_000));
+    assert_eq!(rows(&c, relatives).await, relative(199_000));
     let left = one(&c, "SELECT count(*) FROM t").await;
     assert!(
         left.parse::<i64>().unwrap() < ROWS - 900,
@@ -431,6 +476,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     assert_eq!(rows(&c, agg).await, extremes(198_000));
     assert_eq!(rows(&c, paired).await, neighbours(198_000));
     assert_eq!(rows(&c, &running).await, numbered(198_000));
+    assert_eq!(rows(&c, relatives).await, relative(198_000));
     let (n, s) = (
         one(&c, "SELECT count(*) FROM t").await,
         one(&c, "SELECT sum(k) FROM t").await,
@@ -451,18 +497,28 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          GROUP BY 1, 2 ORDER BY 1",
     )
     .await;
-    assert_eq!(state.len(), 5, "{state:?}");
-    assert_eq!(state[0][2], "3", "min's, max's and count's sets: {state:?}");
+    let keys: Vec<(&str, &str)> = state
+        .iter()
+        .map(|r| (r[0].as_str(), r[2].as_str()))
+        .collect();
     assert_eq!(
-        state[1][2], "2",
-        "one key on each side of the join: {state:?}"
+        keys,
+        vec![
+            // min's, max's and count's sets
+            ("extremes", "3"),
+            // one key on each side of the join
+            ("joined", "2"),
+            // one window partition
+            ("neighbours", "1"),
+            // one partition for each ORDER BY (none, k, k / 10), streamed
+            // in two passes
+            ("relative", "3"),
+            // one partition for each ORDER BY, streamed
+            ("running", "2"),
+            ("top5", "1"),
+        ],
+        "{state:?}"
     );
-    assert_eq!(state[2][2], "1", "one window partition: {state:?}");
-    assert_eq!(
-        state[3][2], "2",
-        "one partition for each ORDER BY, streamed: {state:?}"
-    );
-    assert_eq!(state[4][2], "1", "one partition: {state:?}");
     for r in &state {
         let bytes: i64 = r[3].parse().unwrap();
         assert!(

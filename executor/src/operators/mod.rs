@@ -21,6 +21,7 @@ mod union;
 mod unnest;
 mod value_sets;
 pub mod values_source;
+mod window_passes;
 mod window_run;
 
 use planner::spec::OperatorSpec;

@@ -39,8 +39,12 @@
 //!   large the partition; the output, the rows whose values changed, can
 //!   still be the whole partition (an insert at the front of a
 //!   `row_number` changes every row after it). Functions that need the
-//!   whole partition before any value (`ntile`, `percent_rank`,
-//!   `cume_dist`, frames that end `UNBOUNDED FOLLOWING`) read it whole.
+//!   partition's count or total first (`ntile`, `percent_rank`,
+//!   aggregates over the whole partition) stream too, after a first pass
+//!   that counts it and computes those aggregates
+//!   ([`super::window_passes`]). Functions that need the rows after each
+//!   row unboundedly (`cume_dist`, frames from the current row to
+//!   `UNBOUNDED FOLLOWING`) read it whole.
 //!
 //! The functions run as DataFusion evaluates them in batch (its physical
 //! `WindowExpr` on one sorted run of a partition), so their meaning is
@@ -68,7 +72,8 @@ use std::ops::Bound;
 use indexmap::IndexMap;
 use planner::frames::{Reach, Reads};
 
-use super::sorted_partitions::{Keyed, SortedPartitions, diff, entry_key};
+use super::sorted_partitions::{Keyed, SortedPartitions, diff, entry_key, split_entry};
+use super::window_passes::StreamPlan;
 use super::window_run::{self, OutputDiff};
 use crate::message::Barrier;
 use crate::operator::{Collector, Operator, OperatorContext};
@@ -109,8 +114,10 @@ pub struct OverWindow {
     rows: SortedPartitions,
     functions: Vec<Arc<dyn WindowExpr>>,
     /// How a touched partition is read: the rows around each change, or
-    /// whole (streamed a page at a time, or at once).
+    /// whole (streamed a page at a time, in one or two passes, or at once).
     reads: Reads,
+    /// What a streamed partition's runs compute (`Streamed`, `TwoPasses`).
+    stream: Option<StreamPlan>,
     /// Decodes stored rows for a streamed partition.
     row_codec: RowCodec,
     /// What DataFusion runs a streamed partition's functions in.
@@ -138,6 +145,10 @@ impl OverWindow {
             ));
         };
         let reads = planner::frames::reads(functions, input_schema);
+        let stream = match reads {
+            Reads::Streamed | Reads::TwoPasses => Some(StreamPlan::new(functions, input_schema)?),
+            Reads::Around(_) | Reads::Whole => None,
+        };
         let props = ExecutionProps::new();
         let ctx = PhysicalPlanningContext::default();
         let functions = functions
@@ -161,6 +172,7 @@ impl OverWindow {
             )?,
             functions,
             reads,
+            stream,
             row_codec: RowCodec::new(expr::types(input_schema))?,
             task: Arc::new(TaskContext::default()),
             input_schema: expr::output_schema(input_schema),
@@ -205,13 +217,11 @@ impl OverWindow {
         self.rows.load(&touched)?;
         let mut before = Vec::with_capacity(touched.len());
         for (p, kg) in &touched {
-            before.push(
-                if self.reads == Reads::Streamed && self.rows.is_partial(p, *kg)? {
-                    None
-                } else {
-                    Some(self.evaluate(p, *kg)?)
-                },
-            );
+            before.push(if self.stream.is_some() && self.rows.is_partial(p, *kg)? {
+                None
+            } else {
+                Some(self.evaluate(p, *kg)?)
+            });
         }
         // Each streamed partition's changed entries: entry key → copies
         // added (removed when negative).
@@ -247,8 +257,10 @@ impl OverWindow {
     /// Streams one partition, as it is now, through two runs of the
     /// functions: one over it as it was before the chunk (`deltas`, the
     /// copies the chunk added to each entry, taken back) and one over it
-    /// as it is; appends to `changes` where their outputs differ. Memory
-    /// holds a page of rows and what DataFusion keeps of them.
+    /// as it is; appends to `changes` where their outputs differ. When a
+    /// function needs the partition's count or total first, a first pass
+    /// over both goes before ([`super::window_passes`]). Memory holds a
+    /// page of rows and what DataFusion keeps of them.
     fn stream_partition(
         &mut self,
         partition: &[u8],
@@ -256,47 +268,43 @@ impl OverWindow {
         deltas: &BTreeMap<Vec<u8>, i64>,
         changes: &mut Vec<(Op, Vec<u8>)>,
     ) -> Result<()> {
-        let mut runs = OutputDiff::new(&self.functions, &self.input_schema, &self.task)?;
+        let plan = self
+            .stream
+            .as_ref()
+            .ok_or_else(|| ExecError::Protocol("a partition streamed with no plan".into()))?;
         let (codec, schema) = (&self.row_codec, &self.input_schema);
-        let encode = |batch: RecordBatch| -> Result<Vec<Vec<u8>>> {
+        let decode = |keys: &[Arc<[u8]>]| -> Result<RecordBatch> {
+            let columns = codec.decode(keys.iter().map(|k| split_entry(k).1))?;
+            expr::batch(schema, columns, keys.len())
+        };
+        let facts = match plan.two_passes() {
+            true => {
+                let mut first = [plan.first_pass()?, plan.first_pass()?];
+                walk_both(&mut self.rows, partition, key_group, deltas, |page| {
+                    for (keys, pass) in page.iter_mut().zip(first.iter_mut()) {
+                        if !keys.is_empty() {
+                            pass.update(&decode(&std::mem::take(keys))?)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                let [before, after] = first;
+                Some([before.finish()?, after.finish()?])
+            }
+            false => None,
+        };
+        let inputs = schema.fields().len();
+        let encode = |side: usize, batch: RecordBatch| -> Result<Vec<Vec<u8>>> {
+            let columns = plan.columns(&batch, inputs, facts.as_ref().map(|f| &f[side]))?;
             Ok(self
                 .output_codec
-                .encode(&window_run::output_columns(&batch, &self.schema)?)?)
+                .encode(&window_run::output_columns(&columns, &self.schema)?)?)
         };
-        // Rows not yet fed, one entry key per copy: before, after.
-        let mut page: [Vec<Arc<[u8]>>; 2] = Default::default();
-        let push = |rows: &mut Vec<Arc<[u8]>>, key: &Arc<[u8]>, copies: i64| {
-            rows.extend(std::iter::repeat_n(key, copies.max(0) as usize).cloned());
-        };
-        let mut pending = deltas.iter().peekable();
-        self.rows.walk(
-            partition,
-            key_group,
-            Bound::Unbounded,
-            false,
-            PAGE,
-            |k, copies| {
-                // Entries the chunk took away altogether.
-                while let Some((gone, delta)) = pending.next_if(|(d, _)| d.as_slice() < k) {
-                    push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
-                }
-                let delta = pending
-                    .next_if(|(d, _)| d.as_slice() == k)
-                    .map_or(0, |(_, d)| *d);
-                let key: Arc<[u8]> = Arc::from(k);
-                push(&mut page[0], &key, copies - delta);
-                push(&mut page[1], &key, copies);
-                if page[0].len().max(page[1].len()) >= PAGE {
-                    runs.feed(&mut page, codec, schema)?;
-                    runs.compare(false, &encode, changes)?;
-                }
-                Ok(true)
-            },
-        )?;
-        for (gone, delta) in pending {
-            push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
-        }
-        runs.feed(&mut page, codec, schema)?;
+        let mut runs = OutputDiff::new(&plan.runs, schema, &self.task)?;
+        walk_both(&mut self.rows, partition, key_group, deltas, |page| {
+            runs.feed(page, codec, schema)?;
+            runs.compare(false, &encode, changes)
+        })?;
         runs.end();
         runs.compare(true, &encode, changes)
     }
@@ -456,6 +464,51 @@ impl OverWindow {
     }
 }
 
+/// Walks one partition as it is now and as it was before a chunk
+/// (`deltas`, the copies the chunk added to each entry, taken back),
+/// handing `on_page` about a page of rows at a time, one entry key per
+/// copy, in order: before, after. `on_page` takes the rows it is given.
+fn walk_both(
+    rows: &mut SortedPartitions,
+    partition: &[u8],
+    key_group: u16,
+    deltas: &BTreeMap<Vec<u8>, i64>,
+    mut on_page: impl FnMut(&mut [Vec<Arc<[u8]>>; 2]) -> Result<()>,
+) -> Result<()> {
+    let mut page: [Vec<Arc<[u8]>>; 2] = Default::default();
+    let push = |rows: &mut Vec<Arc<[u8]>>, key: &Arc<[u8]>, copies: i64| {
+        rows.extend(std::iter::repeat_n(key, copies.max(0) as usize).cloned());
+    };
+    let mut pending = deltas.iter().peekable();
+    rows.walk(
+        partition,
+        key_group,
+        Bound::Unbounded,
+        false,
+        PAGE,
+        |k, copies| {
+            // Entries the chunk took away altogether.
+            while let Some((gone, delta)) = pending.next_if(|(d, _)| d.as_slice() < k) {
+                push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
+            }
+            let delta = pending
+                .next_if(|(d, _)| d.as_slice() == k)
+                .map_or(0, |(_, d)| *d);
+            let key: Arc<[u8]> = Arc::from(k);
+            push(&mut page[0], &key, copies - delta);
+            push(&mut page[1], &key, copies);
+            if page[0].len().max(page[1].len()) >= PAGE {
+                on_page(&mut page)?;
+            }
+            Ok(true)
+        },
+    )?;
+    for (gone, delta) in pending {
+        push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
+    }
+    on_page(&mut page)
+}
+
 impl Operator for OverWindow {
     fn name(&self) -> &'static str {
         "OverWindow"
@@ -477,7 +530,9 @@ impl Operator for OverWindow {
         let keys = self.rows.keys(chunk.data())?;
         let changes = match self.reads {
             Reads::Around(reach) => self.around_changes(reach, &keys, &chunk)?,
-            Reads::Streamed | Reads::Whole => self.whole_partitions(&keys, &chunk)?,
+            Reads::Streamed | Reads::TwoPasses | Reads::Whole => {
+                self.whole_partitions(&keys, &chunk)?
+            }
         };
         self.rows.settle()?;
         if changes.is_empty() {
@@ -519,10 +574,21 @@ mod tests {
     const I: Op = Op::Insert;
     const D: Op = Op::Delete;
 
+    /// OverWindow of `functions` over `(a, b)` partitioned by `a`, ordered
+    /// by `b`; outputs named `names`, bigint but for `pct…`, a double.
     fn over(functions: Vec<Expr>, names: &[&str]) -> OverWindow {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
         let input = Arc::new(int_schema(&["a", "b"]));
         let mut all = vec!["a", "b"];
         all.extend_from_slice(names);
+        let output = Schema::new(
+            all.iter()
+                .map(|n| match n.starts_with("pct") {
+                    true => Field::new(*n, DataType::Float64, true),
+                    false => Field::new(*n, DataType::Int64, true),
+                })
+                .collect::<Vec<_>>(),
+        );
         let spec = OperatorSpec::OverWindow {
             partition_by: vec![col("a")],
             order_by: vec![col("b")],
@@ -531,7 +597,7 @@ mod tests {
             input_schema: input,
             state_table: 7,
         };
-        OverWindow::new(&spec, &int_schema(&all)).unwrap()
+        OverWindow::new(&spec, &DFSchema::try_from(output).unwrap()).unwrap()
     }
 
     fn feed(w: &mut OverWindow, ops: &[Op], a: &[i64], b: &[i64]) -> Vec<String> {
@@ -805,6 +871,114 @@ mod tests {
     #[test]
     fn running_functions_stream_a_partition_far_past_memory() {
         let mut w = running_functions_follow_random_changes(Some(48 << 10));
+        assert!(
+            first_partition_is_partial(&mut w),
+            "the partition is streamed, not read whole"
+        );
+    }
+
+    fn two_pass_functions() -> Vec<Expr> {
+        use datafusion::functions_aggregate::count::count_udaf;
+        use datafusion::functions_window::expr_fn::{ntile, percent_rank};
+        use datafusion::logical_expr::{WindowFrame, WindowFrameBound, WindowFrameUnits};
+        let by_b = |e: Expr| {
+            e.partition_by(vec![col("a")])
+                .order_by(vec![col("b").sort(true, false)])
+        };
+        let whole = WindowFrame::new_bounds(
+            WindowFrameUnits::Rows,
+            WindowFrameBound::Preceding(datafusion::common::ScalarValue::UInt64(None)),
+            WindowFrameBound::Following(datafusion::common::ScalarValue::UInt64(None)),
+        );
+        vec![
+            // The partition's sum: no ORDER BY, every row's frame is all.
+            Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")]))
+                .partition_by(vec![col("a")])
+                .build()
+                .unwrap(),
+            by_b(ntile(datafusion::prelude::lit(3i64))).build().unwrap(),
+            by_b(percent_rank()).build().unwrap(),
+            by_b(row_number()).build().unwrap(),
+            by_b(Expr::from(WindowFunction::new(
+                count_udaf(),
+                vec![col("b")],
+            )))
+            .window_frame(whole)
+            .build()
+            .unwrap(),
+        ]
+    }
+
+    /// What `two_pass_functions` give, by a separate recomputation: each
+    /// partition's `b`s in order, one per copy, with the partition's
+    /// sum, the row's third (the first `n % 3` thirds one row larger),
+    /// its relative rank `(rank - 1) / (n - 1)` (0 alone), its number
+    /// and the partition's count.
+    fn expected_two_passes(rows: &BTreeMap<(i64, i64), i64>) -> Vec<String> {
+        use datafusion::arrow::array::Float64Array;
+        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+        let show = |v: f64| {
+            let a = Float64Array::from(vec![v]);
+            ArrayFormatter::try_new(&a, &FormatOptions::default())
+                .unwrap()
+                .value(0)
+                .to_string()
+        };
+        let mut out = Vec::new();
+        for a in [1, 2] {
+            let part: Vec<(i64, i64)> = rows
+                .range((a, i64::MIN)..=(a, i64::MAX))
+                .map(|((_, b), n)| (*b, *n))
+                .collect();
+            let count: i64 = part.iter().map(|(_, n)| n).sum();
+            let sum: i64 = part.iter().map(|(b, n)| b * n).sum();
+            let mut sizes: Vec<i64> = (0..3)
+                .map(|t| count / 3 + i64::from(t < count % 3))
+                .collect();
+            let (mut third, mut number, mut below) = (1, 0, 0);
+            for (b, n) in part {
+                let pct = if count > 1 {
+                    below as f64 / (count - 1) as f64
+                } else {
+                    0.0
+                };
+                for _ in 0..n {
+                    while sizes[third - 1] == 0 {
+                        third += 1;
+                    }
+                    sizes[third - 1] -= 1;
+                    number += 1;
+                    out.push(format!(
+                        "{a} {b} {sum} {third} {} {number} {count}",
+                        show(pct)
+                    ));
+                }
+                below += n;
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn two_passes_follow_random_changes(pool: Option<usize>) -> OverWindow {
+        let w = follows_random_changes(
+            two_pass_functions,
+            &["total", "third", "pct", "n", "count"],
+            expected_two_passes,
+            pool,
+        );
+        assert_eq!(w.reads, Reads::TwoPasses);
+        w
+    }
+
+    #[test]
+    fn two_pass_functions_follow_random_changes_in_memory() {
+        two_passes_follow_random_changes(None);
+    }
+
+    #[test]
+    fn two_pass_functions_stream_a_partition_far_past_memory() {
+        let mut w = two_passes_follow_random_changes(Some(48 << 10));
         assert!(
             first_partition_is_partial(&mut w),
             "the partition is streamed, not read whole"

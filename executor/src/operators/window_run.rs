@@ -48,7 +48,8 @@ struct WindowRun {
 }
 
 impl WindowRun {
-    /// A run of `functions` (every one [`WindowExpr::uses_bounded_memory`])
+    /// A run of `functions` (every one [`WindowExpr::uses_bounded_memory`],
+    /// at least one)
     /// over rows of `schema`.
     fn new(
         functions: &[Arc<dyn WindowExpr>],
@@ -196,21 +197,25 @@ impl OutputDiff {
         self.after.end();
     }
 
-    /// Takes both runs' ready output (`encode` turns an output batch into
-    /// encoded rows) and appends to `changes` the differences of every
-    /// entry both have given out whole; with `end`, of all that is left.
+    /// Takes both runs' ready output (`encode` turns an output batch of
+    /// the run before, 0, or after, 1, into encoded rows) and appends to
+    /// `changes` the differences of every entry both have given out
+    /// whole; with `end`, of all that is left.
     pub(super) fn compare(
         &mut self,
         end: bool,
-        encode: &impl Fn(RecordBatch) -> Result<Vec<Vec<u8>>>,
+        encode: &impl Fn(usize, RecordBatch) -> Result<Vec<Vec<u8>>>,
         changes: &mut Vec<(Op, Vec<u8>)>,
     ) -> Result<()> {
-        for (run, queue) in [
+        for (side, (run, queue)) in [
             (&mut self.before, &mut self.old),
             (&mut self.after, &mut self.new),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             run.ready(|keys, batch| {
-                queue.extend(keys.iter().cloned().zip(encode(batch)?));
+                queue.extend(keys.iter().cloned().zip(encode(side, batch)?));
                 Ok(())
             })?;
             if end && !run.finished {
@@ -252,10 +257,9 @@ impl OutputDiff {
     }
 }
 
-/// Output columns of a run's batch as the operator's output types.
-pub(super) fn output_columns(batch: &RecordBatch, schema: &SchemaRef) -> Result<Vec<ArrayRef>> {
-    batch
-        .columns()
+/// Output columns as the operator's output types.
+pub(super) fn output_columns(columns: &[ArrayRef], schema: &SchemaRef) -> Result<Vec<ArrayRef>> {
+    columns
         .iter()
         .zip(schema.fields())
         .map(|(c, f)| {
