@@ -62,9 +62,15 @@ pub enum Reads {
     /// the second streams as [`Reads::Streamed`] does, with `ntile` and
     /// `percent_rank` from the count (see [`Streaming`]).
     TwoPasses,
-    /// All of it at once (`cume_dist`, frames that end `UNBOUNDED
-    /// FOLLOWING` but do not start `UNBOUNDED PRECEDING`, …: no value is
-    /// known before the partition's end).
+    /// All of it, a page at a time from its last row back (after a first
+    /// pass when `two_passes`): each function's value at a row depends on
+    /// the rows after it and a bounded number before it (frames from the
+    /// current row to `UNBOUNDED FOLLOWING`, `cume_dist`), which read
+    /// backwards is what DataFusion streams.
+    Backward { two_passes: bool },
+    /// All of it at once: functions that stream in opposite directions
+    /// together (a running sum and a sum to the partition's end), or that
+    /// do not stream at all.
     Whole,
 }
 
@@ -78,6 +84,12 @@ impl std::fmt::Display for Reads {
             ),
             Reads::Streamed => f.write_str("whole partition, a page at a time"),
             Reads::TwoPasses => f.write_str("whole partition, two passes a page at a time"),
+            Reads::Backward { two_passes: false } => {
+                f.write_str("whole partition, a page at a time from its end")
+            }
+            Reads::Backward { two_passes: true } => {
+                f.write_str("whole partition, two passes a page at a time from its end")
+            }
             Reads::Whole => f.write_str("whole partition"),
         }
     }
@@ -86,18 +98,40 @@ impl std::fmt::Display for Reads {
 /// How a function's values come when its partition is streamed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Streaming {
-    /// DataFusion streams it: the value of the [`streamed`] expression.
+    /// DataFusion streams it: the value of the [`streamed`] expression,
+    /// read from the partition's first row on.
     Bounded,
+    /// DataFusion streams its reverse (`sum(x) OVER (ORDER BY t ROWS
+    /// BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)` is a running sum
+    /// read from the partition's last row back).
+    Reversed,
     /// The same at every row: an aggregate over the whole partition
     /// (`sum(x) OVER (PARTITION BY g)`, `count(*) OVER ()`), computed in
     /// a first pass.
     Total,
     /// `ntile(n)`: from the row's `row_number()` (the [`streamed`]
-    /// expression) and the partition's count.
+    /// expression, either way) and the partition's count.
     Ntile(u64),
     /// `percent_rank()`: from the row's `rank()` (the [`streamed`]
     /// expression) and the partition's count.
     PercentRank,
+    /// `cume_dist()`: from the row's `rank()` read backwards (one more
+    /// than the rows after its peers) and the partition's count.
+    CumeDist,
+}
+
+impl Streaming {
+    fn forward(&self) -> bool {
+        !matches!(self, Streaming::Reversed | Streaming::CumeDist)
+    }
+
+    fn backward(&self) -> bool {
+        !matches!(self, Streaming::Bounded | Streaming::PercentRank)
+    }
+
+    fn first_pass(&self) -> bool {
+        !matches!(self, Streaming::Bounded | Streaming::Reversed)
+    }
 }
 
 /// How OverWindow reads a partition for `functions` over rows of
@@ -106,17 +140,23 @@ pub fn reads(functions: &[Expr], input: &DFSchema) -> Reads {
     if let Some(r) = reach(functions) {
         return Reads::Around(r);
     }
-    let mut two_passes = false;
-    for f in functions {
-        match streaming(f, input) {
-            Some(Streaming::Bounded) => {}
-            Some(_) => two_passes = true,
-            None => return Reads::Whole,
+    let Some(kinds) = functions
+        .iter()
+        .map(|f| streaming(f, input))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Reads::Whole;
+    };
+    let two_passes = kinds.iter().any(Streaming::first_pass);
+    if kinds.iter().all(Streaming::forward) {
+        match two_passes {
+            true => Reads::TwoPasses,
+            false => Reads::Streamed,
         }
-    }
-    match two_passes {
-        true => Reads::TwoPasses,
-        false => Reads::Streamed,
+    } else if kinds.iter().all(Streaming::backward) {
+        Reads::Backward { two_passes }
+    } else {
+        Reads::Whole
     }
 }
 
@@ -132,6 +172,12 @@ pub fn streaming(function: &Expr, input: &DFSchema) -> Option<Streaming> {
     let Expr::WindowFunction(w) = function.clone().unalias() else {
         return None;
     };
+    let reversed = || {
+        physical
+            .get_reverse_expr()
+            .is_some_and(|r| r.uses_bounded_memory())
+            .then_some(Streaming::Reversed)
+    };
     match &w.fun {
         WindowFunctionDefinition::AggregateUDF(_) => {
             // Every row's frame the whole partition (as DataFusion's
@@ -145,8 +191,14 @@ pub fn streaming(function: &Expr, input: &DFSchema) -> Option<Streaming> {
                 ref end => end.is_unbounded(),
             };
             let plain = physical.as_any().is::<PlainAggregateWindowExpr>();
-            (frame.start_bound.is_unbounded() && whole_end && plain && w.params.filter.is_none())
-                .then_some(Streaming::Total)
+            match frame.start_bound.is_unbounded()
+                && whole_end
+                && plain
+                && w.params.filter.is_none()
+            {
+                true => Some(Streaming::Total),
+                false => reversed(),
+            }
         }
         WindowFunctionDefinition::WindowUDF(udf) => match udf.name() {
             "ntile" => match w.params.args.first() {
@@ -156,42 +208,52 @@ pub fn streaming(function: &Expr, input: &DFSchema) -> Option<Streaming> {
                 _ => None,
             },
             "percent_rank" => Some(Streaming::PercentRank),
-            _ => None,
+            "cume_dist" => Some(Streaming::CumeDist),
+            _ => reversed(),
         },
     }
 }
 
 /// What a streamed partition's runs compute for `function` (see
-/// [`Streaming`]): the function itself, or the `row_number()` or `rank()`
-/// its value comes from, over the same partition and order. `None` for a
-/// [`Streaming::Total`] or a function that does not stream.
-pub fn streamed(function: &Expr, input: &DFSchema) -> Option<Expr> {
+/// [`Streaming`]), read forwards or `backward`: the function itself
+/// (reversed by the executor when it streams so), or the `row_number()`
+/// or `rank()` its value comes from, over the same partition and in the
+/// order it is read. `None` for a [`Streaming::Total`] or a function that
+/// does not stream.
+pub fn streamed(function: &Expr, input: &DFSchema, backward: bool) -> Option<Expr> {
+    use datafusion::functions_window::rank::rank_udwf;
     match streaming(function, input)? {
-        Streaming::Bounded => Some(function.clone()),
+        Streaming::Bounded | Streaming::Reversed => Some(function.clone()),
         Streaming::Total => None,
-        Streaming::Ntile(_) => row_number_over(function),
-        Streaming::PercentRank => over(function, datafusion::functions_window::rank::rank_udwf()),
+        Streaming::Ntile(_) => row_number_over(function, backward),
+        Streaming::PercentRank | Streaming::CumeDist => over(function, rank_udwf(), backward),
     }
 }
 
-/// `row_number()` over `function`'s partition and order.
-pub fn row_number_over(function: &Expr) -> Option<Expr> {
+/// `row_number()` over `function`'s partition, in its order or (with
+/// `backward`) the reverse.
+pub fn row_number_over(function: &Expr, backward: bool) -> Option<Expr> {
     over(
         function,
         datafusion::functions_window::row_number::row_number_udwf(),
+        backward,
     )
 }
 
 fn over(
     function: &Expr,
     udwf: std::sync::Arc<datafusion::logical_expr::WindowUDF>,
+    backward: bool,
 ) -> Option<Expr> {
     let Expr::WindowFunction(w) = function.clone().unalias() else {
         return None;
     };
     let mut helper = WindowFunction::new(WindowFunctionDefinition::WindowUDF(udwf), vec![]);
     helper.params.partition_by = w.params.partition_by;
-    helper.params.order_by = w.params.order_by;
+    helper.params.order_by = match backward {
+        true => w.params.order_by.iter().map(|s| s.reverse()).collect(),
+        false => w.params.order_by,
+    };
     Some(Expr::from(helper))
 }
 
@@ -382,7 +444,20 @@ mod tests {
             ))
             .build()
             .unwrap();
-        assert_eq!(reads(&[rest], &schema), Reads::Whole, "the rest's sum");
+        assert_eq!(
+            reads(std::slice::from_ref(&rest), &schema),
+            Reads::Backward { two_passes: false },
+            "the rest's sum, a running sum read backwards"
+        );
+        assert_eq!(
+            reads(&[rest.clone(), by_b(cume_dist())], &schema),
+            Reads::Backward { two_passes: true }
+        );
+        assert_eq!(
+            reads(&[rest, by_b(rank())], &schema),
+            Reads::Whole,
+            "one forwards, one backwards"
+        );
         assert!(matches!(
             reads(&[lag(col("b"), Some(1), None)], &schema),
             Reads::Around(_)

@@ -756,9 +756,11 @@ where
     }
     tokio::pin!(cancelled);
     let text_copy = CopyOptions::new(CopyFormat::Text);
+    // Rows taken at a time: a page of a read, as it comes.
+    const ROWS: usize = 16_384;
     loop {
         let batches = tokio::select! {
-            batches = sub.fetch(usize::MAX, None) => batches?,
+            batches = sub.fetch(ROWS, None) => batches?,
             () = &mut cancelled => return Err(user_cancel().into()),
         };
         let mut rows = Vec::new();

@@ -42,9 +42,10 @@
 //!   partition's count or total first (`ntile`, `percent_rank`,
 //!   aggregates over the whole partition) stream too, after a first pass
 //!   that counts it and computes those aggregates
-//!   ([`super::window_passes`]). Functions that need the rows after each
-//!   row unboundedly (`cume_dist`, frames from the current row to
-//!   `UNBOUNDED FOLLOWING`) read it whole.
+//!   ([`super::window_passes`]). Functions that read the rows after each
+//!   row (`cume_dist`, frames to `UNBOUNDED FOLLOWING`) stream from the
+//!   partition's last row back, as their reverse. Only a set of functions
+//!   that needs both directions at once reads a partition whole.
 //!
 //! The functions run as DataFusion evaluates them in batch (its physical
 //! `WindowExpr` on one sorted run of a partition), so their meaning is
@@ -146,7 +147,10 @@ impl OverWindow {
         };
         let reads = planner::frames::reads(functions, input_schema);
         let stream = match reads {
-            Reads::Streamed | Reads::TwoPasses => Some(StreamPlan::new(functions, input_schema)?),
+            Reads::Streamed | Reads::TwoPasses => {
+                Some(StreamPlan::new(functions, input_schema, false)?)
+            }
+            Reads::Backward { .. } => Some(StreamPlan::new(functions, input_schema, true)?),
             Reads::Around(_) | Reads::Whole => None,
         };
         let props = ExecutionProps::new();
@@ -273,6 +277,7 @@ impl OverWindow {
             .as_ref()
             .ok_or_else(|| ExecError::Protocol("a partition streamed with no plan".into()))?;
         let (codec, schema) = (&self.row_codec, &self.input_schema);
+        let backward = matches!(self.reads, Reads::Backward { .. });
         let decode = |keys: &[Arc<[u8]>]| -> Result<RecordBatch> {
             let columns = codec.decode(keys.iter().map(|k| split_entry(k).1))?;
             expr::batch(schema, columns, keys.len())
@@ -280,14 +285,21 @@ impl OverWindow {
         let facts = match plan.two_passes() {
             true => {
                 let mut first = [plan.first_pass()?, plan.first_pass()?];
-                walk_both(&mut self.rows, partition, key_group, deltas, |page| {
-                    for (keys, pass) in page.iter_mut().zip(first.iter_mut()) {
-                        if !keys.is_empty() {
-                            pass.update(&decode(&std::mem::take(keys))?)?;
+                walk_both(
+                    &mut self.rows,
+                    partition,
+                    key_group,
+                    deltas,
+                    backward,
+                    |page| {
+                        for (keys, pass) in page.iter_mut().zip(first.iter_mut()) {
+                            if !keys.is_empty() {
+                                pass.update(&decode(&std::mem::take(keys))?)?;
+                            }
                         }
-                    }
-                    Ok(())
-                })?;
+                        Ok(())
+                    },
+                )?;
                 let [before, after] = first;
                 Some([before.finish()?, after.finish()?])
             }
@@ -300,11 +312,18 @@ impl OverWindow {
                 .output_codec
                 .encode(&window_run::output_columns(&columns, &self.schema)?)?)
         };
-        let mut runs = OutputDiff::new(&plan.runs, schema, &self.task)?;
-        walk_both(&mut self.rows, partition, key_group, deltas, |page| {
-            runs.feed(page, codec, schema)?;
-            runs.compare(false, &encode, changes)
-        })?;
+        let mut runs = OutputDiff::new(&plan.runs, schema, &self.task, backward)?;
+        walk_both(
+            &mut self.rows,
+            partition,
+            key_group,
+            deltas,
+            backward,
+            |page| {
+                runs.feed(page, codec, schema)?;
+                runs.compare(false, &encode, changes)
+            },
+        )?;
         runs.end();
         runs.compare(true, &encode, changes)
     }
@@ -467,28 +486,36 @@ impl OverWindow {
 /// Walks one partition as it is now and as it was before a chunk
 /// (`deltas`, the copies the chunk added to each entry, taken back),
 /// handing `on_page` about a page of rows at a time, one entry key per
-/// copy, in order: before, after. `on_page` takes the rows it is given.
+/// copy, in order (from the last, `backward`): before, after. `on_page`
+/// takes the rows it is given.
 fn walk_both(
     rows: &mut SortedPartitions,
     partition: &[u8],
     key_group: u16,
     deltas: &BTreeMap<Vec<u8>, i64>,
+    backward: bool,
     mut on_page: impl FnMut(&mut [Vec<Arc<[u8]>>; 2]) -> Result<()>,
 ) -> Result<()> {
     let mut page: [Vec<Arc<[u8]>>; 2] = Default::default();
     let push = |rows: &mut Vec<Arc<[u8]>>, key: &Arc<[u8]>, copies: i64| {
         rows.extend(std::iter::repeat_n(key, copies.max(0) as usize).cloned());
     };
-    let mut pending = deltas.iter().peekable();
+    let mut pending: Box<dyn Iterator<Item = (&Vec<u8>, &i64)>> = match backward {
+        true => Box::new(deltas.iter().rev()),
+        false => Box::new(deltas.iter()),
+    };
+    let mut pending = pending.by_ref().peekable();
+    // Whether entry `d` comes before entry `k` in the walk's order.
+    let before = |d: &[u8], k: &[u8]| (d < k) != backward && d != k;
     rows.walk(
         partition,
         key_group,
         Bound::Unbounded,
-        false,
+        backward,
         PAGE,
         |k, copies| {
             // Entries the chunk took away altogether.
-            while let Some((gone, delta)) = pending.next_if(|(d, _)| d.as_slice() < k) {
+            while let Some((gone, delta)) = pending.next_if(|(d, _)| before(d, k)) {
                 push(&mut page[0], &Arc::from(gone.as_slice()), -delta);
             }
             let delta = pending
@@ -530,7 +557,7 @@ impl Operator for OverWindow {
         let keys = self.rows.keys(chunk.data())?;
         let changes = match self.reads {
             Reads::Around(reach) => self.around_changes(reach, &keys, &chunk)?,
-            Reads::Streamed | Reads::TwoPasses | Reads::Whole => {
+            Reads::Streamed | Reads::TwoPasses | Reads::Backward { .. } | Reads::Whole => {
                 self.whole_partitions(&keys, &chunk)?
             }
         };
@@ -979,6 +1006,102 @@ mod tests {
     #[test]
     fn two_pass_functions_stream_a_partition_far_past_memory() {
         let mut w = two_passes_follow_random_changes(Some(48 << 10));
+        assert!(
+            first_partition_is_partial(&mut w),
+            "the partition is streamed, not read whole"
+        );
+    }
+
+    fn backward_functions() -> Vec<Expr> {
+        use datafusion::functions_aggregate::count::count_udaf;
+        use datafusion::functions_window::expr_fn::{cume_dist, ntile};
+        use datafusion::logical_expr::{WindowFrame, WindowFrameBound, WindowFrameUnits};
+        let by_b = |e: Expr| {
+            e.partition_by(vec![col("a")])
+                .order_by(vec![col("b").sort(true, false)])
+        };
+        let rest = WindowFrame::new_bounds(
+            WindowFrameUnits::Rows,
+            WindowFrameBound::CurrentRow,
+            WindowFrameBound::Following(datafusion::common::ScalarValue::UInt64(None)),
+        );
+        vec![
+            // The sum from the row to the partition's end.
+            by_b(Expr::from(WindowFunction::new(sum_udaf(), vec![col("b")])))
+                .window_frame(rest)
+                .build()
+                .unwrap(),
+            by_b(cume_dist()).build().unwrap(),
+            by_b(ntile(datafusion::prelude::lit(3i64))).build().unwrap(),
+            Expr::from(WindowFunction::new(count_udaf(), vec![col("b")]))
+                .partition_by(vec![col("a")])
+                .build()
+                .unwrap(),
+        ]
+    }
+
+    /// What `backward_functions` give, by a separate recomputation: each
+    /// partition's `b`s in order, one per copy, with the sum of the `b`s
+    /// from it to the end, the share of rows with a `b` up to its own,
+    /// its third and the partition's count.
+    fn expected_backward(rows: &BTreeMap<(i64, i64), i64>) -> Vec<String> {
+        use datafusion::arrow::array::Float64Array;
+        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+        let show = |v: f64| {
+            let a = Float64Array::from(vec![v]);
+            ArrayFormatter::try_new(&a, &FormatOptions::default())
+                .unwrap()
+                .value(0)
+                .to_string()
+        };
+        let mut out = Vec::new();
+        for a in [1, 2] {
+            let bs: Vec<i64> = rows
+                .range((a, i64::MIN)..=(a, i64::MAX))
+                .flat_map(|((_, b), n)| std::iter::repeat_n(*b, *n as usize))
+                .collect();
+            let count = bs.len();
+            // Thirds: the first count % 3 one row larger.
+            let mut sizes: Vec<usize> = (0..3)
+                .map(|t| count / 3 + usize::from(t < count % 3))
+                .collect();
+            let mut third = 1;
+            for (i, b) in bs.iter().enumerate() {
+                let rest: i64 = bs[i..].iter().sum();
+                let upto = bs.iter().filter(|x| *x <= b).count();
+                while sizes[third - 1] == 0 {
+                    third += 1;
+                }
+                sizes[third - 1] -= 1;
+                out.push(format!(
+                    "{a} {b} {rest} {} {third} {count}",
+                    show(upto as f64 / count as f64)
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn backward_follow_random_changes(pool: Option<usize>) -> OverWindow {
+        let w = follows_random_changes(
+            backward_functions,
+            &["rest", "pct", "third", "count"],
+            expected_backward,
+            pool,
+        );
+        assert_eq!(w.reads, Reads::Backward { two_passes: true });
+        w
+    }
+
+    #[test]
+    fn backward_functions_follow_random_changes_in_memory() {
+        backward_follow_random_changes(None);
+    }
+
+    #[test]
+    fn backward_functions_stream_a_partition_far_past_memory() {
+        let mut w = backward_follow_random_changes(Some(48 << 10));
         assert!(
             first_partition_is_partial(&mut w),
             "the partition is streamed, not read whole"

@@ -1,14 +1,16 @@
 //! What a streamed partition's window runs compute, when some functions
 //! need more than the rows before each row: an aggregate over the whole
 //! partition (`sum(x) OVER (PARTITION BY g)`), `ntile(n)` and
-//! `percent_rank()` need the partition's count or total before any value.
+//! `percent_rank()` need the partition's count or total before any value
+//! (and `cume_dist()`, read backwards, too).
 //! A first pass over the partition, a page at a time, counts its rows and
 //! feeds each whole-partition aggregate's accumulator (once for the
 //! partition as it was before a chunk and once as it is after); the runs
 //! of [`super::window_run`] then stream what DataFusion can stream
-//! (`row_number()` for `ntile`, `rank()` for `percent_rank`, the bounded
-//! functions themselves) and each row's values are put together from the
-//! two ([`StreamPlan::columns`]), with DataFusion's formulas.
+//! (`row_number()` for `ntile`, `rank()` for `percent_rank` and, read
+//! from the partition's end, for `cume_dist`, the bounded functions
+//! themselves or their reverse) and each row's values are put together
+//! from the two ([`StreamPlan::columns`]), with DataFusion's formulas.
 
 use std::sync::Arc;
 
@@ -31,10 +33,17 @@ enum Column {
     Streamed(usize),
     /// Whole-partition aggregate `i` of the first pass.
     Total(usize),
-    /// `ntile(buckets)`, from the runs' `row_number()` column.
-    Ntile { row_number: usize, buckets: u64 },
+    /// `ntile(buckets)`, from the runs' `row_number()` column (counted
+    /// from the partition's end when it is read `backward`).
+    Ntile {
+        row_number: usize,
+        buckets: u64,
+        backward: bool,
+    },
     /// `percent_rank()`, from the runs' `rank()` column.
     PercentRank { rank: usize },
+    /// `cume_dist()`, from the runs' `rank()` column read backwards.
+    CumeDist { rank: usize },
 }
 
 /// How a streamed partition's functions are computed.
@@ -61,8 +70,9 @@ pub(super) struct FirstPass {
 
 impl StreamPlan {
     /// The plan for `functions` (every one streams, per
-    /// [`planner::frames::streaming`]) over rows of `input`.
-    pub(super) fn new(functions: &[Expr], input: &DFSchema) -> Result<Self> {
+    /// [`planner::frames::streaming`], in the direction the partition is
+    /// read: forwards, or `backward` from its end) over rows of `input`.
+    pub(super) fn new(functions: &[Expr], input: &DFSchema, backward: bool) -> Result<Self> {
         let props = ExecutionProps::new();
         let ctx = PhysicalPlanningContext::default();
         let physical = |e: &Expr| -> Result<Arc<dyn WindowExpr>> {
@@ -84,22 +94,32 @@ impl StreamPlan {
                 plan.totals.push(physical(f)?);
                 continue;
             }
-            let streamed = planner::frames::streamed(f, input).ok_or_else(|| {
+            let streamed = planner::frames::streamed(f, input, backward).ok_or_else(|| {
                 ExecError::Protocol("a window function with nothing to stream".into())
             })?;
+            let mut run = physical(&streamed)?;
+            if kind == Streaming::Reversed {
+                run = run.get_reverse_expr().ok_or_else(|| {
+                    ExecError::Protocol("a window function with no reverse, read backwards".into())
+                })?;
+            }
             let i = plan.runs.len();
-            plan.runs.push(physical(&streamed)?);
+            plan.runs.push(run);
             plan.columns.push(match kind {
                 Streaming::Ntile(buckets) => Column::Ntile {
                     row_number: i,
                     buckets,
+                    backward,
                 },
                 Streaming::PercentRank => Column::PercentRank { rank: i },
+                Streaming::CumeDist => Column::CumeDist { rank: i },
                 _ => Column::Streamed(i),
             });
         }
         if plan.runs.is_empty()
-            && let Some(row_number) = functions.first().and_then(planner::frames::row_number_over)
+            && let Some(row_number) = functions
+                .first()
+                .and_then(|f| planner::frames::row_number_over(f, backward))
         {
             plan.runs.push(physical(&row_number)?);
         }
@@ -160,13 +180,19 @@ impl StreamPlan {
                 Column::Ntile {
                     row_number,
                     buckets,
+                    backward,
                 } => {
                     let count = facts()?.count;
+                    // The row's place from the first row, 0 on.
+                    let place = |rn: u64| match backward {
+                        true => count.saturating_sub(rn),
+                        false => rn.saturating_sub(1),
+                    };
                     Arc::new(UInt64Array::from_iter_values(
                         run(*row_number)?
                             .values()
                             .iter()
-                            .map(|rn| ntile(rn.saturating_sub(1), count, *buckets)),
+                            .map(|rn| ntile(place(*rn), count, *buckets)),
                     ))
                 }
                 Column::PercentRank { rank } => {
@@ -176,6 +202,17 @@ impl StreamPlan {
                             .values()
                             .iter()
                             .map(|r| r.saturating_sub(1) as f64 / denominator),
+                    ))
+                }
+                Column::CumeDist { rank } => {
+                    // The rows up to the row's last peer: all but those
+                    // after its peers, one fewer than its rank backwards.
+                    let count = facts()?.count;
+                    Arc::new(Float64Array::from_iter_values(
+                        run(*rank)?
+                            .values()
+                            .iter()
+                            .map(|r| (count + 1).saturating_sub(*r) as f64 / count.max(1) as f64),
                     ))
                 }
             });

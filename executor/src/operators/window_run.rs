@@ -154,20 +154,25 @@ pub(super) struct OutputDiff {
     after: WindowRun,
     old: Outputs,
     new: Outputs,
+    /// Rows are fed from the partition's last entry back.
+    backward: bool,
 }
 
 impl OutputDiff {
-    /// Two runs of `functions` over rows of `schema`, in `task`.
+    /// Two runs of `functions` over rows of `schema`, in `task`, fed in
+    /// entry order or (`backward`) the reverse.
     pub(super) fn new(
         functions: &[Arc<dyn WindowExpr>],
         schema: &SchemaRef,
         task: &Arc<TaskContext>,
+        backward: bool,
     ) -> Result<Self> {
         Ok(Self {
             before: WindowRun::new(functions, schema.clone(), task)?,
             after: WindowRun::new(functions, schema.clone(), task)?,
             old: VecDeque::new(),
             new: VecDeque::new(),
+            backward,
         })
     }
 
@@ -224,11 +229,14 @@ impl OutputDiff {
                 ));
             }
         }
-        // Entries below the first row either run still waits for are whole
-        // on both sides: later rows come after them.
+        // Entries before the first row either run still waits for (in the
+        // order rows are fed) are whole on both sides: later rows come
+        // after them.
+        let backward = self.backward;
+        let first = |a: &[u8], b: &[u8]| -> bool { (a <= b) != backward };
         let bound: Option<Arc<[u8]>> =
             match (self.before.first_waiting(), self.after.first_waiting()) {
-                (Some(a), Some(b)) => Some(Arc::from(a.min(b))),
+                (Some(a), Some(b)) => Some(Arc::from(if first(a, b) { a } else { b })),
                 (Some(a), None) | (None, Some(a)) => Some(Arc::from(a)),
                 (None, None) => None,
             };
@@ -236,9 +244,15 @@ impl OutputDiff {
             let key = match (self.old.front(), self.new.front()) {
                 (None, None) => break,
                 (Some((a, _)), None) | (None, Some((a, _))) => a.clone(),
-                (Some((a, _)), Some((b, _))) => a.min(b).clone(),
+                (Some((a, _)), Some((b, _))) => match first(a, b) {
+                    true => a.clone(),
+                    false => b.clone(),
+                },
             };
-            if bound.as_ref().is_some_and(|bound| key >= *bound) {
+            if bound
+                .as_ref()
+                .is_some_and(|bound| key == *bound || first(bound, &key))
+            {
                 break;
             }
             let take = |queue: &mut Outputs| {
