@@ -304,6 +304,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          rank() OVER (ORDER BY k / 10) AS r, sum(v) OVER (ORDER BY k / 10) AS run FROM t; \
          CREATE MATERIALIZED VIEW relative AS SELECT k, sum(v) OVER () AS total, \
          count(*) OVER () AS c, ntile(7) OVER (ORDER BY k) AS t, \
+         sum(v) OVER (ORDER BY k ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest, \
          percent_rank() OVER (ORDER BY k / 10) AS pr FROM t; \
          INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
     ))
@@ -395,9 +396,10 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     let running =
         format!("SELECT count(*), sum(k * n), sum(k * r), sum(k * (run % {M})) FROM running");
     // The partition's sum and count at every row, sevenths of the rows in
-    // k order (the first count % 7 one row larger) and relative ranks
-    // over k / 10, (rank - 1) / (count - 1), of the rows with v <= max,
-    // recomputed apart; sevenths weighted by k, ranks summed.
+    // k order (the first count % 7 one row larger), the sum of v from the
+    // row to the last and relative ranks over k / 10, (rank - 1) /
+    // (count - 1), of the rows with v <= max, recomputed apart; sevenths
+    // and sums (modulo a prime) weighted by k, ranks summed.
     let relative = |max: i64| -> Vec<Vec<String>> {
         let v: Vec<(i64, i64)> = (1..=ROWS)
             .map(|k| (k, k * 7919 % P))
@@ -416,6 +418,12 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
             sizes[seventh] -= 1;
             weighted += k * (seventh as i64 + 1);
         }
+        let mut rest = 0i64;
+        let mut tail = 0i64;
+        for (k, v) in v.iter().rev() {
+            tail += v;
+            rest += k * (tail % M);
+        }
         let (mut below, mut ranks) = (0i64, 0i64);
         for peers in v.chunk_by(|(a, _), (b, _)| a / 10 == b / 10) {
             ranks += below * peers.len() as i64;
@@ -427,17 +435,20 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
             count.to_string(),
             count.to_string(),
             weighted.to_string(),
+            rest.to_string(),
             ranks.to_string(),
         ]]
     };
-    let relatives = "SELECT count(*), min(total), min(c), max(c), sum(k * t), \
-                     sum(round(pr * (c - 1))::bigint) FROM relative";
+    let relatives = format!(
+        "SELECT count(*), min(total), min(c), max(c), sum(k * t), sum(k * (rest % {M})), \
+         sum(round(pr * (c - 1))::bigint) FROM relative"
+    );
     c.batch_execute("FLUSH").await.unwrap();
     assert_eq!(rows(&c, top).await, expected(P));
     assert_eq!(rows(&c, agg).await, extremes(P));
     assert_eq!(rows(&c, paired).await, neighbours(P));
     assert_eq!(rows(&c, &running).await, numbered(P));
-    assert_eq!(rows(&c, relatives).await, relative(P));
+    assert_eq!(rows(&c, &relatives).await, relative(P));
     let sum = ROWS * (ROWS + 1) / 2;
     assert_eq!(
         rows(&c, "SELECT name, c, s FROM joined").await,
@@ -452,7 +463,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     assert_eq!(rows(&c, agg).await, extremes(199_000));
     assert_eq!(rows(&c, paired).await, neighbours(199_000));
     assert_eq!(rows(&c, &running).await, numbered(199_000));
-    assert_eq!(rows(&c, relatives).await, relative(199_000));
+    assert_eq!(rows(&c, &relatives).await, relative(199_000));
     let left = one(&c, "SELECT count(*) FROM t").await;
     assert!(
         left.parse::<i64>().unwrap() < ROWS - 900,
@@ -476,7 +487,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     assert_eq!(rows(&c, agg).await, extremes(198_000));
     assert_eq!(rows(&c, paired).await, neighbours(198_000));
     assert_eq!(rows(&c, &running).await, numbered(198_000));
-    assert_eq!(rows(&c, relatives).await, relative(198_000));
+    assert_eq!(rows(&c, &relatives).await, relative(198_000));
     let (n, s) = (
         one(&c, "SELECT count(*) FROM t").await,
         one(&c, "SELECT sum(k) FROM t").await,
@@ -511,7 +522,7 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
             // one window partition
             ("neighbours", "1"),
             // one partition for each ORDER BY (none, k, k / 10), streamed
-            // in two passes
+            // in two passes (k's from its end)
             ("relative", "3"),
             // one partition for each ORDER BY, streamed
             ("running", "2"),
