@@ -68,9 +68,10 @@ pub enum Reads {
     /// current row to `UNBOUNDED FOLLOWING`, `cume_dist`), which read
     /// backwards is what DataFusion streams.
     Backward { two_passes: bool },
-    /// All of it at once: functions that stream in opposite directions
-    /// together (a running sum and a sum to the partition's end), or that
-    /// do not stream at all.
+    /// All of it at once: functions that do not stream at all, or that
+    /// stream in opposite directions together (a running sum and a sum to
+    /// the partition's end), which the planner gives two OverWindows
+    /// instead ([`split`]).
     Whole,
 }
 
@@ -158,6 +159,23 @@ pub fn reads(functions: &[Expr], input: &DFSchema) -> Reads {
     } else {
         Reads::Whole
     }
+}
+
+/// For `functions` that stream only in opposite directions together
+/// ([`Reads::Whole`], though each streams), the ones read forwards and the
+/// ones read backwards (indices): two OverWindows, one after the other,
+/// stream them. `None` otherwise.
+pub fn split(functions: &[Expr], input: &DFSchema) -> Option<(Vec<usize>, Vec<usize>)> {
+    if reads(functions, input) != Reads::Whole {
+        return None;
+    }
+    let kinds = functions
+        .iter()
+        .map(|f| streaming(f, input))
+        .collect::<Option<Vec<_>>>()?;
+    let (forward, backward): (Vec<usize>, Vec<usize>) =
+        (0..kinds.len()).partition(|i| kinds[*i].forward());
+    (!forward.is_empty() && !backward.is_empty()).then_some((forward, backward))
 }
 
 /// How `function`'s values come when its partition is streamed; `None`
@@ -454,10 +472,16 @@ mod tests {
             Reads::Backward { two_passes: true }
         );
         assert_eq!(
-            reads(&[rest, by_b(rank())], &schema),
+            reads(&[rest.clone(), by_b(rank())], &schema),
             Reads::Whole,
             "one forwards, one backwards"
         );
+        assert_eq!(
+            split(&[rest.clone(), by_b(rank()), by_b(cume_dist())], &schema),
+            Some((vec![1], vec![0, 2])),
+            "so they go to two OverWindows"
+        );
+        assert_eq!(split(&[rest, by_b(cume_dist())], &schema), None);
         assert!(matches!(
             reads(&[lag(col("b"), Some(1), None)], &schema),
             Reads::Around(_)

@@ -1097,21 +1097,86 @@ impl Lowering<'_> {
         }
         let input = self.node(&window.input)?;
         let (p, partitioner) = self.keyed(input, partition_by.clone(), window.input.schema());
-        let id = self.graph.nodes.len();
-        let node = self.graph.add_node(
-            OperatorSpec::OverWindow {
-                partition_by,
-                order_by: order.iter().map(|s| s.expr.clone()).collect(),
-                directions: order.iter().map(|s| (!s.asc, s.nulls_first)).collect(),
-                functions: window.window_expr.clone(),
-                input_schema: window.input.schema().clone(),
-                state_table: self.state_table(id),
-            },
-            p,
-            plan.schema().clone(),
+        let over =
+            |l: &mut Self, functions: Vec<Expr>, input: &DFSchemaRef, output: DFSchemaRef| {
+                let id = l.graph.nodes.len();
+                l.graph.add_node(
+                    OperatorSpec::OverWindow {
+                        partition_by: partition_by.clone(),
+                        order_by: order.iter().map(|s| s.expr.clone()).collect(),
+                        directions: order.iter().map(|s| (!s.asc, s.nulls_first)).collect(),
+                        functions,
+                        input_schema: input.clone(),
+                        state_table: l.state_table(id),
+                    },
+                    p,
+                    output,
+                )
+            };
+        let Some((forward, backward)) =
+            crate::frames::split(&window.window_expr, window.input.schema())
+        else {
+            let node = over(
+                self,
+                window.window_expr.clone(),
+                window.input.schema(),
+                plan.schema().clone(),
+            );
+            self.graph.connect(input, node, 0, partitioner);
+            return Ok(node);
+        };
+        // Functions read in opposite directions (a running sum beside a sum
+        // to the partition's end) go to two OverWindows, one after the
+        // other, so that each streams a large partition; a Project puts
+        // the columns back in the query's order.
+        let inputs = window.input.schema().fields().len();
+        let columns = |functions: &[usize]| -> Result<DFSchemaRef> {
+            let mut picked: Vec<usize> = (0..inputs).collect();
+            picked.extend(functions.iter().map(|f| inputs + f));
+            let fields = picked
+                .iter()
+                .map(|i| {
+                    let (q, f) = plan.schema().qualified_field(*i);
+                    (q.cloned(), f.clone())
+                })
+                .collect();
+            Ok(Arc::new(DFSchema::new_with_metadata(
+                fields,
+                plan.schema().metadata().clone(),
+            )?))
+        };
+        let exprs = |functions: &[usize]| -> Vec<Expr> {
+            functions
+                .iter()
+                .map(|f| window.window_expr[*f].clone())
+                .collect()
+        };
+        let first_schema = columns(&forward)?;
+        let first = over(
+            self,
+            exprs(&forward),
+            window.input.schema(),
+            first_schema.clone(),
         );
-        self.graph.connect(input, node, 0, partitioner);
-        Ok(node)
+        self.graph.connect(input, first, 0, partitioner);
+        let both: Vec<usize> = forward.iter().chain(&backward).copied().collect();
+        let second = over(self, exprs(&backward), &first_schema, columns(&both)?);
+        self.graph.connect(first, second, 0, Partitioner::Forward);
+        let order_back = plan
+            .schema()
+            .iter()
+            .map(|(q, f)| Expr::Column(datafusion::common::Column::new(q.cloned(), f.name())))
+            .collect();
+        let second_schema = self.graph.nodes[second].schema.clone();
+        Ok(self.stateless(
+            second,
+            OperatorSpec::Project {
+                exprs: order_back,
+                input_schema: second_schema,
+                errors: None,
+            },
+            plan,
+        ))
     }
 
     /// `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)` kept to a range.

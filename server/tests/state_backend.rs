@@ -305,7 +305,8 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
          CREATE MATERIALIZED VIEW relative AS SELECT k, sum(v) OVER () AS total, \
          count(*) OVER () AS c, ntile(7) OVER (ORDER BY k) AS t, \
          sum(v) OVER (ORDER BY k ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest, \
-         percent_rank() OVER (ORDER BY k / 10) AS pr FROM t; \
+         percent_rank() OVER (ORDER BY k / 10) AS pr, \
+         cume_dist() OVER (ORDER BY k / 10) AS cd FROM t; \
          INSERT INTO t SELECT k, k * 7919 % {P}, 0 FROM generate_series(1, {ROWS}) AS s(k)"
     ))
     .await
@@ -398,8 +399,9 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
     // The partition's sum and count at every row, sevenths of the rows in
     // k order (the first count % 7 one row larger), the sum of v from the
     // row to the last and relative ranks over k / 10, (rank - 1) /
-    // (count - 1), of the rows with v <= max, recomputed apart; sevenths
-    // and sums (modulo a prime) weighted by k, ranks summed.
+    // (count - 1), and the share of rows up to the last peer, of the rows
+    // with v <= max, recomputed apart; sevenths and sums (modulo a prime)
+    // weighted by k, ranks and shares (times the count) summed.
     let relative = |max: i64| -> Vec<Vec<String>> {
         let v: Vec<(i64, i64)> = (1..=ROWS)
             .map(|k| (k, k * 7919 % P))
@@ -424,10 +426,12 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
             tail += v;
             rest += k * (tail % M);
         }
-        let (mut below, mut ranks) = (0i64, 0i64);
+        let (mut below, mut ranks, mut shares) = (0i64, 0i64, 0i64);
         for peers in v.chunk_by(|(a, _), (b, _)| a / 10 == b / 10) {
-            ranks += below * peers.len() as i64;
-            below += peers.len() as i64;
+            let n = peers.len() as i64;
+            ranks += below * n;
+            shares += (below + n) * n;
+            below += n;
         }
         vec![vec![
             count.to_string(),
@@ -437,11 +441,12 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
             weighted.to_string(),
             rest.to_string(),
             ranks.to_string(),
+            shares.to_string(),
         ]]
     };
     let relatives = format!(
         "SELECT count(*), min(total), min(c), max(c), sum(k * t), sum(k * (rest % {M})), \
-         sum(round(pr * (c - 1))::bigint) FROM relative"
+         sum(round(pr * (c - 1))::bigint), sum(round(cd * c)::bigint) FROM relative"
     );
     c.batch_execute("FLUSH").await.unwrap();
     assert_eq!(rows(&c, top).await, expected(P));
@@ -522,8 +527,9 @@ async fn one_huge_top_n_partition_a_hot_join_key_and_a_huge_group_keep_a_page_in
             // one window partition
             ("neighbours", "1"),
             // one partition for each ORDER BY (none, k, k / 10), streamed
-            // in two passes (k's from its end)
-            ("relative", "3"),
+            // in two passes (k's from its end); k / 10's functions read
+            // both ways, so two OverWindows, each with the partition
+            ("relative", "4"),
             // one partition for each ORDER BY, streamed
             ("running", "2"),
             ("top5", "1"),

@@ -44,8 +44,10 @@
 //!   that counts it and computes those aggregates
 //!   ([`super::window_passes`]). Functions that read the rows after each
 //!   row (`cume_dist`, frames to `UNBOUNDED FOLLOWING`) stream from the
-//!   partition's last row back, as their reverse. Only a set of functions
-//!   that needs both directions at once reads a partition whole.
+//!   partition's last row back, as their reverse (a set needing both
+//!   directions is planned as two OverWindows). Only functions that do
+//!   not stream at all (a whole-partition aggregate with `FILTER`) read a
+//!   partition whole.
 //!
 //! The functions run as DataFusion evaluates them in batch (its physical
 //! `WindowExpr` on one sorted run of a partition), so their meaning is
