@@ -522,19 +522,30 @@ pub async fn open_table(
             scratch.display()
         ))));
         let kv = Arc::new(open_handle(storage, handle, &dir.0).await?);
-        for h in handle.tables.iter().filter(|h| h.table == table) {
-            let from = key_groups.start.max(h.key_groups.start);
-            let to = key_groups.end.min(h.key_groups.end);
-            if from < to {
-                out.push(StoredTable::Opened {
-                    kv: kv.clone(),
-                    key_groups: from..to,
-                    dir: dir.clone(),
-                });
-            }
+        for key_groups in handle_ranges(handle, table, &key_groups) {
+            out.push(StoredTable::Opened {
+                kv: kv.clone(),
+                key_groups,
+                dir: dir.clone(),
+            });
         }
     }
     Ok(out)
+}
+
+/// The key groups of `table` within `key_groups` that `handle` holds,
+/// one range per table part it has.
+fn handle_ranges<'a>(
+    handle: &'a StateHandle,
+    table: u64,
+    key_groups: &'a std::ops::Range<u16>,
+) -> impl Iterator<Item = std::ops::Range<u16>> + 'a {
+    handle
+        .tables
+        .iter()
+        .filter(move |h| h.table == table)
+        .map(|h| key_groups.start.max(h.key_groups.start)..key_groups.end.min(h.key_groups.end))
+        .filter(|r| r.start < r.end)
 }
 
 /// The entries of `table` in `key_groups` of a completed checkpoint,
@@ -560,12 +571,8 @@ pub async fn read_handles(
         }
         let dir = scratch.join(i.to_string());
         let kv = open_handle(storage, handle, &dir).await?;
-        for h in handle.tables.iter().filter(|h| h.table == table) {
-            let from = key_groups.start.max(h.key_groups.start);
-            let to = key_groups.end.min(h.key_groups.end);
-            if from < to {
-                out.extend(kv.scan_state(table, from..to)?);
-            }
+        for range in handle_ranges(handle, table, &key_groups) {
+            out.extend(kv.scan_state(table, range)?);
         }
         drop(kv);
         std::fs::remove_dir_all(&dir).map_err(io_err)?;

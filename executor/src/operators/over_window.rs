@@ -938,21 +938,32 @@ mod tests {
         ]
     }
 
+    /// A double as Arrow prints it in `pretty` (only the formatting is
+    /// shared with the operator, not the value).
+    fn show_f64(v: f64) -> String {
+        use datafusion::arrow::array::Float64Array;
+        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+        let a = Float64Array::from(vec![v]);
+        ArrayFormatter::try_new(&a, &FormatOptions::default())
+            .unwrap()
+            .value(0)
+            .to_string()
+    }
+
+    /// Each of `count` rows' third, in order: the first `count % 3`
+    /// thirds one row larger.
+    fn thirds(count: usize) -> Vec<usize> {
+        (0..3)
+            .flat_map(|t| std::iter::repeat_n(t + 1, count / 3 + usize::from(t < count % 3)))
+            .collect()
+    }
+
     /// What `two_pass_functions` give, by a separate recomputation: each
     /// partition's `b`s in order, one per copy, with the partition's
     /// sum, the row's third (the first `n % 3` thirds one row larger),
     /// its relative rank `(rank - 1) / (n - 1)` (0 alone), its number
     /// and the partition's count.
     fn expected_two_passes(rows: &BTreeMap<(i64, i64), i64>) -> Vec<String> {
-        use datafusion::arrow::array::Float64Array;
-        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-        let show = |v: f64| {
-            let a = Float64Array::from(vec![v]);
-            ArrayFormatter::try_new(&a, &FormatOptions::default())
-                .unwrap()
-                .value(0)
-                .to_string()
-        };
         let mut out = Vec::new();
         for a in [1, 2] {
             let part: Vec<(i64, i64)> = rows
@@ -961,10 +972,8 @@ mod tests {
                 .collect();
             let count: i64 = part.iter().map(|(_, n)| n).sum();
             let sum: i64 = part.iter().map(|(b, n)| b * n).sum();
-            let mut sizes: Vec<i64> = (0..3)
-                .map(|t| count / 3 + i64::from(t < count % 3))
-                .collect();
-            let (mut third, mut number, mut below) = (1, 0, 0);
+            let mut thirds = thirds(count as usize).into_iter();
+            let (mut number, mut below) = (0, 0);
             for (b, n) in part {
                 let pct = if count > 1 {
                     below as f64 / (count - 1) as f64
@@ -972,14 +981,11 @@ mod tests {
                     0.0
                 };
                 for _ in 0..n {
-                    while sizes[third - 1] == 0 {
-                        third += 1;
-                    }
-                    sizes[third - 1] -= 1;
+                    let third = thirds.next().unwrap();
                     number += 1;
                     out.push(format!(
                         "{a} {b} {sum} {third} {} {number} {count}",
-                        show(pct)
+                        show_f64(pct)
                     ));
                 }
                 below += n;
@@ -1047,15 +1053,6 @@ mod tests {
     /// from it to the end, the share of rows with a `b` up to its own,
     /// its third and the partition's count.
     fn expected_backward(rows: &BTreeMap<(i64, i64), i64>) -> Vec<String> {
-        use datafusion::arrow::array::Float64Array;
-        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-        let show = |v: f64| {
-            let a = Float64Array::from(vec![v]);
-            ArrayFormatter::try_new(&a, &FormatOptions::default())
-                .unwrap()
-                .value(0)
-                .to_string()
-        };
         let mut out = Vec::new();
         for a in [1, 2] {
             let bs: Vec<i64> = rows
@@ -1063,21 +1060,12 @@ mod tests {
                 .flat_map(|((_, b), n)| std::iter::repeat_n(*b, *n as usize))
                 .collect();
             let count = bs.len();
-            // Thirds: the first count % 3 one row larger.
-            let mut sizes: Vec<usize> = (0..3)
-                .map(|t| count / 3 + usize::from(t < count % 3))
-                .collect();
-            let mut third = 1;
-            for (i, b) in bs.iter().enumerate() {
+            for ((i, b), third) in bs.iter().enumerate().zip(thirds(count)) {
                 let rest: i64 = bs[i..].iter().sum();
                 let upto = bs.iter().filter(|x| *x <= b).count();
-                while sizes[third - 1] == 0 {
-                    third += 1;
-                }
-                sizes[third - 1] -= 1;
                 out.push(format!(
                     "{a} {b} {rest} {} {third} {count}",
-                    show(upto as f64 / count as f64)
+                    show_f64(upto as f64 / count as f64)
                 ));
             }
         }
