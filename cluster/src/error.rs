@@ -1,3 +1,5 @@
+//! The cluster's one error type: scheduling, jobs, checkpoints and RPC.
+
 /// Errors of the cluster layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

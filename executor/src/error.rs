@@ -1,3 +1,5 @@
+//! The executor's one error type: what a task or an operator can fail with.
+
 use datafusion::arrow::error::ArrowError;
 use datafusion::error::DataFusionError;
 

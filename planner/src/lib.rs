@@ -10,16 +10,20 @@
 //! Nothing here does I/O or knows about the cluster: the server hands in an
 //! optimised logical plan, the JobMaster hands in the slots it got.
 
+pub mod context;
+pub mod decimal_division;
 mod error;
 pub mod execution_graph;
 pub mod frames;
 pub mod functions;
 pub mod job_graph;
 mod lower;
+pub mod proctime;
 pub mod source;
 pub mod spec;
 pub mod stream_graph;
 pub mod temporal;
+pub mod windows;
 pub mod wire;
 
 pub use error::{PlanError, Result};

@@ -284,51 +284,59 @@ fn from_arrow(e: &ArrowError) -> ServerError {
 
 impl From<DataFusionError> for ServerError {
     fn from(e: DataFusionError) -> Self {
-        let root = e.find_root();
-        match root {
-            DataFusionError::SQL(p, _) => ServerError::from(p.as_ref().clone()),
-            DataFusionError::ArrowError(a, _) => from_arrow(a),
-            DataFusionError::SchemaError(s, _) => match s.as_ref() {
-                // DataFusion pulls a correlated subquery up into a join
-                // one level at a time; a column of a query further out is
-                // then missing from the join it made (`__correlated_sq_n`).
-                SchemaError::FieldNotFound {
-                    field,
-                    valid_fields,
-                } if valid_fields.iter().any(|c| {
-                    c.relation
-                        .as_ref()
-                        .is_some_and(|r| r.table().starts_with("__correlated_sq"))
-                }) =>
-                {
-                    ServerError::Unsupported(format!(
-                        "a correlated subquery that refers to a column of a query two or more \
+        from_datafusion(&e)
+    }
+}
+
+/// The error a DataFusion error stands for: by the root cause's variant,
+/// and for errors Weir's own code raised inside DataFusion (`External`),
+/// by their type.
+fn from_datafusion(e: &DataFusionError) -> ServerError {
+    let root = e.find_root();
+    match root {
+        DataFusionError::SQL(p, _) => ServerError::from(p.as_ref().clone()),
+        DataFusionError::ArrowError(a, _) => from_arrow(a),
+        DataFusionError::SchemaError(s, _) => match s.as_ref() {
+            // DataFusion pulls a correlated subquery up into a join
+            // one level at a time; a column of a query further out is
+            // then missing from the join it made (`__correlated_sq_n`).
+            SchemaError::FieldNotFound {
+                field,
+                valid_fields,
+            } if valid_fields.iter().any(|c| {
+                c.relation
+                    .as_ref()
+                    .is_some_and(|r| r.table().starts_with("__correlated_sq"))
+            }) =>
+            {
+                ServerError::Unsupported(format!(
+                    "a correlated subquery that refers to a column of a query two or more \
                          levels out ({field})"
-                    ))
-                }
-                SchemaError::FieldNotFound { .. } => {
-                    ServerError::UndefinedColumn(strip(&root.to_string()))
-                }
-                SchemaError::AmbiguousReference { .. } => {
-                    ServerError::Syntax(strip(&root.to_string()))
-                }
-                _ => ServerError::DuplicateColumn(strip(&root.to_string())),
-            },
-            DataFusionError::NotImplemented(m) if m.starts_with("cannot convert ") => {
-                ServerError::UnsupportedValue(m.clone())
+                ))
             }
-            DataFusionError::NotImplemented(m) => ServerError::Unsupported(feature(m)),
-            DataFusionError::Plan(m) => classify_plan(m),
-            DataFusionError::Execution(m) => classify_execution(m),
-            DataFusionError::ResourcesExhausted(m) => ServerError::InsufficientResources(m.clone()),
-            DataFusionError::External(inner) => {
-                if let Some(se) = inner.downcast_ref::<ServerError>() {
-                    return se.clone();
-                }
-                ServerError::Internal(root.to_string())
+            SchemaError::FieldNotFound { .. } => {
+                ServerError::UndefinedColumn(strip(&root.to_string()))
             }
-            other => ServerError::Internal(strip(&other.to_string())),
+            SchemaError::AmbiguousReference { .. } => ServerError::Syntax(strip(&root.to_string())),
+            _ => ServerError::DuplicateColumn(strip(&root.to_string())),
+        },
+        DataFusionError::NotImplemented(m) if m.starts_with("cannot convert ") => {
+            ServerError::UnsupportedValue(m.clone())
         }
+        DataFusionError::NotImplemented(m) => ServerError::Unsupported(feature(m)),
+        DataFusionError::Plan(m) => classify_plan(m),
+        DataFusionError::Execution(m) => classify_execution(m),
+        DataFusionError::ResourcesExhausted(m) => ServerError::InsufficientResources(m.clone()),
+        DataFusionError::External(inner) => {
+            if let Some(se) = inner.downcast_ref::<ServerError>() {
+                return se.clone();
+            }
+            if let Some(pe) = inner.downcast_ref::<planner::PlanError>() {
+                return from_plan(pe);
+            }
+            ServerError::Internal(root.to_string())
+        }
+        other => ServerError::Internal(strip(&other.to_string())),
     }
 }
 
@@ -490,12 +498,23 @@ impl From<storage::StorageError> for ServerError {
 
 impl From<planner::PlanError> for ServerError {
     fn from(e: planner::PlanError) -> Self {
-        match e {
-            planner::PlanError::Unsupported(m) => ServerError::Unsupported(m),
-            planner::PlanError::InvalidDefinition(m) => ServerError::InvalidObjectDefinition(m),
-            planner::PlanError::DataFusion(d) => d.into(),
-            planner::PlanError::Internal(m) => ServerError::Internal(m),
-        }
+        from_plan(&e)
+    }
+}
+
+fn from_plan(e: &planner::PlanError) -> ServerError {
+    use planner::PlanError as P;
+    match e {
+        P::Unsupported(m) => ServerError::Unsupported(m.clone()),
+        P::InvalidDefinition(m) => ServerError::InvalidObjectDefinition(m.clone()),
+        P::Syntax(m) => ServerError::Syntax(m.clone()),
+        P::UndefinedTable(m) => ServerError::UndefinedTable(m.clone()),
+        P::UndefinedColumn(m) => ServerError::UndefinedColumn(m.clone()),
+        P::DatatypeMismatch(m) => ServerError::DatatypeMismatch(m.clone()),
+        P::InvalidParameter(m) => ServerError::InvalidParameter(m.clone()),
+        P::InvalidText(m) => ServerError::InvalidText(m.clone()),
+        P::DataFusion(d) => from_datafusion(d),
+        P::Internal(m) => ServerError::Internal(m.clone()),
     }
 }
 

@@ -91,7 +91,7 @@ enum Command {
         cluster: ClusterArgs,
     },
     /// Measure throughput (see docs/benchmarks.md).
-    Bench(server::bench::BenchArgs),
+    Bench(server::wire::bench::BenchArgs),
 }
 
 /// How the Postgres front end treats its clients (docs/clients.md).
@@ -118,13 +118,13 @@ struct FrontendArgs {
     /// password). The playground trusts; a JobManager asks for passwords.
     /// The superuser weir's password is WEIR_PASSWORD's, when it is set.
     #[arg(long, value_enum)]
-    auth: Option<server::auth::AuthMethod>,
+    auth: Option<server::wire::auth::AuthMethod>,
 }
 
 impl FrontendArgs {
     fn wire(
         &self,
-        default_auth: server::auth::AuthMethod,
+        default_auth: server::wire::auth::AuthMethod,
     ) -> Result<server::wire::WireConfig, String> {
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(server::wire::tls_acceptor(cert, key)?),
@@ -232,10 +232,10 @@ fn main() {
     }
     let cli = Cli::parse();
     // Large stacks (reserved, not committed): statements and dataflow
-    // tasks walk expression trees recursively (server::depth).
+    // tasks walk expression trees recursively (server::sql::depth).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_stack_size(server::control::STACK_BYTES)
+        .thread_stack_size(server::engine::control::STACK_BYTES)
         .build()
     {
         Ok(rt) => rt,
@@ -253,7 +253,7 @@ fn main() {
                 frontend,
                 cluster,
             } => {
-                let wire = frontend.wire(server::auth::AuthMethod::Trust)?;
+                let wire = frontend.wire(server::wire::auth::AuthMethod::Trust)?;
                 let config = cluster.config(slots)?;
                 let db = Database::open(&data_dir, config)
                     .await
@@ -269,7 +269,7 @@ fn main() {
                 frontend,
                 cluster,
             } => {
-                let wire = frontend.wire(server::auth::AuthMethod::ScramSha256)?;
+                let wire = frontend.wire(server::wire::auth::AuthMethod::ScramSha256)?;
                 let config = cluster.config(1)?;
                 let db =
                     Database::open_job_manager(&data_dir, config, rpc_listen, default_parallelism)
@@ -303,7 +303,7 @@ fn main() {
                     _ = shutdown_signal() => Ok(()),
                 }
             }
-            Command::Bench(args) => server::bench::run(args).await,
+            Command::Bench(args) => server::wire::bench::run(args).await,
         }
     });
     if let Err(e) = result {
@@ -333,21 +333,21 @@ async fn serve(
         db.roles
             .set_superuser_password(&password)
             .map_err(|e| format!("cannot set the superuser's password: {e}"))?;
-    } else if wire.auth == server::auth::AuthMethod::ScramSha256
+    } else if wire.auth == server::wire::auth::AuthMethod::ScramSha256
         && db
             .roles
-            .get(server::roles::SUPERUSER)
+            .get(server::catalog::roles::SUPERUSER)
             .is_some_and(|r| r.secret.is_none())
     {
         tracing::warn!(
             "the superuser {} has no password, so no one can log in as {0}: set WEIR_PASSWORD",
-            server::roles::SUPERUSER
+            server::catalog::roles::SUPERUSER
         );
     }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    server::pg::serve(db.clone(), listener, wire, shutdown_signal()).await;
+    server::wire::pg::serve(db.clone(), listener, wire, shutdown_signal()).await;
     tracing::info!("shutting down");
     db.shutdown().await;
     Ok(())

@@ -48,8 +48,8 @@ fn for_postgres(sql: &str) -> Option<String> {
         return None;
     }
     if lower.starts_with("create stream") || lower.starts_with("create table") {
-        let mut stmts = server::stmt::parse(sql).expect("parse CREATE TABLE");
-        if let Some(server::stmt::Stmt::CreateTable { table, .. }) = stmts.pop() {
+        let mut stmts = server::sql::stmt::parse(sql).expect("parse CREATE TABLE");
+        if let Some(server::sql::stmt::Stmt::CreateTable { table, .. }) = stmts.pop() {
             return Some(table.to_string());
         }
     }

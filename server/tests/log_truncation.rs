@@ -8,10 +8,10 @@ use std::sync::Arc;
 use cluster::ClusterConfig;
 use server::Database;
 use server::catalog::Entry;
-use server::session::Session;
+use server::engine::session::Session;
 
 async fn sql(db: &Arc<Database>, session: &mut Session, text: &str) {
-    for s in server::stmt::parse(text).expect("parse") {
+    for s in server::sql::stmt::parse(text).expect("parse") {
         db.execute(session, s)
             .await
             .unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -21,7 +21,7 @@ async fn sql(db: &Arc<Database>, session: &mut Session, text: &str) {
 fn table_id(db: &Database, name: &str) -> u64 {
     match db
         .catalog
-        .by_name(&server::stmt::QualifiedName::public(name))
+        .by_name(&server::sql::stmt::QualifiedName::public(name))
     {
         Some(Entry::Table { id, .. }) => id,
         _ => panic!("no table {name}"),

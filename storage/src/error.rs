@@ -1,3 +1,5 @@
+//! The storage layer's one error type: RocksDB, checkpoint files, table rows.
+
 use datafusion::arrow::error::ArrowError;
 
 /// Errors of the storage layer.

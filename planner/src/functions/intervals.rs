@@ -389,6 +389,30 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     }
 }
 
+/// An interval's text in a form DataFusion reads, or `None` when it reads
+/// this one already. Postgres's `[-]H:MM:SS[.f]` fields and ISO 8601
+/// (`P…T…`) are turned into months, days and microseconds.
+pub fn interval_text(s: &str) -> crate::Result<Option<String>> {
+    if datafusion::arrow::compute::kernels::cast_utils::parse_interval_month_day_nano(s).is_ok() {
+        return Ok(None);
+    }
+    let trimmed = s.trim();
+    let parsed = if trimmed.starts_with(['P', 'p']) || trimmed.starts_with("-P") {
+        pg_interval::Interval::from_iso(trimmed)
+    } else {
+        pg_interval::Interval::from_postgres(trimmed)
+    };
+    match parsed {
+        Ok(i) => Ok(Some(format!(
+            "{} months {} days {} microseconds",
+            i.months, i.days, i.microseconds
+        ))),
+        Err(_) => Err(crate::PlanError::InvalidText(format!(
+            "invalid input syntax for type interval: \"{s}\""
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ mod arithmetic;
 mod bytea;
 mod decimal_sum;
 mod input;
-mod intervals;
+pub mod intervals;
 pub mod jsonb;
 pub mod numeric_special;
 pub mod one_row;

@@ -1,0 +1,164 @@
+//! The server's layers, and the test that keeps them in order.
+//!
+//! Each directory of `server/src` is one layer; a layer may use the layers
+//! below it and never one above, so a change to how a pgwire message is
+//! decoded cannot reach the catalog's tables, and the SQL front end can be
+//! read without knowing the database:
+//!
+//! | rank | layer       | owns |
+//! |------|-------------|------|
+//! | 0    | `error`     | `ServerError` and the map of every crate's errors to SQLSTATEs |
+//! | 1    | `sql/`      | parsing and classifying statements, literals, parameters, types, settings, the COPY codec, the rewrites of what clients send |
+//! | 2    | `catalog/`  | Weir's catalog, roles, connections, `pg_catalog`, `information_schema`, `weir_catalog`, over [`crate::catalog::view::CatalogView`] |
+//! | 3    | `engine/`   | the shared database state and statement dispatch: the catalog as DataFusion sees it in each kind of statement, DDL, DML, ingest, sinks, savepoints, subscriptions, cursors, sessions |
+//! | 4    | `wire/`     | pgwire handlers, framing, authentication, `weir bench` |
+//!
+//! `lib.rs` and `main.rs` sit on top. Below `server/` are the crates
+//! `planner`, `executor`, `cluster` and `storage`, whose order Cargo keeps;
+//! the DataFusion context, window table functions, exact decimal division,
+//! `proctime()` and the lowering of a view into its job are `planner`'s,
+//! which reads tables only through the traits it defines
+//! (`planner::windows::WindowTables`).
+//!
+//! [`UPWARD`] would list a use that must point up, with why; the test fails
+//! on any other, and on a listed one that is gone. It is empty.
+
+/// The layers, lowest first.
+pub const LAYERS: &[&str] = &["error", "sql", "catalog", "engine", "wire"];
+
+/// `(file, layer it uses)` pairs that point upward, and why they still do.
+pub const UPWARD: &[(&str, &str, &str)] = &[];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use super::{LAYERS, UPWARD};
+
+    /// Every `crate::<name>` a file's code (not its comments) uses.
+    fn crate_uses(code: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for line in code.lines() {
+            let line = line.split("//").next().unwrap_or_default();
+            let mut rest = line;
+            while let Some(at) = rest.find("crate::") {
+                let after = &rest[at + "crate::".len()..];
+                if let Some(group) = after.strip_prefix('{') {
+                    // `crate::{a, b::c}`: the first name of each item.
+                    let inside = group.split('}').next().unwrap_or_default();
+                    for item in inside.split(',') {
+                        let name = item.trim().split("::").next().unwrap_or_default();
+                        out.insert(name.trim().to_string());
+                    }
+                } else {
+                    let name: String = after
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    out.insert(name);
+                }
+                rest = after;
+            }
+        }
+        out
+    }
+
+    fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The files under `root` placed in a layer, and the `(file, layer)`
+    /// uses that point up.
+    fn upward_uses(root: &Path) -> (usize, BTreeSet<(String, String)>) {
+        let rank = |name: &str| LAYERS.iter().position(|l| *l == name);
+        let mut all = Vec::new();
+        files(root, &mut all);
+        let mut upward = BTreeSet::new();
+        let mut placed = 0;
+        for path in all {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            let top = rel.split('/').next().unwrap().trim_end_matches(".rs");
+            let Some(own) = rank(top) else {
+                assert!(
+                    ["lib", "main", "layers"].contains(&top),
+                    "{rel} is in no layer: put it in one of {LAYERS:?}"
+                );
+                continue;
+            };
+            placed += 1;
+            let code = std::fs::read_to_string(&path).unwrap();
+            for used in crate_uses(&code) {
+                if let Some(r) = rank(&used)
+                    && r > own
+                {
+                    upward.insert((rel.clone(), used));
+                }
+            }
+        }
+        (placed, upward)
+    }
+
+    #[test]
+    fn no_layer_uses_one_above_it() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let (placed, upward) = upward_uses(&root);
+        assert!(placed > 40, "the layers hold the server's files ({placed})");
+        let listed: BTreeSet<(String, String)> = UPWARD
+            .iter()
+            .map(|(f, l, _)| (f.to_string(), l.to_string()))
+            .collect();
+        let new: Vec<_> = upward.difference(&listed).collect();
+        assert!(
+            new.is_empty(),
+            "these files use a layer above their own: {new:?}; move the code down, or \
+             pass what it needs in through a trait of the lower layer"
+        );
+        let gone: Vec<_> = listed.difference(&upward).collect();
+        assert!(
+            gone.is_empty(),
+            "these upward uses are gone: take them out of UPWARD: {gone:?}"
+        );
+    }
+
+    #[test]
+    fn an_upward_use_is_found() {
+        let root = std::env::temp_dir().join(format!("weir-layers-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("sql")).unwrap();
+        std::fs::create_dir_all(root.join("engine")).unwrap();
+        std::fs::write(root.join("sql/a.rs"), "fn f(_: crate::engine::Database) {}").unwrap();
+        std::fs::write(root.join("engine/b.rs"), "use crate::sql::a;").unwrap();
+        let (placed, upward) = upward_uses(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(placed, 2);
+        assert_eq!(
+            upward.into_iter().collect::<Vec<_>>(),
+            vec![("sql/a.rs".to_string(), "engine".to_string())]
+        );
+    }
+
+    #[test]
+    fn uses_are_found_in_groups_and_not_in_comments() {
+        let code =
+            "use crate::{engine::Database, sql};\n// crate::wire\nlet x = crate::catalog::Entry;";
+        let found = crate_uses(code);
+        assert_eq!(
+            found,
+            ["catalog", "engine", "sql"]
+                .into_iter()
+                .map(String::from)
+                .collect()
+        );
+    }
+}
