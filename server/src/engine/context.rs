@@ -614,12 +614,10 @@ impl planner::windows::WindowTables for WindowInputs {
             Entry::Source { .. } => source_provider(&entry, self.mode),
             _ => table_provider(&self.db, &entry, self.mode),
         };
-        // A catalog entry that cannot be read is the catalog's error, told
-        // as the planner's (its SQLSTATE kept where the planner has one).
-        provider.map(Some).map_err(|e| match e {
-            ServerError::Unsupported(m) => planner::PlanError::Unsupported(m),
-            ServerError::InvalidObjectDefinition(m) => planner::PlanError::InvalidDefinition(m),
-            other => planner::PlanError::DataFusion(DataFusionError::External(Box::new(other))),
-        })
+        // The server's own error, carried through DataFusion whole: the
+        // server finds it again by its type (`crate::error`).
+        provider
+            .map(Some)
+            .map_err(|e| planner::PlanError::DataFusion(DataFusionError::External(Box::new(e))))
     }
 }
