@@ -13,7 +13,7 @@ pub enum ClusterError {
     #[error("job {0} not found")]
     UnknownJob(u64),
     #[error("job {job} failed: {error}")]
-    JobFailed { job: u64, error: String },
+    JobFailed { job: u64, error: executor::Failure },
     #[error("task manager {0} is not registered")]
     UnknownTaskManager(String),
     /// A TaskManager could not register with the JobManager in time.
@@ -46,6 +46,20 @@ pub enum ClusterError {
     Plan(#[from] planner::PlanError),
     #[error("{0}")]
     Internal(String),
+}
+
+impl ClusterError {
+    /// This error as a job's failure: its kind told from the variants, its
+    /// message as it reads.
+    pub fn failure(&self) -> executor::Failure {
+        let kind = match self {
+            ClusterError::JobFailed { error, .. } => error.kind,
+            ClusterError::Exec(e) => e.failure().kind,
+            ClusterError::Storage(e) => executor::classify_storage(e).kind,
+            _ => executor::ErrorKind::Internal,
+        };
+        executor::Failure::new(kind, self.to_string())
+    }
 }
 
 pub type Result<T, E = ClusterError> = std::result::Result<T, E>;

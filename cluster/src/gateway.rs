@@ -234,7 +234,7 @@ pub trait JobMasterGateway: Send + Sync {
         &self,
         task: &TaskId,
         state: ExecutionState,
-        error: Option<String>,
+        error: Option<executor::Failure>,
     );
 
     /// A TaskManager offers slots it allocated for `job`; the answer is

@@ -105,7 +105,9 @@ impl JobManager {
                     Err(_) => return,
                 };
                 for job in jobs.into_iter().filter(|j| j.uses_task_manager(&tm)) {
-                    tokio::spawn(job.failover(format!("task manager {tm} lost")));
+                    tokio::spawn(job.failover(executor::Failure::internal(format!(
+                        "task manager {tm} lost"
+                    ))));
                 }
             }
         });
@@ -170,7 +172,7 @@ impl JobManager {
                     }
                     Err(e) => {
                         if jm.state() == JobState::Created {
-                            jm.failover(e.to_string()).await;
+                            jm.failover(e.failure()).await;
                         }
                         return;
                     }
@@ -283,8 +285,7 @@ impl JobManager {
     /// The errors counted in `job` at its latest completed checkpoint: each
     /// message of a row whose expression fails, once per such row
     /// (`executor::errors`).
-    pub async fn read_errors(&self, job: u64) -> Result<Vec<String>> {
-        use datafusion::arrow::array::AsArray;
+    pub async fn read_errors(&self, job: u64) -> Result<Vec<executor::Failure>> {
         let jm = self.master(job)?;
         let mut out = Vec::new();
         for table in jm.job_graph().error_tables() {
@@ -292,14 +293,7 @@ impl JobManager {
                 .read_view(table, executor::errors::error_schema())
                 .await?
             {
-                out.extend(
-                    batch
-                        .column(0)
-                        .as_string::<i32>()
-                        .iter()
-                        .flatten()
-                        .map(str::to_string),
-                );
+                out.extend(executor::errors::failures(&batch));
             }
         }
         Ok(out)

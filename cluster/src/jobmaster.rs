@@ -42,6 +42,7 @@ use executor::message::Barrier;
 use executor::operators::changelog;
 use executor::state::OperatorStateStats;
 use executor::task::{CheckpointAck, TaskDeployment, TaskId, TaskRestore};
+use executor::{ErrorKind, Failure};
 use planner::execution_graph::{ExecutionGraph, ExecutionState, SlotId};
 use planner::job_graph::JobGraph;
 use planner::spec::OperatorSpec;
@@ -71,7 +72,7 @@ pub(crate) enum JobState {
     Created,
     Running,
     Restarting,
-    Failed(String),
+    Failed(Failure),
     Canceled,
 }
 
@@ -86,7 +87,7 @@ struct Inner {
     restarts: u32,
     running_since: Instant,
     /// A failure reported while the job was being (re)deployed.
-    deploy_failure: Option<String>,
+    deploy_failure: Option<Failure>,
     /// Slots TaskManagers offered for the coming deployment (the slot pool).
     offered: BTreeSet<SlotId>,
     next_checkpoint: u64,
@@ -100,7 +101,7 @@ struct Inner {
     /// Whether `retained` has been read from checkpoint storage.
     loaded: bool,
     /// Why the job cannot be restored (every retained checkpoint is damaged).
-    unrecoverable: Option<String>,
+    unrecoverable: Option<Failure>,
     /// Checkpoints failed in a row.
     failures: u32,
     /// The checkpoint the current deployment restored from.
@@ -141,10 +142,6 @@ impl std::fmt::Debug for JobMaster {
 fn poisoned() -> ClusterError {
     ClusterError::Internal("job master lock poisoned".into())
 }
-
-/// How a snapshot that failed for want of space says so
-/// (`StorageError::DiskFull`).
-const DISK_FULL: &str = "no space left on device";
 
 /// Checkpoints the history keeps per job.
 const HISTORY: usize = 100;
@@ -349,9 +346,9 @@ impl JobMaster {
                 ..Default::default()
             });
         } else if let Some((id, why)) = corrupt.first() {
-            inner.unrecoverable = Some(format!(
+            inner.unrecoverable = Some(Failure::internal(format!(
                 "every retained checkpoint is damaged (the latest, {id}: {why})"
-            ));
+            )));
         }
         tracing::info!(job = self.job, retained = ?valid.iter().map(|m| m.id).collect::<Vec<_>>(),
             "checkpoints loaded");
@@ -393,9 +390,9 @@ impl JobMaster {
                     });
                 }
                 None => {
-                    inner.unrecoverable = Some(format!(
+                    inner.unrecoverable = Some(Failure::internal(format!(
                         "every retained checkpoint is damaged (the last, {id}: {why})"
-                    ));
+                    )));
                 }
             }
         }
@@ -411,10 +408,10 @@ impl JobMaster {
             && inner.state == JobState::Running
             && let Some(me) = self.me.upgrade()
         {
-            let error = format!(
+            let error = Failure::internal(format!(
                 "{} checkpoints failed in a row, more than the {} tolerated; the last: {cause}",
                 inner.failures, self.config.tolerable_checkpoint_failures
-            );
+            ));
             inner.failures = 0;
             tokio::spawn(me.failover(error));
         }
@@ -433,7 +430,7 @@ impl JobMaster {
 
     /// Ends the pending checkpoint `id` as failed: it expired or a task
     /// declined it.
-    async fn fail_pending(&self, id: u64, cause: String) {
+    async fn fail_pending(&self, id: u64, cause: Failure) {
         {
             let Ok(mut inner) = self.lock() else { return };
             let Some(p) = inner.pending.as_ref().filter(|p| p.id == id) else {
@@ -441,12 +438,12 @@ impl JobMaster {
             };
             let handles = p.handles().to_vec();
             tracing::warn!(job = self.job, checkpoint = id, cause = %cause, "checkpoint failed");
-            inner.end_pending(CheckpointStatus::Failed, &cause);
+            inner.end_pending(CheckpointStatus::Failed, &cause.message);
             self.discard_files(&inner, id, &handles);
             // A full disk is not the job's fault, and restarting it would
             // not help: its checkpoints resume once there is space.
-            if !cause.contains(DISK_FULL) {
-                self.checkpoint_failed(&mut inner, &cause);
+            if cause.kind != ErrorKind::DiskFull {
+                self.checkpoint_failed(&mut inner, &cause.message);
             }
         }
         for tm in self.task_executors() {
@@ -614,7 +611,7 @@ impl JobMaster {
                     error: failure,
                 });
             }
-            return Err(ClusterError::Internal(failure));
+            return Err(ClusterError::Internal(failure.message));
         }
         match inner.state {
             JobState::Created | JobState::Restarting => {
@@ -725,7 +722,7 @@ impl JobMaster {
         self.inner
             .lock()
             .map(|i| i.state.clone())
-            .unwrap_or(JobState::Failed("lock poisoned".into()))
+            .unwrap_or(JobState::Failed(Failure::internal("lock poisoned")))
     }
 
     /// Subtasks with their slots and states.
@@ -911,7 +908,9 @@ impl JobMaster {
             if let Some(jm) = me.upgrade() {
                 jm.fail_pending(
                     id,
-                    format!("expired after {timeout:?} before every task acknowledged it"),
+                    Failure::internal(format!(
+                        "expired after {timeout:?} before every task acknowledged it"
+                    )),
                 )
                 .await;
             }
@@ -1050,7 +1049,7 @@ impl JobMaster {
 
     /// A task or a TaskManager failed: cancel everything, then restart
     /// from the latest completed checkpoint as the restart strategy allows.
-    pub(crate) async fn failover(self: Arc<Self>, error: String) {
+    pub(crate) async fn failover(self: Arc<Self>, error: Failure) {
         {
             let Ok(mut inner) = self.lock() else { return };
             match inner.state {
@@ -1088,7 +1087,7 @@ impl JobMaster {
                 }
                 // A full disk is waited out: restarting cannot fix it, so it
                 // does not use up the restart strategy's attempts.
-                if counts && !error.contains(DISK_FULL) {
+                if counts && error.kind != ErrorKind::DiskFull {
                     inner.restarts += 1;
                 }
                 let delay = self.config.restart_strategy.delay(inner.restarts.max(1));
@@ -1128,7 +1127,7 @@ impl JobMaster {
                         ClusterError::NotEnoughSlots { .. }
                             | ClusterError::TaskManagerUnreachable { .. }
                     );
-                    error = e.to_string();
+                    error = e.failure();
                 }
                 Err(_) => {
                     // Stopped while it got its slots: give them back.
@@ -1404,7 +1403,7 @@ impl JobMasterGateway for JobMaster {
         let checkpoint_id = ack.checkpoint_id;
         if let Some(why) = ack.declined.clone() {
             if let Some(me) = self.me.upgrade() {
-                let cause = format!("{task} declined it: {why}");
+                let cause = Failure::new(why.kind, format!("{task} declined it: {why}"));
                 tokio::spawn(async move { me.fail_pending(checkpoint_id, cause).await });
             }
             return;
@@ -1457,7 +1456,7 @@ impl JobMasterGateway for JobMaster {
         &self,
         task: &TaskId,
         state: ExecutionState,
-        error: Option<String>,
+        error: Option<Failure>,
     ) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
@@ -1478,16 +1477,16 @@ impl JobMasterGateway for JobMaster {
             // The first deployment is still submitting tasks: it fails when
             // it ends, and its caller decides (a new view's CREATE fails,
             // a recovered job goes to the restart strategy).
-            inner
-                .deploy_failure
-                .get_or_insert_with(|| error.unwrap_or_else(|| format!("{task} failed")));
+            inner.deploy_failure.get_or_insert_with(|| {
+                error.unwrap_or_else(|| Failure::internal(format!("{task} failed")))
+            });
             return;
         }
         drop(inner);
         if state == ExecutionState::Failed
             && let Some(me) = self.me.upgrade()
         {
-            let error = error.unwrap_or_else(|| format!("{task} failed"));
+            let error = error.unwrap_or_else(|| Failure::internal(format!("{task} failed")));
             tokio::spawn(me.failover(error));
         }
     }

@@ -478,7 +478,13 @@ mod tests {
     #[async_trait]
     impl JobMasterGateway for FakeJobMaster {
         fn acknowledge_checkpoint(&self, _: &TaskId, _: CheckpointAck) {}
-        fn update_task_execution_state(&self, _: &TaskId, _: ExecutionState, _: Option<String>) {}
+        fn update_task_execution_state(
+            &self,
+            _: &TaskId,
+            _: ExecutionState,
+            _: Option<executor::Failure>,
+        ) {
+        }
         async fn offer_slots(&self, _: u64, slots: Vec<SlotId>) -> Result<Vec<SlotId>> {
             Ok(slots)
         }

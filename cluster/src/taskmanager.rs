@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use executor::Failure;
 use executor::exchange::LocalShuffle;
 use executor::message::Barrier;
 use executor::operators::changelog;
@@ -568,7 +569,7 @@ impl TaskReporter for TaskExecutor {
         let task = task.clone();
         let decline = move |mut ack: CheckpointAck, task: &TaskId, e: storage::StorageError| {
             tracing::error!(task = %task, checkpoint = id, error = %e, "snapshot failed");
-            ack.declined = Some(e.to_string());
+            ack.declined = Some(executor::classify_storage(&e));
             ack
         };
         // Synchronous part, on the task: its changes in, a RocksDB checkpoint out.
@@ -586,7 +587,7 @@ impl TaskReporter for TaskExecutor {
                 master.update_task_execution_state(
                     &task,
                     ExecutionState::Failed,
-                    Some(lost.to_string()),
+                    Some(lost_failure(&lost)),
                 );
                 return;
             }
@@ -611,11 +612,20 @@ impl TaskReporter for TaskExecutor {
         });
     }
 
-    fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>) {
+    fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<Failure>) {
         if let Some(m) = self.master(task.job) {
             m.update_task_execution_state(task, state, error);
         }
     }
+}
+
+/// A backend that lost its changes fails its task; a full disk stays a
+/// full disk (the restart strategy waits it out).
+fn lost_failure(lost: &SnapshotError) -> Failure {
+    let kind = match lost {
+        SnapshotError::Lost(e) | SnapshotError::Declined(e) => executor::classify_storage(e).kind,
+    };
+    Failure::new(kind, lost.to_string())
 }
 
 #[async_trait]
@@ -708,7 +718,7 @@ impl TaskExecutorGateway for TaskExecutor {
                     me.state_changed(
                         &task_id,
                         ExecutionState::Failed,
-                        Some("task panicked".into()),
+                        Some(Failure::internal("task panicked")),
                     );
                 }
             }

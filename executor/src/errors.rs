@@ -27,43 +27,31 @@ use storage::codec::RowCodec;
 use storage::state::StateWrite;
 
 use crate::operator::OperatorContext;
-use crate::{ExecError, Result};
+use crate::{ErrorKind, Failure, Result};
 
 /// The columns of an error table as `SELECT` reads it: one row per error
-/// counted, the message of each.
+/// counted, its kind (`ErrorKind::name`) and its message.
 pub fn error_schema() -> SchemaRef {
-    std::sync::Arc::new(Schema::new(vec![Field::new(
-        "error",
-        DataType::Utf8,
-        false,
-    )]))
+    std::sync::Arc::new(Schema::new(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("error", DataType::Utf8, false),
+    ]))
 }
 
-/// What a failing expression says, as Postgres would word it.
-pub fn message(e: &ExecError) -> String {
-    use datafusion::arrow::error::ArrowError;
-    use datafusion::error::DataFusionError;
-    let arrow = match e {
-        ExecError::DataFusion(d) => match d.find_root() {
-            DataFusionError::ArrowError(a, _) => Some(a.as_ref()),
-            DataFusionError::Execution(m) => return m.clone(),
-            other => return other.to_string(),
-        },
-        ExecError::Arrow(a) => Some(a),
-        _ => None,
+/// The failures an error table's rows hold, in `error_schema`'s columns.
+pub fn failures(batch: &datafusion::arrow::array::RecordBatch) -> Vec<Failure> {
+    use datafusion::arrow::array::AsArray;
+    let (Some(kinds), Some(messages)) = (
+        batch.column(0).as_string_opt::<i32>(),
+        batch.column(1).as_string_opt::<i32>(),
+    ) else {
+        return Vec::new();
     };
-    match arrow {
-        Some(ArrowError::DivideByZero) => "division by zero".into(),
-        Some(
-            ArrowError::ArithmeticOverflow(m)
-            | ArrowError::ParseError(m)
-            | ArrowError::CastError(m)
-            | ArrowError::ComputeError(m)
-            | ArrowError::InvalidArgumentError(m),
-        ) => m.clone(),
-        Some(other) => other.to_string(),
-        None => e.to_string(),
-    }
+    kinds
+        .iter()
+        .zip(messages.iter())
+        .map(|(k, m)| Failure::new(ErrorKind::from_name(k.unwrap_or("")), m.unwrap_or("")))
+        .collect()
 }
 
 /// One operator's count of each error message, by key group.
@@ -72,7 +60,7 @@ pub struct ErrorCollection {
     codec: RowCodec,
     /// Where this subtask counts new errors: its first key group.
     key_group: u16,
-    /// (key group, encoded message) → count.
+    /// (key group, encoded kind and message) → count.
     counts: HashMap<(u16, Vec<u8>), i64>,
     /// Entries changed since the last barrier.
     dirty: HashSet<(u16, Vec<u8>)>,
@@ -82,7 +70,7 @@ impl ErrorCollection {
     pub fn new(table: u64) -> Result<Self> {
         Ok(Self {
             table,
-            codec: RowCodec::new(vec![DataType::Utf8])?,
+            codec: RowCodec::new(vec![DataType::Utf8, DataType::Utf8])?,
             key_group: 0,
             counts: HashMap::new(),
             dirty: Default::default(),
@@ -118,10 +106,13 @@ impl ErrorCollection {
 
     /// Counts one row's error: `sign` 1 for a row that arrives, -1 for
     /// one that goes.
-    pub fn add(&mut self, message: &str, sign: i64) -> Result<()> {
+    pub fn add(&mut self, failure: &Failure, sign: i64) -> Result<()> {
         let key = self
             .codec
-            .encode(&[std::sync::Arc::new(StringArray::from(vec![message]))])?
+            .encode(&[
+                std::sync::Arc::new(StringArray::from(vec![failure.kind.name()])),
+                std::sync::Arc::new(StringArray::from(vec![failure.message.as_str()])),
+            ])?
             .remove(0);
         let mine = (self.key_group, key.clone());
         let at = if sign < 0 && self.counts.get(&mine).copied().unwrap_or(0) <= 0 {
@@ -136,7 +127,7 @@ impl ErrorCollection {
         };
         if sign > 0 && !self.counts.keys().any(|(_, k)| *k == key) {
             tracing::warn!(
-                error = message,
+                error = %failure,
                 "a row's expression failed; the row is left out and the error kept until the row goes"
             );
         }
@@ -187,7 +178,7 @@ pub fn run_or_collect<T>(
         match f(&chunk.slice(row, 1)) {
             Ok(_) => keep.push(true),
             Err(e) => {
-                errors.add(&message(&e), chunk.op(row).sign())?;
+                errors.add(&e.failure(), chunk.op(row).sign())?;
                 keep.push(false);
             }
         }

@@ -26,4 +26,6 @@ pub mod sinks;
 pub mod state;
 pub mod task;
 
-pub use error::{ExecError, Result};
+pub use error::{
+    ErrorKind, ExecError, Failure, Result, classify_arrow, classify_datafusion, classify_storage,
+};

@@ -72,7 +72,7 @@ pub struct CheckpointAck {
     /// from the TaskManager to the JobMaster; `writes` is then empty).
     pub state: Option<StateHandle>,
     /// Set when the subtask could not take its part (Flink's decline).
-    pub declined: Option<String>,
+    pub declined: Option<crate::Failure>,
     /// Connector sources: more was available to read than the rows before
     /// the barrier (`FLUSH` waits for a checkpoint where none is behind).
     pub behind: bool,
@@ -130,7 +130,7 @@ pub trait TaskReporter: Send + Sync {
     fn acknowledge_checkpoint(&self, task: &TaskId, ack: CheckpointAck);
 
     /// The task's execution state changed.
-    fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<String>);
+    fn state_changed(&self, task: &TaskId, state: ExecutionState, error: Option<crate::Failure>);
 }
 
 /// Rows as they are read.
@@ -425,7 +425,7 @@ impl StreamTask {
             Err(ExecError::ChannelClosed) => (ExecutionState::Canceled, None),
             Err(e) => {
                 tracing::error!(task = %self.id, error = %e, "task failed");
-                (ExecutionState::Failed, Some(e.to_string()))
+                (ExecutionState::Failed, Some(e.failure()))
             }
         };
         self.reporter.state_changed(&self.id, state, error);

@@ -33,6 +33,12 @@ pub enum PlanError {
     /// Text that does not read as a value of its type (`22P02`).
     #[error("{0}")]
     InvalidText(String),
+    /// A scalar subquery that returned more than one row (`21000`).
+    #[error("{0}")]
+    CardinalityViolation(String),
+    /// A value nested too deeply to process (`54001`).
+    #[error("{0}")]
+    StatementTooComplex(String),
     #[error("{0}")]
     Internal(String),
 }

@@ -4,6 +4,7 @@
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::SchemaError;
 use datafusion::error::DataFusionError;
+use executor::{ErrorKind, Failure};
 use pgwire::error::{ErrorInfo, PgWireError};
 
 /// An error answered to a client.
@@ -237,48 +238,33 @@ impl From<ServerError> for PgWireError {
     }
 }
 
-/// Postgres's name of an Arrow integer type, in "integer out of range".
-fn integer_type_name(arrow_name: &str) -> Option<&'static str> {
-    Some(match arrow_name {
-        "Int16" | "UInt8" | "Int8" => "smallint",
-        "Int32" | "UInt16" => "integer",
-        "Int64" | "UInt32" | "UInt64" => "bigint",
-        _ => return None,
-    })
+fn from_arrow(e: &ArrowError) -> ServerError {
+    from_failure(executor::classify_arrow(e))
 }
 
-fn from_arrow(e: &ArrowError) -> ServerError {
-    match e {
-        ArrowError::DivideByZero => ServerError::DivisionByZero,
-        // A number that does not fit the integer type it is cast to.
-        ArrowError::CastError(m)
-            if m.starts_with("Can't cast value")
-                && let Some(t) = m.rsplit(' ').next().and_then(integer_type_name) =>
-        {
-            ServerError::NumericOutOfRange(format!("{t} out of range"))
-        }
-        ArrowError::ParseError(m) if m.starts_with("unsupported Unicode escape sequence") => {
-            ServerError::UntranslatableCharacter(m.clone())
-        }
-        // A decimal past its precision (a total of more than 38 digits).
-        ArrowError::CastError(m)
-            if m.starts_with("Cannot cast to Decimal") && m.contains("Overflowing") =>
-        {
-            ServerError::NumericOutOfRange(format!("numeric field overflow: {m}"))
-        }
-        ArrowError::CastError(m) | ArrowError::ParseError(m) => ServerError::InvalidText(m.clone()),
-        // A value with more integer digits than a numeric(p, s) holds.
-        ArrowError::InvalidArgumentError(m) if m.contains("too large to store in a Decimal") => {
-            ServerError::NumericOutOfRange(format!("numeric field overflow: {m}"))
-        }
-        ArrowError::ArithmeticOverflow(m) => ServerError::NumericOutOfRange(m.clone()),
-        ArrowError::ComputeError(m) if m.contains("Overflow") || m.contains("overflow") => {
-            ServerError::NumericOutOfRange(m.clone())
-        }
-        ArrowError::InvalidArgumentError(m) if m.contains("non-nullable") => {
-            ServerError::NotNullViolation(m.clone())
-        }
-        other => ServerError::Internal(other.to_string()),
+/// The error a failure told by its kind stands for.
+pub fn from_failure(f: Failure) -> ServerError {
+    match f.kind {
+        ErrorKind::DivisionByZero => ServerError::DivisionByZero,
+        kind => with_kind(kind, f.message),
+    }
+}
+
+/// The error of `kind`, told as `message`.
+fn with_kind(kind: ErrorKind, message: String) -> ServerError {
+    match kind {
+        ErrorKind::DivisionByZero => ServerError::DivisionByZeroIn(message),
+        ErrorKind::NumericOutOfRange => ServerError::NumericOutOfRange(message),
+        ErrorKind::InvalidText => ServerError::InvalidText(message),
+        ErrorKind::UntranslatableCharacter => ServerError::UntranslatableCharacter(message),
+        ErrorKind::NotNullViolation => ServerError::NotNullViolation(message),
+        ErrorKind::UnsupportedValue => ServerError::UnsupportedValue(message),
+        ErrorKind::InvalidParameter => ServerError::InvalidParameter(message),
+        ErrorKind::CardinalityViolation => ServerError::CardinalityViolation(message),
+        ErrorKind::OutOfMemory => ServerError::OutOfMemory(message),
+        ErrorKind::DiskFull => ServerError::DiskFull(message),
+        ErrorKind::StatementTooComplex => ServerError::StatementTooComplex(message),
+        ErrorKind::Internal => ServerError::Internal(message),
     }
 }
 
@@ -325,7 +311,6 @@ fn from_datafusion(e: &DataFusionError) -> ServerError {
         }
         DataFusionError::NotImplemented(m) => ServerError::Unsupported(feature(m)),
         DataFusionError::Plan(m) => classify_plan(m),
-        DataFusionError::Execution(m) => classify_execution(m),
         DataFusionError::ResourcesExhausted(m) => ServerError::InsufficientResources(m.clone()),
         DataFusionError::External(inner) => {
             if let Some(se) = inner.downcast_ref::<ServerError>() {
@@ -334,8 +319,9 @@ fn from_datafusion(e: &DataFusionError) -> ServerError {
             if let Some(pe) = inner.downcast_ref::<planner::PlanError>() {
                 return from_plan(pe);
             }
-            ServerError::Internal(root.to_string())
+            from_failure(executor::classify_datafusion(root))
         }
+        DataFusionError::Execution(_) => from_failure(executor::classify_datafusion(root)),
         other => ServerError::Internal(strip(&other.to_string())),
     }
 }
@@ -441,38 +427,6 @@ fn feature(m: &str) -> String {
     f.strip_prefix("Unsupported ").unwrap_or(f).to_string()
 }
 
-/// How DataFusion's `NotImplemented` error reads, lower-cased.
-const NOT_IMPLEMENTED: &str = "this feature is not implemented: ";
-
-fn classify_execution(m: &str) -> ServerError {
-    let lower = m.to_lowercase();
-    if planner::functions::is_invalid_parameter(m) {
-        ServerError::InvalidParameter(m.to_string())
-    } else if m.contains(planner::functions::one_row::MORE_THAN_ONE_ROW) {
-        ServerError::CardinalityViolation(m.to_string())
-    } else if m.contains(executor::state::OUT_OF_MANAGED_MEMORY) {
-        ServerError::OutOfMemory(m.to_string())
-    } else if lower.starts_with("stack depth limit exceeded") {
-        ServerError::StatementTooComplex(m.to_string())
-    } else if lower.contains("divide by zero") || lower.contains("division by zero") {
-        ServerError::DivisionByZero
-    } else if let Some(at) = lower.find(NOT_IMPLEMENTED) {
-        // `at` is in the lower-cased text: the same place in `m` where
-        // lower-casing kept every length (ASCII), else all of `m`.
-        let rest = m.get(at + NOT_IMPLEMENTED.len()..).unwrap_or(m);
-        ServerError::UnsupportedValue(rest.to_string())
-    } else if lower.contains("overflow") || lower.contains("out of range") {
-        ServerError::NumericOutOfRange(m.to_string())
-    } else if lower.contains("cast")
-        || lower.contains("parse")
-        || lower.contains("invalid input syntax")
-    {
-        ServerError::InvalidText(m.to_string())
-    } else {
-        ServerError::Internal(m.to_string())
-    }
-}
-
 impl From<datafusion::arrow::error::ArrowError> for ServerError {
     fn from(e: datafusion::arrow::error::ArrowError) -> Self {
         DataFusionError::from(e).into()
@@ -513,6 +467,8 @@ fn from_plan(e: &planner::PlanError) -> ServerError {
         P::DatatypeMismatch(m) => ServerError::DatatypeMismatch(m.clone()),
         P::InvalidParameter(m) => ServerError::InvalidParameter(m.clone()),
         P::InvalidText(m) => ServerError::InvalidText(m.clone()),
+        P::CardinalityViolation(m) => ServerError::CardinalityViolation(m.clone()),
+        P::StatementTooComplex(m) => ServerError::StatementTooComplex(m.clone()),
         P::DataFusion(d) => from_datafusion(d),
         P::Internal(m) => ServerError::Internal(m.clone()),
     }
@@ -528,56 +484,30 @@ impl From<executor::ExecError> for ServerError {
             E::DataFusion(d) => d.into(),
             E::Storage(s) => s.into(),
             E::Arrow(a) => from_arrow(&a),
-            other => {
-                let m = other.to_string();
-                ServerError::task_error(m.clone(), &m)
-            }
+            other => from_failure(other.failure()),
         }
     }
 }
 
 impl ServerError {
     /// The job of `kind` `name` (a materialized view, a sink) failed for
-    /// good; the SQLSTATE follows the task's error (division by zero, bad
-    /// cast, …).
-    pub fn job_failed(kind: &str, name: &str, error: &str) -> Self {
-        Self::task_error(format!("{kind} \"{name}\" failed: {error}"), error)
+    /// good; the SQLSTATE is the task's failure's (division by zero, a bad
+    /// cast, a record that cannot be decoded).
+    pub fn job_failed(kind: &str, name: &str, error: &Failure) -> Self {
+        with_kind(error.kind, format!("{kind} \"{name}\" failed: {error}"))
     }
 
-    /// A task's error `error`, told as `message`: the SQLSTATE is the
-    /// task's (division by zero, a bad cast, a record that cannot be
-    /// decoded), whichever path brought it to the client.
-    fn task_error(message: String, error: &str) -> Self {
-        let message = message.replacen("This feature is not implemented: ", "", 1);
-        match classify_execution(error) {
-            ServerError::DivisionByZero => ServerError::DivisionByZero,
-            ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
-            ServerError::InvalidText(_) => ServerError::InvalidText(message),
-            ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
-            ServerError::CardinalityViolation(_) => ServerError::CardinalityViolation(message),
-            ServerError::OutOfMemory(_) => ServerError::OutOfMemory(message),
-            _ => ServerError::Internal(message),
-        }
-    }
-}
-
-impl ServerError {
     /// Materialized view `name` holds `rows` rows whose expressions fail,
     /// the first with `error`: the error, with its SQLSTATE, and where.
-    pub fn view_error(name: &str, error: &str, rows: usize) -> Self {
-        let shown = error.replacen("This feature is not implemented: ", "", 1);
+    pub fn view_error(name: &str, error: &Failure, rows: usize) -> Self {
         let message = format!(
-            "{shown} (materialized view \"{name}\" holds {rows} row{} whose expression fails; delete or correct {} to clear it)",
+            "{error} (materialized view \"{name}\" holds {rows} row{} whose expression fails; delete or correct {} to clear it)",
             if rows == 1 { "" } else { "s" },
             if rows == 1 { "it" } else { "them" },
         );
-        match classify_execution(error) {
-            ServerError::DivisionByZero => ServerError::DivisionByZeroIn(message),
-            ServerError::NumericOutOfRange(_) => ServerError::NumericOutOfRange(message),
-            ServerError::InvalidText(_) => ServerError::InvalidText(message),
-            ServerError::UnsupportedValue(_) => ServerError::UnsupportedValue(message),
-            ServerError::CardinalityViolation(_) => ServerError::CardinalityViolation(message),
-            _ => ServerError::DataException(message),
+        match error.kind {
+            ErrorKind::Internal => ServerError::DataException(message),
+            kind => with_kind(kind, message),
         }
     }
 }
@@ -595,10 +525,7 @@ impl From<cluster::ClusterError> for ServerError {
                 ServerError::UndefinedObject(e.to_string())
             }
             C::SavepointExists(_) => ServerError::DuplicateName(e.to_string()),
-            other => {
-                let m = other.to_string();
-                ServerError::task_error(m.clone(), &m)
-            }
+            other => from_failure(other.failure()),
         }
     }
 }

@@ -469,7 +469,8 @@ impl JobMasterGateway for RemoteJobMaster {
             positions: ack.positions.into_iter().map(Into::into).collect(),
             alignment_micros: ack.alignment.as_micros() as u64,
             state: super::to_json(&ack.state),
-            declined: ack.declined,
+            declined_kind: ack.declined.as_ref().map(|f| f.kind.name().to_string()),
+            declined: ack.declined.map(|f| f.message),
             behind: ack.behind,
             decode_errors: ack.decode_errors.map(Into::into),
             state_stats: super::to_json(&Some(ack.state_stats)),
@@ -480,12 +481,13 @@ impl JobMasterGateway for RemoteJobMaster {
         &self,
         task: &TaskId,
         state: ExecutionState,
-        error: Option<String>,
+        error: Option<executor::Failure>,
     ) {
         let _ = self.reports.send(Report::State(pb::TaskExecutionState {
             task: Some(task.into()),
             state: super::state_name(state),
-            error,
+            error_kind: error.as_ref().map(|f| f.kind.name().to_string()),
+            error: error.map(|f| f.message),
         }));
     }
 

@@ -188,7 +188,14 @@ impl JobMasterService for JobManagerServices {
                     positions: ack.positions.into_iter().map(Into::into).collect(),
                     alignment: std::time::Duration::from_micros(ack.alignment_micros),
                     state: super::json_field(&ack.state, "state")?,
-                    declined: ack.declined,
+                    declined: ack.declined.map(|message| {
+                        executor::Failure::new(
+                            executor::ErrorKind::from_name(
+                                ack.declined_kind.as_deref().unwrap_or(""),
+                            ),
+                            message,
+                        )
+                    }),
                     behind: ack.behind,
                     decode_errors: ack.decode_errors.map(Into::into),
                     state_stats: super::json_field(&ack.state_stats, "state_stats")?
@@ -207,7 +214,13 @@ impl JobMasterService for JobManagerServices {
         let task: TaskId = s.task.ok_or_else(|| missing("task"))?.into();
         let state = super::parse_state(&s.state)?;
         if let Some(jm) = self.jm.job_master(task.job) {
-            jm.update_task_execution_state(&task, state, s.error);
+            let error = s.error.map(|message| {
+                executor::Failure::new(
+                    executor::ErrorKind::from_name(s.error_kind.as_deref().unwrap_or("")),
+                    message,
+                )
+            });
+            jm.update_task_execution_state(&task, state, error);
         }
         Ok(Response::new(pb::Empty {}))
     }

@@ -125,7 +125,7 @@ impl StateCodec for GroupCodec {
 }
 
 /// A group's outputs, or the message of the error computing them.
-type RowOrError = std::result::Result<Vec<ScalarValue>, String>;
+type RowOrError = std::result::Result<Vec<ScalarValue>, crate::Failure>;
 
 /// What a group's row is, given its state: the parts of [`HashAgg`] that
 /// decide it, borrowed apart from its groups.
@@ -189,7 +189,7 @@ impl<'a> Rows<'a> {
     ) -> Result<RowOrError> {
         match self.outputs(key, key_group, g, sets) {
             Ok(v) => Ok(Ok(v)),
-            Err(e) if self.keep_errors => Ok(Err(crate::errors::message(&e))),
+            Err(e) if self.keep_errors => Ok(Err(e.failure())),
             Err(e) => Err(e),
         }
     }

@@ -327,7 +327,7 @@ impl HashJoin {
         side: usize,
         (key, key_group): (&[u8], u16),
         row: &[u8],
-    ) -> Result<(Vec<(Vec<u8>, i64)>, Vec<(String, i64)>)> {
+    ) -> Result<(Vec<(Vec<u8>, i64)>, Vec<(crate::Failure, i64)>)> {
         let other = 1 - side;
         let theirs_key = side_key(other, key);
         read_whole(&mut self.rows, &theirs_key, key_group)?;
@@ -362,7 +362,7 @@ impl HashJoin {
                     match expr::predicate_mask(filter, &pairs.slice(i, 1)) {
                         Ok(m) => keep.push(m.value(0)),
                         Err(e) => {
-                            failed.push((crate::errors::message(&e), *count));
+                            failed.push((e.failure(), *count));
                             keep.push(false);
                         }
                     }
@@ -434,8 +434,8 @@ impl HashJoin {
             None => Default::default(),
         };
         if let Some(errors) = &mut self.errors {
-            for (message, count) in failed {
-                errors.add(&message, sign * count)?;
+            for (failure, count) in failed {
+                errors.add(&failure, sign * count)?;
             }
         }
         let degree: i64 = matched.iter().map(|(_, c)| *c).sum();

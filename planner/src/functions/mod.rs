@@ -116,12 +116,6 @@ pub fn type_planner() -> Arc<dyn datafusion::logical_expr::planner::TypePlanner>
     Arc::new(jsonb::JsonbType)
 }
 
-/// Whether an execution error's message is one Postgres gives with
-/// `22023` (invalid parameter value).
-pub fn is_invalid_parameter(message: &str) -> bool {
-    jsonb::INVALID_PARAMETER.iter().any(|m| message.contains(m))
-}
-
 /// The type a function `name` takes by name as an argument (`arg`, the
 /// text `Decimal128(10, 2)`), for its return type.
 fn type_argument(name: &str, arg: Option<&ScalarValue>) -> Result<DataType> {

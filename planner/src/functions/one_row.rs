@@ -72,7 +72,10 @@ impl ScalarUDFImpl for OneRow {
             },
         };
         if too_many {
-            return Err(DataFusionError::Execution(MORE_THAN_ONE_ROW.to_string()));
+            return Err(
+                crate::PlanError::CardinalityViolation(MORE_THAN_ONE_ROW.to_string())
+                    .into_datafusion(),
+            );
         }
         Ok(args.args[1].clone())
     }

@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use crate::PlanError;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BinaryBuilder, BooleanBuilder, Int32Builder, LargeStringBuilder,
     ListBuilder, StringBuilder,
@@ -58,24 +59,6 @@ pub const JSONB: DataType = DataType::LargeUtf8;
 pub fn is_jsonb(t: &DataType) -> bool {
     *t == JSONB
 }
-
-/// Postgres's messages for a `jsonb` function given a value it does not
-/// take (`22023`, invalid parameter value); the server maps them so.
-pub const INVALID_PARAMETER: &[&str] = &[
-    "cannot get array length of a",
-    "cannot delete from",
-    "cannot delete path in scalar",
-    "key must not be null",
-    "field name must not be null",
-    "argument list must have even number of elements",
-    "cannot extract elements from",
-    "cannot call jsonb_object_keys on",
-    "cannot call jsonb_each on",
-    "cannot call jsonb_each_text on",
-    "key value must be scalar",
-    "cannot set path in scalar",
-    "cannot replace existing key",
-];
 
 /// The functions of this module, by the names SQL calls them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -604,15 +587,18 @@ pub(crate) fn read_error(e: ReadError) -> DataFusionError {
             )),
             None,
         ),
-        ReadError::TooDeep => DataFusionError::Execution(format!(
+        ReadError::TooDeep => PlanError::StatementTooComplex(format!(
             "stack depth limit exceeded: jsonb nested deeper than {} levels",
             value::MAX_DEPTH
-        )),
+        ))
+        .into_datafusion(),
     }
 }
 
+/// A `jsonb` function given a value it does not take: Postgres's `22023`
+/// (invalid parameter value), told by its type.
 fn invalid(message: impl Into<String>) -> DataFusionError {
-    DataFusionError::Execution(message.into())
+    PlanError::InvalidParameter(message.into()).into_datafusion()
 }
 
 /// Whether row `i` of `a` is NULL (every row of a `NULL` literal's array
