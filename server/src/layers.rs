@@ -22,6 +22,10 @@
 //!
 //! [`UPWARD`] would list a use that must point up, with why; the test fails
 //! on any other, and on a listed one that is gone. It is empty.
+//!
+//! Within the wire, the connection code reaches the engine through one
+//! trait, `engine::api::Engine`; a second test keeps it to that
+//! ([`WIRE_DOOR`]).
 
 /// The layers, lowest first.
 pub const LAYERS: &[&str] = &["error", "sql", "catalog", "engine", "wire"];
@@ -29,12 +33,23 @@ pub const LAYERS: &[&str] = &["error", "sql", "catalog", "engine", "wire"];
 /// `(file, layer it uses)` pairs that point upward, and why they still do.
 pub const UPWARD: &[(&str, &str, &str)] = &[];
 
+/// All the wire's connection code may name of the engine: its one door,
+/// the trait `engine::api::Engine`, and the data that passes through it
+/// (a session, a statement's result, a subscription's stream of changes,
+/// and `engine::control`, how a running statement is stopped).
+pub const WIRE_DOOR: &[&str] = &["api", "session", "QueryResult", "subscribe", "control"];
+
+/// Files of the wire layer that open a database of their own instead of
+/// serving one, as `main.rs` does: `weir bench` drives an engine in its
+/// process.
+pub const WIRE_DRIVERS: &[&str] = &["wire/bench.rs"];
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
     use std::path::Path;
 
-    use super::{LAYERS, UPWARD};
+    use super::{LAYERS, UPWARD, WIRE_DOOR, WIRE_DRIVERS};
 
     /// Every `crate::<name>` a file's code (not its comments) uses.
     fn crate_uses(code: &str) -> BTreeSet<String> {
@@ -129,6 +144,73 @@ mod tests {
         assert!(
             gone.is_empty(),
             "these upward uses are gone: take them out of UPWARD: {gone:?}"
+        );
+    }
+
+    /// The names code uses under `engine::` (the item after it).
+    fn engine_uses(code: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for line in code.lines() {
+            let line = line.split("//").next().unwrap_or_default();
+            let mut rest = line;
+            while let Some(at) = rest.find("engine::") {
+                let after = &rest[at + "engine::".len()..];
+                let items = match after.strip_prefix('{') {
+                    Some(group) => group.split('}').next().unwrap_or_default(),
+                    None => after,
+                };
+                for item in items.split(',') {
+                    let name: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    out.insert(name);
+                    if after.starts_with('{') {
+                        continue;
+                    }
+                    break;
+                }
+                rest = after;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_wire_reaches_the_engine_only_through_its_door() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        files(&root.join("wire"), &mut all);
+        assert!(all.len() >= 4, "the wire's files ({})", all.len());
+        for path in all {
+            let rel = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if WIRE_DRIVERS.contains(&rel.as_str()) {
+                continue;
+            }
+            let code = std::fs::read_to_string(&path).unwrap();
+            let past: Vec<_> = engine_uses(&code)
+                .into_iter()
+                .filter(|n| !WIRE_DOOR.contains(&n.as_str()))
+                .collect();
+            assert!(
+                past.is_empty(),
+                "{rel} reaches past the engine's door (engine::api::Engine): {past:?}"
+            );
+        }
+        let found = engine_uses(
+            "use crate::engine::{Database, api::Engine};\nx(crate::engine::dml::copy_in)",
+        );
+        assert_eq!(
+            found,
+            ["Database", "api", "dml"]
+                .into_iter()
+                .map(String::from)
+                .collect()
         );
     }
 

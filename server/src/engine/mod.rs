@@ -7,6 +7,7 @@
 //! jobs, DML writes table changelogs, queries run on DataFusion over
 //! consistent snapshots.
 
+pub mod api;
 pub mod context;
 pub mod control;
 pub mod cursor;

@@ -95,6 +95,11 @@ impl Session {
         Ok(())
     }
 
+    /// The columns cursor `name` returns, if it is open.
+    pub fn cursor_schema(&self, name: &str) -> Option<datafusion::arrow::datatypes::SchemaRef> {
+        self.cursors.get(name).map(Cursor::schema)
+    }
+
     /// `RESET ALL`.
     pub fn reset_all(&mut self) {
         let fresh = Session::new(self.default_parallelism);

@@ -18,7 +18,7 @@ use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::startup::{Authentication, PasswordMessageFamily};
 
 use crate::catalog::roles::Secret;
-use crate::engine::Database;
+use crate::engine::api::Engine;
 
 /// How clients authenticate (`--auth`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,14 +32,14 @@ pub enum AuthMethod {
 
 /// The roles' SCRAM secrets, as pgwire asks for them.
 #[derive(Debug)]
-struct RoleSecrets(Arc<Database>);
+struct RoleSecrets(Arc<dyn Engine>);
 
 #[async_trait]
 impl AuthSource for RoleSecrets {
     async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
         let secret = login
             .user()
-            .and_then(|u| self.0.roles.get(u))
+            .and_then(|u| self.0.role(u))
             .and_then(|r| r.secret);
         // A role that does not exist or has no password still goes through
         // the exchange, against a secret nobody knows, and fails as a
@@ -57,10 +57,10 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(method: AuthMethod, db: &Arc<Database>) -> Self {
+    pub fn new(method: AuthMethod, engine: &Arc<dyn Engine>) -> Self {
         Self {
             scram: (method == AuthMethod::ScramSha256)
-                .then(|| ScramAuth::new(Arc::new(RoleSecrets(db.clone())))),
+                .then(|| ScramAuth::new(Arc::new(RoleSecrets(engine.clone())))),
         }
     }
 

@@ -45,10 +45,10 @@ use planner::functions::jsonb::is_jsonb;
 use planner::functions::numeric_special::Special;
 use tokio::net::TcpListener;
 
-use crate::engine::context::plan_statement;
+use crate::engine::QueryResult;
+use crate::engine::api::Engine;
 use crate::engine::session::Session;
 use crate::engine::subscribe::Subscription;
-use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::sql::copy::{CopyFormat, CopyOptions};
 use crate::sql::params;
@@ -69,7 +69,7 @@ pub struct Prepared {
 /// Parses and describes statements for the extended protocol.
 #[derive(Debug)]
 pub struct Parser {
-    db: Arc<Database>,
+    engine: Arc<dyn Engine>,
     /// The connection's session: `FETCH` is described by its cursor.
     session: Arc<tokio::sync::Mutex<Session>>,
 }
@@ -86,66 +86,20 @@ impl Parser {
             return Ok(None);
         };
         let mut param_types = Vec::new();
-        let mut schema = None;
         let mut stmt = stmt;
-        self.db.qualify(&*self.session.lock().await, &mut stmt)?;
-        match &stmt {
-            Stmt::Subscribe {
-                subscribe,
-                copy: false,
-            } => {
-                schema = Some(Subscription::open(&self.db, subscribe).await?.schema());
-            }
-            Stmt::Fetch { cursor, .. } => {
-                schema = self
-                    .session
-                    .lock()
-                    .await
-                    .cursors
-                    .get(cursor)
-                    .map(crate::engine::cursor::Cursor::schema);
-            }
-            _ => {}
-        }
+        let described = {
+            let session = self.session.lock().await;
+            self.engine.qualify(&session, &mut stmt)?;
+            self.engine
+                .clone()
+                .describe(&session, &stmt, client_types)
+                .await?
+        };
+        let schema = described.schema;
         if let Stmt::Sql(s) = &stmt {
             let names = stmt::placeholders(s);
-            let mut names_seen = None;
-            let planned = match s.as_ref() {
-                Statement::Query(_) => Some(s.as_ref().clone()),
-                Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_)
-                    if !names.is_empty() =>
-                {
-                    Some(s.as_ref().clone())
-                }
-                _ => None,
-            };
-            let mut inferred = HashMap::new();
+            let inferred = described.inferred;
             let cast = params::cast_types(s);
-            if let Some(mut planned) = planned {
-                let ctx = {
-                    let session = self.session.lock().await;
-                    crate::engine::query::query_context(&self.db, &session)
-                };
-                if let Statement::Query(q) = &mut planned {
-                    names_seen = crate::engine::query::prepare(&ctx, q).await?;
-                }
-                params::declare_types(&mut planned, client_types)?;
-                let is_query = matches!(planned, Statement::Query(_));
-                match plan_statement(&ctx, planned).await {
-                    Ok(plan) => {
-                        if is_query {
-                            schema = Some(crate::engine::query::renamed(
-                                plan.schema().inner(),
-                                names_seen.as_deref(),
-                            ));
-                        }
-                        inferred = plan.get_parameter_types().unwrap_or_default();
-                    }
-                    // A query must plan; DML may still run without inference.
-                    Err(e) if is_query => return Err(e),
-                    Err(_) => {}
-                }
-            }
             let count = names
                 .iter()
                 .filter_map(|n| n.trim_start_matches('$').parse::<usize>().ok())
@@ -329,7 +283,7 @@ impl QueryParser for Parser {
 /// One client connection.
 #[derive(Debug)]
 pub struct Connection {
-    db: Arc<Database>,
+    engine: Arc<dyn Engine>,
     session: Arc<tokio::sync::Mutex<Session>>,
     parser: Arc<Parser>,
     /// The reported parameters as the client was last told them.
@@ -378,19 +332,17 @@ const MAX_COPY_IN_BYTES: usize = 1 << 30;
 
 impl Connection {
     pub fn new(
-        db: Arc<Database>,
+        engine: Arc<dyn Engine>,
         manager: Arc<ConnectionManager>,
         auth: Arc<crate::wire::auth::Authenticator>,
     ) -> Self {
-        let session = Arc::new(tokio::sync::Mutex::new(Session::new(
-            db.default_parallelism,
-        )));
+        let session = Arc::new(tokio::sync::Mutex::new(engine.new_session()));
         Self {
             parser: Arc::new(Parser {
-                db: db.clone(),
+                engine: engine.clone(),
                 session: session.clone(),
             }),
-            db,
+            engine,
             session,
             reported: Default::default(),
             manager,
@@ -415,15 +367,7 @@ impl Connection {
                 columns,
                 options,
             } => {
-                let width = if columns.is_empty() {
-                    match self.db.catalog.by_name(&table) {
-                        Some(entry) => crate::catalog::table_desc(&entry)
-                            .map(|d| crate::catalog::user_schema(&d).fields().len())?,
-                        None => 0,
-                    }
-                } else {
-                    columns.len()
-                };
+                let width = self.engine.copy_width(&table, &columns)?;
                 *self.copy_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(PendingCopy {
                     table,
                     columns,
@@ -479,10 +423,10 @@ impl Connection {
     async fn run_statement(&self, stmt: Stmt) -> Result<QueryResult> {
         let session = self.session.clone().lock_owned().await;
         let timeout = session.statement_timeout();
-        let db = self.db.clone();
+        let engine = self.engine.clone();
         self.supervise(timeout, async move {
             let mut session = session;
-            db.execute(&mut session, stmt).await
+            engine.execute(&mut session, stmt).await
         })
         .await
     }
@@ -1046,7 +990,7 @@ impl Connection {
             .get("database")
             .cloned()
             .unwrap_or_else(|| user.clone());
-        let role = match self.db.roles.get(&user) {
+        let role = match self.engine.role(&user) {
             Some(role) => role,
             None if authenticated => {
                 return Err(PgWireError::InvalidPassword(user));
@@ -1067,7 +1011,7 @@ impl Connection {
                 "database \"{database}\" does not exist"
             ))));
         }
-        match crate::catalog::roles::Login::enter(&self.db.roles, &role) {
+        match self.engine.log_in(&role) {
             Some(login) => {
                 let _ = self.login.set(login);
             }
@@ -1082,8 +1026,7 @@ impl Connection {
         let cancel = registered.0.clone();
         let _ = self.cancel.set(registered);
         let now = std::time::SystemTime::now();
-        let _ = self.activity.set(crate::catalog::activity::Entry::register(
-            &self.db.activity,
+        let _ = self.activity.set(self.engine.register_backend(
             crate::catalog::activity::Backend {
                 pid,
                 user: role.name.clone(),
@@ -1283,13 +1226,7 @@ impl ExtendedQueryHandler for Connection {
             && let Some(name) = message.name.as_deref().filter(|n| !n.is_empty())
             && client.portal_store().get_portal(name).is_none()
         {
-            let schema = {
-                let session = self.session.lock().await;
-                session
-                    .cursors
-                    .get(name)
-                    .map(crate::engine::cursor::Cursor::schema)
-            };
+            let schema = self.session.lock().await.cursor_schema(name);
             let Some(schema) = schema else {
                 return Err(ServerError::InvalidCursorName(format!(
                     "portal \"{name}\" does not exist"
@@ -1384,14 +1321,14 @@ impl CopyHandler for Connection {
             return Err(ServerError::Protocol("CopyDone outside a COPY FROM STDIN".into()).into());
         };
         let timeout = self.session.lock().await.statement_timeout();
-        let db = self.db.clone();
+        let engine = self.engine.clone();
         let n = self
             .supervise(timeout, async move {
                 let rows = crate::sql::copy::decode(&copy.data, &copy.options, copy.width)?;
-                crate::engine::dml::copy_in(&db, &copy.table, &copy.columns, &rows).await
+                engine.copy_in(&copy.table, &copy.columns, &rows).await
             })
             .await?;
-        self.db
+        self.engine
             .flush_if_implicit(&*self.session.lock().await)
             .await?;
         client
@@ -1453,7 +1390,7 @@ fn with_probe(
 
 /// Accepts clients until `shutdown` resolves.
 pub async fn serve(
-    db: Arc<Database>,
+    engine: Arc<dyn Engine>,
     listener: TcpListener,
     wire: crate::wire::WireConfig,
     shutdown: impl std::future::Future<Output = ()>,
@@ -1461,14 +1398,14 @@ pub async fn serve(
     tokio::pin!(shutdown);
     let manager = Arc::new(ConnectionManager::new());
     let count = Arc::new(crate::wire::ConnectionCount::default());
-    let auth = Arc::new(crate::wire::auth::Authenticator::new(wire.auth, &db));
+    let auth = Arc::new(crate::wire::auth::Authenticator::new(wire.auth, &engine));
     let wire = Arc::new(wire);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     let handlers = Handlers(Arc::new(Connection::new(
-                        db.clone(),
+                        engine.clone(),
                         manager.clone(),
                         auth.clone(),
                     )));
