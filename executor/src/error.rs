@@ -23,6 +23,10 @@ pub enum ExecError {
     /// An external system a connector reads or writes failed.
     #[error("{0}")]
     Connector(String),
+    /// A record a connector read that cannot be decoded, where the source
+    /// fails on one (`ignore_parse_errors = 'false'`).
+    #[error("{0}")]
+    Decode(String),
     #[error("channel closed")]
     ChannelClosed,
     /// An input channel's far end failed (a TaskManager or the network).
@@ -140,6 +144,7 @@ impl ExecError {
             ExecError::Arrow(a) => classify_arrow(a),
             ExecError::Storage(s) => classify_storage(s),
             ExecError::OutOfMemory(m) => Failure::new(ErrorKind::OutOfMemory, m.clone()),
+            ExecError::Decode(m) => Failure::new(ErrorKind::InvalidText, m.clone()),
             other => Failure::internal(other.to_string()),
         }
     }
@@ -345,6 +350,8 @@ mod tests {
         assert_eq!(classify_arrow(&e).kind, ErrorKind::InvalidText);
         let e = ArrowError::ComputeError("Overflow happened on: 9223372036854775807 + 1".into());
         assert_eq!(classify_arrow(&e).kind, ErrorKind::NumericOutOfRange);
+        let e = ExecError::Decode("kafka topic t partition 0 offset 1 cannot be decoded".into());
+        assert_eq!(e.failure().kind, ErrorKind::InvalidText);
         let e = ExecError::Protocol("barrier 3 after 4".into());
         assert_eq!(e.failure().kind, ErrorKind::Internal);
     }

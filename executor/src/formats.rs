@@ -223,7 +223,7 @@ impl Decoder {
     /// first bad record (at `where_`, which names it) fails the job.
     pub fn check(&self, decoded: &Decoded, where_: impl Fn(usize) -> String) -> Result<()> {
         match decoded.errors.first() {
-            Some(e) if self.fail_fast => Err(ExecError::Connector(format!(
+            Some(e) if self.fail_fast => Err(ExecError::Decode(format!(
                 "{} cannot be decoded ({}), and ignore_parse_errors is false",
                 where_(e.index),
                 e.message
