@@ -243,7 +243,7 @@ fn from_arrow(e: &ArrowError) -> ServerError {
 }
 
 /// The error a failure told by its kind stands for.
-pub fn from_failure(f: Failure) -> ServerError {
+fn from_failure(f: Failure) -> ServerError {
     match f.kind {
         ErrorKind::DivisionByZero => ServerError::DivisionByZero,
         kind => with_kind(kind, f.message),

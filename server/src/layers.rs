@@ -51,32 +51,47 @@ mod tests {
 
     use super::{LAYERS, UPWARD, WIRE_DOOR, WIRE_DRIVERS};
 
-    /// Every `crate::<name>` a file's code (not its comments) uses.
-    fn crate_uses(code: &str) -> BTreeSet<String> {
+    /// The first name after each `path` (`crate::`, `engine::`) in a
+    /// file's code, not its comments; in a group (`crate::{a, b::c}`), the
+    /// first name of each item.
+    fn names_after(code: &str, path: &str) -> BTreeSet<String> {
+        let first = |s: &str| -> String {
+            s.trim()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        };
         let mut out = BTreeSet::new();
         for line in code.lines() {
-            let line = line.split("//").next().unwrap_or_default();
-            let mut rest = line;
-            while let Some(at) = rest.find("crate::") {
-                let after = &rest[at + "crate::".len()..];
-                if let Some(group) = after.strip_prefix('{') {
-                    // `crate::{a, b::c}`: the first name of each item.
-                    let inside = group.split('}').next().unwrap_or_default();
-                    for item in inside.split(',') {
-                        let name = item.trim().split("::").next().unwrap_or_default();
-                        out.insert(name.trim().to_string());
+            let mut rest = line.split("//").next().unwrap_or_default();
+            while let Some(at) = rest.find(path) {
+                let after = &rest[at + path.len()..];
+                match after.strip_prefix('{') {
+                    Some(group) => {
+                        let inside = group.split('}').next().unwrap_or_default();
+                        out.extend(inside.split(',').map(first));
                     }
-                } else {
-                    let name: String = after
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    out.insert(name);
+                    None => {
+                        out.insert(first(after));
+                    }
                 }
                 rest = after;
             }
         }
         out
+    }
+
+    /// Every `crate::<name>` a file's code uses.
+    fn crate_uses(code: &str) -> BTreeSet<String> {
+        names_after(code, "crate::")
+    }
+
+    /// `path` as its place under `root`, with `/` between its parts.
+    fn relative(root: &Path, path: &Path) -> String {
+        path.strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/")
     }
 
     fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -99,11 +114,7 @@ mod tests {
         let mut upward = BTreeSet::new();
         let mut placed = 0;
         for path in all {
-            let rel = path
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
+            let rel = relative(root, &path);
             let top = rel.split('/').next().unwrap().trim_end_matches(".rs");
             let Some(own) = rank(top) else {
                 assert!(
@@ -147,36 +158,6 @@ mod tests {
         );
     }
 
-    /// The names code uses under `engine::` (the item after it).
-    fn engine_uses(code: &str) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
-        for line in code.lines() {
-            let line = line.split("//").next().unwrap_or_default();
-            let mut rest = line;
-            while let Some(at) = rest.find("engine::") {
-                let after = &rest[at + "engine::".len()..];
-                let items = match after.strip_prefix('{') {
-                    Some(group) => group.split('}').next().unwrap_or_default(),
-                    None => after,
-                };
-                for item in items.split(',') {
-                    let name: String = item
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    out.insert(name);
-                    if after.starts_with('{') {
-                        continue;
-                    }
-                    break;
-                }
-                rest = after;
-            }
-        }
-        out
-    }
-
     #[test]
     fn the_wire_reaches_the_engine_only_through_its_door() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -184,16 +165,12 @@ mod tests {
         files(&root.join("wire"), &mut all);
         assert!(all.len() >= 4, "the wire's files ({})", all.len());
         for path in all {
-            let rel = path
-                .strip_prefix(&root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
+            let rel = relative(&root, &path);
             if WIRE_DRIVERS.contains(&rel.as_str()) {
                 continue;
             }
             let code = std::fs::read_to_string(&path).unwrap();
-            let past: Vec<_> = engine_uses(&code)
+            let past: Vec<_> = names_after(&code, "engine::")
                 .into_iter()
                 .filter(|n| !WIRE_DOOR.contains(&n.as_str()))
                 .collect();
@@ -202,8 +179,9 @@ mod tests {
                 "{rel} reaches past the engine's door (engine::api::Engine): {past:?}"
             );
         }
-        let found = engine_uses(
+        let found = names_after(
             "use crate::engine::{Database, api::Engine};\nx(crate::engine::dml::copy_in)",
+            "engine::",
         );
         assert_eq!(
             found,
