@@ -25,7 +25,10 @@
 //!
 //! Within the wire, the connection code reaches the engine through one
 //! trait, `engine::api::Engine`; a second test keeps it to that
-//! ([`WIRE_DOOR`]).
+//! ([`WIRE_DOOR`]). Within the engine, each statement family (DDL, DML,
+//! ingest, jobs, sinks, savepoints, subscriptions, cursors, queries, roles,
+//! dead letters) is one module whose interface is listed in
+//! [`ENGINE_INTERFACES`]; a third test keeps each module to its list.
 
 /// The layers, lowest first.
 pub const LAYERS: &[&str] = &["error", "sql", "catalog", "engine", "wire"];
@@ -39,6 +42,99 @@ pub const UPWARD: &[(&str, &str, &str)] = &[];
 /// and `engine::control`, how a running statement is stopped).
 pub const WIRE_DOOR: &[&str] = &["api", "session", "QueryResult", "subscribe", "control"];
 
+/// The engine's statement families, each a module of `engine/`, and its
+/// interface: all the module makes visible outside itself. Everything else
+/// in it is private, and every name listed is used from outside, so the
+/// list is the whole of what the rest of the server may call (a test
+/// keeps both true). `dispatch.rs` calls the statements' entry points;
+/// the families call each other only as this shows (DDL starts a table's
+/// ingest job and its dead-letter table; sinks and ingest plan their jobs
+/// through `jobs`; the wire's door, `api.rs`, takes `COPY FROM STDIN`'s
+/// data to `dml`).
+pub const ENGINE_INTERFACES: &[(&str, &[&str])] = &[
+    (
+        "ddl",
+        &[
+            "create_table",
+            "create_view",
+            "explain_view",
+            "create_schema",
+            "drop_schema",
+            "drop",
+            "drop_objects",
+        ],
+    ),
+    (
+        "dml",
+        &[
+            "insert",
+            "update",
+            "delete",
+            "truncate",
+            "copy_target",
+            "copy_in",
+        ],
+    ),
+    (
+        "ingest",
+        &[
+            "include_columns",
+            "check",
+            "start",
+            "recover",
+            "flush",
+            "wait_applied",
+            "stop",
+        ],
+    ),
+    (
+        "jobs",
+        &[
+            "JobOptions",
+            "write_out_corresponding",
+            "check_query",
+            "dependencies",
+            "job_graph",
+            "plan_job",
+            "start",
+            "recover",
+            "set_parallelism",
+        ],
+    ),
+    ("sinks", &["create", "show"]),
+    ("savepoint", &["create", "drop", "show", "restore"]),
+    ("subscribe", &["Subscription"]),
+    ("cursor", &["Cursor"]),
+    (
+        "query",
+        &[
+            "select",
+            "prepare",
+            "renamed",
+            "query_context",
+            "explain",
+            "show_tables",
+            "show_create_view",
+            "show_schemas",
+            "show_objects",
+            "show_sources",
+            "show_jobs",
+        ],
+    ),
+    (
+        "dcl",
+        &[
+            "check",
+            "create_role",
+            "alter_role",
+            "drop_roles",
+            "grant",
+            "is_role_type",
+        ],
+    ),
+    ("dead_letters", &["resolve", "undo", "flush"]),
+];
+
 /// Files of the wire layer that open a database of their own instead of
 /// serving one, as `main.rs` does: `weir bench` drives an engine in its
 /// process.
@@ -49,7 +145,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::path::Path;
 
-    use super::{LAYERS, UPWARD, WIRE_DOOR, WIRE_DRIVERS};
+    use super::{ENGINE_INTERFACES, LAYERS, UPWARD, WIRE_DOOR, WIRE_DRIVERS};
 
     /// The first name after each `path` (`crate::`, `engine::`) in a
     /// file's code, not its comments; in a group (`crate::{a, b::c}`), the
@@ -190,6 +286,107 @@ mod tests {
                 .map(String::from)
                 .collect()
         );
+    }
+
+    /// The names of a file's items that are visible outside it: `pub`,
+    /// `pub(crate)` or `pub(super)` at the top level (not an impl's
+    /// methods, which go with their type).
+    fn visible_items(code: &str) -> BTreeSet<String> {
+        const KINDS: &[&str] = &["fn", "struct", "enum", "const", "static", "type", "trait"];
+        let mut out = BTreeSet::new();
+        for line in code.lines() {
+            let Some(rest) = line.strip_prefix("pub") else {
+                continue;
+            };
+            let rest = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(')').map_or("", |(_, r)| r),
+                None => rest,
+            };
+            let mut words = rest.split_whitespace().skip_while(|w| *w == "async");
+            if let (Some(kind), Some(name)) = (words.next(), words.next())
+                && KINDS.contains(&kind)
+            {
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(name);
+            }
+        }
+        out
+    }
+
+    /// The names a file's code uses from the engine's module `family`:
+    /// `family::name` where `family` is the engine's (after `engine::` or
+    /// `super::`, or alone), not another crate's module of that name
+    /// (`executor::sinks::…`).
+    fn family_uses(code: &str, family: &str) -> BTreeSet<String> {
+        let path = format!("{family}::");
+        let mut own = String::new();
+        for line in code.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            let mut rest = code;
+            while let Some(at) = rest.find(&path) {
+                let before = &rest[..at];
+                let alone = !before.ends_with("::")
+                    && !before.ends_with(|c: char| c.is_alphanumeric() || c == '_');
+                if alone || before.ends_with("engine::") || before.ends_with("super::") {
+                    own.push_str(&rest[at..]);
+                    own.push('\n');
+                }
+                rest = &rest[at + path.len()..];
+            }
+        }
+        names_after(&own, &path)
+    }
+
+    #[test]
+    fn each_engine_family_shows_only_its_interface() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        files(&root, &mut all);
+        let code: Vec<(String, String)> = all
+            .iter()
+            .map(|p| (relative(&root, p), std::fs::read_to_string(p).unwrap()))
+            .collect();
+        for (family, interface) in ENGINE_INTERFACES {
+            let file = format!("engine/{family}.rs");
+            let own = &code.iter().find(|(rel, _)| *rel == file).unwrap().1;
+            let listed: BTreeSet<String> = interface.iter().map(|s| s.to_string()).collect();
+            let visible = visible_items(own);
+            let unlisted: Vec<_> = visible.difference(&listed).collect();
+            assert!(
+                unlisted.is_empty(),
+                "{file} makes {unlisted:?} visible: make them private, or add them to its \
+                 interface in ENGINE_INTERFACES"
+            );
+            let missing: Vec<_> = listed.difference(&visible).collect();
+            assert!(missing.is_empty(), "{file} has no {missing:?}");
+            let mut used = BTreeSet::new();
+            for (rel, other) in &code {
+                if *rel != file && rel != "layers.rs" {
+                    used.extend(family_uses(other, family));
+                }
+            }
+            let unused: Vec<_> = listed.difference(&used).collect();
+            assert!(
+                unused.is_empty(),
+                "no file outside {file} uses {unused:?}: make them private and take them \
+                 out of ENGINE_INTERFACES"
+            );
+        }
+    }
+
+    #[test]
+    fn visible_items_and_family_uses_are_found() {
+        let code = "pub async fn a() {}\npub(crate) struct B;\n    pub fn method() {}\n\
+                    fn private() {}\npub(super) const C: u8 = 0;\npub mod d;";
+        let found: Vec<_> = visible_items(code).into_iter().collect();
+        assert_eq!(found, ["B", "C", "a"]);
+        let code = "use crate::engine::sinks::{create, show};\nexecutor::sinks::TABLE_SINK;\n\
+                    super::sinks::drop(x); sinks::list(); // sinks::comment";
+        let found: Vec<_> = family_uses(code, "sinks").into_iter().collect();
+        assert_eq!(found, ["create", "drop", "list", "show"]);
     }
 
     #[test]

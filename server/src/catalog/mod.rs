@@ -235,6 +235,35 @@ impl Entry {
 }
 
 /// How a table is stored, derived from its entry.
+/// The error for a relation whose name is taken (Postgres's words).
+pub fn already_exists(name: &impl std::fmt::Display) -> ServerError {
+    ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
+}
+
+/// A connector's `FORMAT … ENCODE … (…)` and `WITH` options as text, for
+/// `SHOW SOURCES` and `SHOW SINKS`, a password masked.
+pub fn connector_text(connector: &planner::spec::ConnectorSpec) -> (String, String) {
+    let list = |options: &BTreeMap<String, String>| {
+        options
+            .iter()
+            .map(|(k, v)| {
+                if k.contains("password") {
+                    format!("{k} = '********'")
+                } else {
+                    format!("{k} = '{v}'")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let format = match (&connector.format, &connector.encode) {
+        (Some(f), Some(e)) if connector.encode_options.is_empty() => format!("{f} {e}"),
+        (Some(f), Some(e)) => format!("{f} {e} ({})", list(&connector.encode_options)),
+        _ => String::new(),
+    };
+    (format, list(&connector.options))
+}
+
 pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
     let Entry::Table {
         id,
@@ -395,6 +424,25 @@ impl Catalog {
     /// Whether objects can be created in the schema `name`.
     pub fn has_schema(&self, name: &str) -> bool {
         name == DEFAULT_SCHEMA || self.schemas.read().is_ok_and(|s| s.contains_key(name))
+    }
+
+    /// Checks that an object can be created as `name`: its schema exists
+    /// and is not one of the system's. (Whether the name is taken is the
+    /// caller's to ask: `IF NOT EXISTS` makes that no error.)
+    pub fn check_new_name(&self, name: &QualifiedName) -> Result<()> {
+        if self.has_schema(&name.schema) {
+            Ok(())
+        } else if pg_catalog::is_system_schema(&name.schema) {
+            Err(ServerError::InsufficientPrivilege(format!(
+                "permission denied to create \"{}.{}\": schema {} is the system's",
+                name.schema, name.name, name.schema
+            )))
+        } else {
+            Err(ServerError::InvalidSchemaName(format!(
+                "schema \"{}\" does not exist",
+                name.schema
+            )))
+        }
     }
 
     /// Adds a schema durably.

@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::{MemTable, SchemaProvider, Session, TableProvider};
 use datafusion::common::DFSchema;
 use datafusion::datasource::{TableType, ViewTable};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -431,6 +431,30 @@ impl TableProvider for SourceRows {
     }
 }
 
+/// A column's `DEFAULT` as an expression of the column's type: a constant
+/// or a function of no column (`now()`, `proctime()`).
+pub fn column_default(sql: &str, data_type: &DataType) -> Result<Expr> {
+    let empty = datafusion::common::DFSchema::empty();
+    let e = new_context().parse_sql_expr(sql, &empty)?;
+    let e = e.cast_to(data_type, &empty)?;
+    // Evaluating it once finds defaults the column cannot take ('x' for an
+    // integer), as Postgres does at CREATE.
+    let physical = datafusion::physical_expr::create_physical_expr(
+        &e,
+        &empty,
+        &datafusion::execution::context::ExecutionProps::new(),
+        &Default::default(),
+    )?;
+    let one_row = datafusion::arrow::array::RecordBatch::try_new_with_options(
+        Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+        vec![],
+        &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+    )
+    .map_err(|e| ServerError::Internal(e.to_string()))?;
+    physical.evaluate(&one_row)?;
+    Ok(e)
+}
+
 /// The `DEFAULT`s of a table's columns, by name.
 fn column_defaults(
     columns: &[crate::catalog::Column],
@@ -441,9 +465,7 @@ fn column_defaults(
         .zip(schema.fields())
         .filter_map(|(c, f)| {
             let sql = c.default.as_ref()?;
-            Some(
-                crate::engine::ddl::column_default(sql, f.data_type()).map(|e| (c.name.clone(), e)),
-            )
+            Some(column_default(sql, f.data_type()).map(|e| (c.name.clone(), e)))
         })
         .collect()
 }

@@ -1,28 +1,24 @@
-//! DDL: tables, views and materialized views. A materialized view is a
-//! catalog entry plus a job: its query is lowered into a StreamGraph,
+//! DDL: `CREATE` and `DROP` of tables, streams, sources, views,
+//! materialized views and schemas. A materialized view is a catalog entry
+//! plus a job (`jobs.rs`): its query is lowered into a StreamGraph,
 //! chained into a JobGraph and handed to the JobManager, and `CREATE`
-//! returns once the job has backfilled what the tables held.
+//! returns once the job has backfilled what the tables held. A table that
+//! reads a connector gets its ingest job from `ingest.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::ExprSchemable;
-use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, CreateTable, CreateTableOptions, CreateView, Expr as SqlExpr, FunctionArg,
-    FunctionArgExpr, ObjectName, ObjectType, Query, SelectItem, SetExpr, SqlOption,
-    TableConstraint, TableFactor, Visit, Visitor,
+    ColumnOption, CreateTable, CreateTableOptions, CreateView, Expr as SqlExpr, ObjectName,
+    ObjectType, Query, SelectItem, SetExpr, SqlOption, TableConstraint,
 };
-use planner::StreamPlanOptions;
-use planner::job_graph::JobGraph;
-use planner::spec::CheckpointMode;
 use storage::table::ROW_ID_COLUMN;
 
 use crate::catalog::{Column, Entry, WatermarkDef, table_desc};
-use crate::engine::context::{Mode, context, plan_query};
+use crate::engine::jobs;
 use crate::engine::session::Session;
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
@@ -30,29 +26,6 @@ use crate::sql::stmt::{
     self, QualifiedName, TableOptions, WatermarkClause, apply_pg_names, ident, object_name,
 };
 use crate::sql::types;
-use planner::context::new_context;
-
-pub(crate) fn already_exists(name: &impl std::fmt::Display) -> ServerError {
-    ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
-}
-
-/// Checks that an object can be created as `name`: its schema exists and
-/// is not one of the system's.
-pub(crate) fn check_new_name(db: &Database, name: &QualifiedName) -> Result<()> {
-    if db.catalog.has_schema(&name.schema) {
-        Ok(())
-    } else if crate::catalog::pg_catalog::is_system_schema(&name.schema) {
-        Err(ServerError::InsufficientPrivilege(format!(
-            "permission denied to create \"{}.{}\": schema {} is the system's",
-            name.schema, name.name, name.schema
-        )))
-    } else {
-        Err(ServerError::InvalidSchemaName(format!(
-            "schema \"{}\" does not exist",
-            name.schema
-        )))
-    }
-}
 
 /// `CREATE TABLE` and `CREATE STREAM`.
 pub async fn create_table(
@@ -76,12 +49,12 @@ pub async fn create_table(
     if ct.external || ct.temporary {
         return Err(ServerError::unsupported("EXTERNAL and TEMPORARY tables"));
     }
-    check_new_name(db, &name)?;
+    db.catalog.check_new_name(&name)?;
     if db.catalog.by_name(&name).is_some() {
         if ct.if_not_exists {
             return Ok(QueryResult::command(tag));
         }
-        return Err(already_exists(&name));
+        return Err(crate::catalog::already_exists(&name));
     }
     if ct.columns.is_empty() {
         return Err(ServerError::unsupported("tables without columns"));
@@ -107,7 +80,10 @@ pub async fn create_table(
             match &opt.option {
                 ColumnOption::Default(e) => {
                     let sql = e.to_string();
-                    column_default(&sql, &types::arrow_type(&c.data_type)?)?;
+                    crate::engine::context::column_default(
+                        &sql,
+                        &types::arrow_type(&c.data_type)?,
+                    )?;
                     default = Some(sql);
                 }
                 ColumnOption::NotNull => not_null = true,
@@ -230,7 +206,7 @@ pub async fn create_table(
                 name: late,
             };
             if db.catalog.by_name(&late).is_some() {
-                return Err(already_exists(&late));
+                return Err(crate::catalog::already_exists(&late));
             }
             // The late rows' stream: the same columns, no watermark.
             let entry = Entry::Table {
@@ -245,7 +221,7 @@ pub async fn create_table(
                 late_rows: None,
                 ingest: None,
             };
-            Some(add_table(db, entry)?)
+            Some(db.add_table(entry)?)
         }
         None => None,
     };
@@ -261,18 +237,8 @@ pub async fn create_table(
         late_rows,
         ingest: None,
     };
-    add_table(db, entry)?;
+    db.add_table(entry)?;
     Ok(QueryResult::command(tag))
-}
-
-/// Adds a plain table's entry to the catalog and opens its storage;
-/// returns its id.
-pub(crate) fn add_table(db: &Database, entry: Entry) -> Result<u64> {
-    let desc = table_desc(&entry)?;
-    let id = entry.id();
-    db.catalog.add(entry)?;
-    db.cluster.tables.open_table(desc)?;
-    Ok(id)
 }
 
 /// `CREATE TABLE … WITH (connector = …)`: the connector checks its
@@ -419,30 +385,6 @@ fn late_rows_option(options: &CreateTableOptions) -> Result<Option<String>> {
     })
 }
 
-/// A column's `DEFAULT` as an expression of the column's type: a constant
-/// or a function of no column (`now()`, `proctime()`).
-pub fn column_default(sql: &str, data_type: &DataType) -> Result<datafusion::logical_expr::Expr> {
-    let empty = datafusion::common::DFSchema::empty();
-    let e = new_context().parse_sql_expr(sql, &empty)?;
-    let e = e.cast_to(data_type, &empty)?;
-    // Evaluating it once finds defaults the column cannot take ('x' for an
-    // integer), as Postgres does at CREATE.
-    let physical = datafusion::physical_expr::create_physical_expr(
-        &e,
-        &empty,
-        &datafusion::execution::context::ExecutionProps::new(),
-        &Default::default(),
-    )?;
-    let one_row = datafusion::arrow::array::RecordBatch::try_new_with_options(
-        Arc::new(Schema::empty()),
-        vec![],
-        &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
-    )
-    .map_err(|e| ServerError::Internal(e.to_string()))?;
-    physical.evaluate(&one_row)?;
-    Ok(e)
-}
-
 /// Checks `WATERMARK FOR column AS expr`: the column is a timestamp and the
 /// expression a timestamp over the table's columns.
 fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef> {
@@ -480,9 +422,9 @@ fn watermark_def(columns: &[Column], w: &WatermarkClause) -> Result<WatermarkDef
 
 /// The view's query text, with Postgres column names and the optional
 /// column list applied, and its `CORRESPONDING`s written out.
-pub(crate) async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<String> {
+async fn view_sql(db: &Arc<Database>, cv: &CreateView) -> Result<String> {
     let mut q = cv.query.clone();
-    write_out_corresponding(db, &mut q).await?;
+    jobs::write_out_corresponding(db, &mut q).await?;
     let names = crate::sql::stmt::output_names(&q);
     // Postgres's error for a view with two columns of one name (DataFusion
     // would call the names ambiguous).
@@ -532,280 +474,6 @@ fn casts_a_column(q: &Query) -> bool {
     })
 }
 
-/// Writes out `q`'s plain `CORRESPONDING`s (see `crate::sql::corresponding`),
-/// as views and sinks store their queries; the context their sides are
-/// planned in is made only for a query that has one.
-pub(crate) async fn write_out_corresponding(
-    db: &Arc<Database>,
-    q: &mut datafusion::sql::sqlparser::ast::Query,
-) -> Result<()> {
-    if crate::sql::corresponding::has_by_name(q) {
-        crate::sql::corresponding::resolve(&context(db, Mode::Batch), q).await?;
-    }
-    Ok(())
-}
-
-/// Plans `sql` once as a query: names, types and columns are checked, and
-/// no two columns may have one name.
-pub(crate) async fn check_query(db: &Arc<Database>, sql: &str) -> Result<()> {
-    let plan = plan_query(&context(db, Mode::Batch), sql).await?;
-    let mut names = BTreeSet::new();
-    for f in plan.schema().fields() {
-        if !names.insert(f.name().clone()) {
-            return Err(ServerError::DuplicateColumn(format!(
-                "column \"{}\" specified more than once",
-                f.name()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Catalog entries the query names directly.
-pub(crate) fn dependencies(db: &Database, sql: &str) -> Result<Vec<u64>> {
-    let Some(stmt::Stmt::Sql(s)) = stmt::parse(sql)?.pop() else {
-        return Ok(vec![]);
-    };
-    // `TUMBLE(t, …)` names its table as an argument, and is not itself a
-    // relation (though DataFusion lists it as one).
-    let mut windows = WindowTables::default();
-    let _ = s.visit(&mut windows);
-    let (refs, _) =
-        datafusion::sql::resolve::resolve_table_references(&DfStatement::Statement(s), true)?;
-    let mut names: Vec<QualifiedName> = refs
-        .iter()
-        .map(|r| QualifiedName {
-            schema: r.schema().unwrap_or(stmt::DEFAULT_SCHEMA).to_string(),
-            // A temporal join reads the table itself.
-            name: r
-                .table()
-                .strip_suffix(stmt::CURRENT_VERSION)
-                .unwrap_or(r.table())
-                .to_string(),
-        })
-        .filter(|n| !windows.functions.contains(n) || windows.relations.contains(n))
-        .collect();
-    names.extend(windows.tables);
-    let mut ids = BTreeSet::new();
-    for name in names {
-        if let Some(e) = db.catalog.by_name(&name) {
-            ids.insert(e.id());
-        }
-    }
-    Ok(ids.into_iter().collect())
-}
-
-/// The tables window table functions read, the names of the functions
-/// called, and the names used as plain relations.
-#[derive(Default)]
-struct WindowTables {
-    tables: Vec<QualifiedName>,
-    functions: BTreeSet<QualifiedName>,
-    relations: BTreeSet<QualifiedName>,
-}
-
-impl Visitor for WindowTables {
-    type Break = ();
-
-    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-        match factor {
-            TableFactor::Table {
-                name,
-                args: Some(args),
-                ..
-            } => {
-                if let Ok(n) = object_name(name)
-                    && crate::sql::window_tvf::FUNCTIONS.contains(&n.name.as_str())
-                {
-                    let table = match args.args.first() {
-                        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Identifier(
-                            table,
-                        )))) => Some(QualifiedName::public(ident(table))),
-                        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(
-                            SqlExpr::CompoundIdentifier(parts),
-                        ))) => object_name(&ObjectName::from(parts.clone())).ok(),
-                        _ => None,
-                    };
-                    self.tables.extend(table);
-                    self.functions.insert(n);
-                }
-            }
-            TableFactor::Table {
-                name, args: None, ..
-            } => {
-                if let Ok(n) = object_name(name) {
-                    self.relations.insert(n);
-                }
-            }
-            _ => {}
-        }
-        ControlFlow::Continue(())
-    }
-}
-
-/// How a job (a materialized view's or a sink's) is planned: the
-/// session's settings when it was created, kept in its catalog entry.
-#[derive(Debug, Clone)]
-pub(crate) struct JobOptions {
-    pub(crate) parallelism: usize,
-    pub(crate) chaining: bool,
-    pub(crate) checkpoint_mode: CheckpointMode,
-    pub(crate) emit_on_window_close: bool,
-    pub(crate) state_ttl_us: Option<i64>,
-    pub(crate) state_backend: Option<planner::spec::StateBackend>,
-    /// A sink's job ends in the sink.
-    pub(crate) sink: Option<planner::SinkTarget>,
-    /// A view's changelog retention (ms; 0: none).
-    pub(crate) retain_history_ms: u64,
-}
-
-impl JobOptions {
-    /// A job's options when nothing else is said.
-    pub(crate) fn defaults() -> Self {
-        Self {
-            parallelism: 1,
-            chaining: true,
-            checkpoint_mode: CheckpointMode::default(),
-            emit_on_window_close: false,
-            state_ttl_us: None,
-            state_backend: None,
-            sink: None,
-            retain_history_ms: 0,
-        }
-    }
-
-    pub(crate) fn of_session(session: &Session, emit_on_window_close: bool) -> Self {
-        Self {
-            parallelism: session.streaming_parallelism,
-            chaining: session.streaming_chaining,
-            checkpoint_mode: session.checkpoint_mode,
-            emit_on_window_close,
-            state_ttl_us: session.state_ttl_us,
-            state_backend: session.state_backend,
-            sink: None,
-            retain_history_ms: crate::catalog::DEFAULT_RETAIN_HISTORY_MS,
-        }
-    }
-
-    /// A materialized view's or a sink's: its id, query and options.
-    fn of_job(entry: &Entry) -> Result<(u64, String, Self)> {
-        match entry {
-            Entry::MaterializedView {
-                id,
-                sql,
-                parallelism,
-                chaining,
-                checkpoint_mode,
-                emit_on_window_close,
-                state_ttl_us,
-                state_backend,
-                retain_history_ms,
-                ..
-            } => Ok((
-                *id,
-                sql.clone(),
-                Self {
-                    parallelism: *parallelism,
-                    chaining: *chaining,
-                    checkpoint_mode: *checkpoint_mode,
-                    emit_on_window_close: *emit_on_window_close,
-                    state_ttl_us: *state_ttl_us,
-                    state_backend: *state_backend,
-                    sink: None,
-                    retain_history_ms: *retain_history_ms,
-                },
-            )),
-            Entry::Sink {
-                id,
-                name,
-                sql,
-                connector,
-                key,
-                parallelism,
-                chaining,
-                checkpoint_mode,
-                state_ttl_us,
-                state_backend,
-                ..
-            } => Ok((
-                *id,
-                sql.clone(),
-                Self {
-                    parallelism: *parallelism,
-                    chaining: *chaining,
-                    checkpoint_mode: *checkpoint_mode,
-                    emit_on_window_close: false,
-                    state_ttl_us: *state_ttl_us,
-                    state_backend: *state_backend,
-                    sink: Some(planner::SinkTarget {
-                        name: name.clone(),
-                        connector: connector.clone(),
-                        key: key.clone(),
-                    }),
-                    retain_history_ms: 0,
-                },
-            )),
-            _ => Err(ServerError::WrongObjectType(format!(
-                "\"{}\" is not a materialized view",
-                entry.name()
-            ))),
-        }
-    }
-}
-
-/// Lowers a view's query into the JobGraph of its job, and checks that
-/// every operator can be built.
-pub(crate) async fn job_graph(
-    db: &Arc<Database>,
-    sql: &str,
-    id: u64,
-    o: &JobOptions,
-) -> Result<JobGraph> {
-    let ctx = crate::engine::context::context_of_view(db, Mode::Stream, id);
-    let plan = planner::temporal::mark_now(plan_query(&ctx, sql).await?)?;
-    plan_job(plan, id, o)
-}
-
-/// Optimizes a job's logical plan, lowers it into the JobGraph of job `id`
-/// and checks that every operator can be built.
-pub(crate) fn plan_job(
-    plan: datafusion::logical_expr::LogicalPlan,
-    id: u64,
-    o: &JobOptions,
-) -> Result<JobGraph> {
-    let stream = planner::context::plan_stream(
-        &plan,
-        &StreamPlanOptions {
-            parallelism: o.parallelism,
-            chaining: o.chaining,
-            checkpoint_mode: o.checkpoint_mode,
-            state_backend: o.state_backend,
-            emit_on_window_close: o.emit_on_window_close,
-            view_id: id,
-            state_ttl_us: o.state_ttl_us,
-            sink: o.sink.clone(),
-            retain_history_ms: (o.retain_history_ms > 0).then_some(o.retain_history_ms),
-        },
-    )?;
-    for node in &stream.nodes {
-        if !node.spec.is_source() && !matches!(node.spec, planner::spec::OperatorSpec::Sink { .. })
-        {
-            executor::operators::build(node)?;
-        }
-    }
-    Ok(JobGraph::from_stream_graph(stream))
-}
-
-/// Restarts the job of a materialized view or a sink from its latest completed
-/// checkpoint, in the background: it waits for slots as long as its restart
-/// strategy allows (TaskManagers may still be registering).
-pub async fn recover_view_job(db: &Arc<Database>, entry: &Entry) -> Result<()> {
-    let (id, sql, options) = JobOptions::of_job(entry)?;
-    let graph = job_graph(db, &sql, id, &options).await?;
-    db.cluster.job_manager.recover_job(id, graph).await?;
-    Ok(())
-}
-
 /// `CREATE [MATERIALIZED] VIEW`.
 pub async fn create_view(
     db: &Arc<Database>,
@@ -823,16 +491,16 @@ pub async fn create_view(
     if cv.or_replace || cv.or_alter {
         return Err(ServerError::unsupported("CREATE OR REPLACE VIEW"));
     }
-    check_new_name(db, &name)?;
+    db.catalog.check_new_name(&name)?;
     if db.catalog.by_name(&name).is_some() {
         if cv.if_not_exists {
             return Ok(QueryResult::command(tag));
         }
-        return Err(already_exists(&name));
+        return Err(crate::catalog::already_exists(&name));
     }
     let sql = view_sql(db, &cv).await?;
-    check_query(db, &sql).await?;
-    let depends_on = dependencies(db, &sql)?;
+    jobs::check_query(db, &sql).await?;
+    let depends_on = jobs::dependencies(db, &sql)?;
     let id = db.catalog.allocate_id()?;
     if !cv.materialized {
         if emit_on_window_close {
@@ -855,11 +523,11 @@ pub async fn create_view(
         })?;
         return Ok(QueryResult::command(tag));
     }
-    let mut options = JobOptions::of_session(session, emit_on_window_close);
+    let mut options = jobs::JobOptions::of_session(session, emit_on_window_close);
     if let Some(ms) = retain_history_option(&cv.options)? {
         options.retain_history_ms = ms;
     }
-    let graph = job_graph(db, &sql, id, &options).await?;
+    let graph = jobs::job_graph(db, &sql, id, &options).await?;
     let entry = Entry::MaterializedView {
         id,
         name: name.name,
@@ -874,86 +542,8 @@ pub async fn create_view(
         retain_history_ms: options.retain_history_ms,
         depends_on,
     };
-    start_job(db, entry, graph).await?;
+    jobs::start(db, entry, graph).await?;
     Ok(QueryResult::command(tag))
-}
-
-/// Adds the entry of a new materialized view or sink and starts its job;
-/// returns once the job holds the tables' current contents (a checkpoint
-/// triggered now includes everything written before). On failure nothing
-/// is left behind.
-pub(crate) async fn start_job(db: &Arc<Database>, entry: Entry, graph: JobGraph) -> Result<()> {
-    let id = entry.id();
-    // Planned and checked: from here the object is created, whoever
-    // cancels the statement.
-    crate::engine::control::commit_point()?;
-    db.catalog.add(entry)?;
-    if let Err(e) = db.cluster.job_manager.submit_job(id, graph).await {
-        // Named while the entry is still there.
-        let error = db.job_error(e);
-        db.catalog.remove(&[id])?;
-        return Err(error);
-    }
-    if let Err(e) = db.cluster.job_manager.checkpoint_now(id).await {
-        // Named while the entry is still there.
-        let error = db.job_error(e);
-        db.catalog.remove(&[id])?;
-        let _ = db.cluster.job_manager.cancel_job(id, true).await;
-        return Err(error);
-    }
-    Ok(())
-}
-
-/// `ALTER MATERIALIZED VIEW | SINK name SET PARALLELISM = n`: rescales the
-/// view's (or sink's) job. It stops at a checkpoint taken for the purpose, is planned again at
-/// the new parallelism (the same operators, so the same state tables) and
-/// resumes, each new subtask restoring the key groups it now owns.
-pub async fn set_parallelism(
-    db: &Arc<Database>,
-    view: &QualifiedName,
-    parallelism: u64,
-) -> Result<QueryResult> {
-    let _ddl = db.ddl_lock.lock().await;
-    let max = storage::keys::MAX_PARALLELISM as u64;
-    if parallelism == 0 || parallelism > max {
-        return Err(ServerError::InvalidParameter(format!(
-            "parallelism must be between 1 and {max} (the number of key groups), not {parallelism}"
-        )));
-    }
-    let entry = db.catalog.by_name(view).ok_or_else(|| {
-        ServerError::UndefinedTable(format!("materialized view \"{view}\" does not exist"))
-    })?;
-    let (id, sql, mut options) = JobOptions::of_job(&entry)?;
-    let tag = QueryResult::command(match entry {
-        Entry::Sink { .. } => "ALTER SINK",
-        _ => "ALTER MATERIALIZED VIEW",
-    });
-    let parallelism = parallelism as usize;
-    // The same parallelism again restarts a job that failed for good.
-    if parallelism == options.parallelism && !db.cluster.job_manager.has_failed(id) {
-        return Ok(tag);
-    }
-    options.parallelism = parallelism;
-    let graph = job_graph(db, &sql, id, &options).await?;
-    db.cluster
-        .job_manager
-        .rescale(id, graph)
-        .await
-        .map_err(|e| db.job_error(e))?;
-    let mut updated = entry;
-    if let Entry::MaterializedView {
-        parallelism: current,
-        ..
-    }
-    | Entry::Sink {
-        parallelism: current,
-        ..
-    } = &mut updated
-    {
-        *current = parallelism;
-    }
-    db.catalog.add(updated)?;
-    Ok(tag)
 }
 
 /// `EXPLAIN CREATE MATERIALIZED VIEW`: the three graphs, with the slots the
@@ -966,8 +556,8 @@ pub async fn explain_view(
 ) -> Result<QueryResult> {
     let sql = view_sql(db, &cv).await?;
     let id = db.catalog.allocate_id()?;
-    let options = JobOptions::of_session(session, emit_on_window_close);
-    let graph = job_graph(db, &sql, id, &options).await?;
+    let options = jobs::JobOptions::of_session(session, emit_on_window_close);
+    let graph = jobs::job_graph(db, &sql, id, &options).await?;
     let stream = graph.stream.explain();
     let job = graph.explain();
     let exec = db.cluster.job_manager.preview(graph)?.explain();

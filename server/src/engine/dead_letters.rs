@@ -39,7 +39,7 @@ pub(crate) fn resolve(
         name,
     };
     if &name == source {
-        return Err(crate::engine::ddl::already_exists(&name));
+        return Err(crate::catalog::already_exists(&name));
     }
     if !decodes_records(&connector.connector) {
         return Err(ServerError::InvalidParameter(format!(
@@ -73,7 +73,7 @@ pub(crate) fn resolve(
         late_rows: None,
         ingest: None,
     };
-    let id = crate::engine::ddl::add_table(db, entry)?;
+    let id = db.add_table(entry)?;
     connector.dead_letter_table = Some(id);
     Ok(Some(id))
 }

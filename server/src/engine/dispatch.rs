@@ -116,7 +116,7 @@ impl Database {
                 ddl::drop_objects(self, "source", if_exists, &names, cascade).await
             }
             Stmt::SetParallelism { view, parallelism } => {
-                ddl::set_parallelism(self, &object_name(&view)?, parallelism).await
+                super::jobs::set_parallelism(self, &object_name(&view)?, parallelism).await
             }
             Stmt::CreateSavepoint { name, view } => {
                 let view = view.as_ref().map(object_name).transpose()?;

@@ -26,7 +26,7 @@ use storage::table::WriterId;
 
 use crate::catalog::{Column, Entry, Ingest, table_desc, user_schema};
 use crate::engine::Database;
-use crate::engine::ddl::{JobOptions, plan_job};
+use crate::engine::jobs::{JobOptions, plan_job};
 use crate::error::{Result, ServerError};
 
 /// Adds `INCLUDE`'s columns to a source's or a connector table's columns,
@@ -107,7 +107,7 @@ pub(crate) fn check(
 }
 
 /// The job that reads the connector of table `entry` into it.
-pub(crate) async fn job_graph(entry: &Entry) -> Result<JobGraph> {
+async fn job_graph(entry: &Entry) -> Result<JobGraph> {
     let Entry::Table {
         id,
         name,

@@ -6,6 +6,13 @@
 //! `docs/architecture.md`): DDL changes the catalog and submits or cancels
 //! jobs, DML writes table changelogs, queries run on DataFusion over
 //! consistent snapshots.
+//!
+//! Each family of statements is a module with a small interface, listed
+//! in `crate::layers::ENGINE_INTERFACES` (a test keeps each module to its
+//! list): `ddl`, `dml`, `ingest`, `jobs`, `sinks`, `savepoint`,
+//! `subscribe`, `cursor`, `query`, `dcl`, `dead_letters`. What they share
+//! is here and in `context` (the catalog as DataFusion sees it),
+//! `session` and `control` (a running statement's stop).
 
 pub mod api;
 pub mod context;
@@ -17,6 +24,7 @@ pub mod dead_letters;
 mod dispatch;
 pub mod dml;
 pub mod ingest;
+pub mod jobs;
 pub mod query;
 pub mod savepoint;
 pub mod session;
@@ -229,7 +237,7 @@ impl Database {
                     .await
                 }
                 Entry::MaterializedView { .. } | Entry::Sink { .. } => {
-                    restore_one(ddl::recover_view_job(&db, &entry)).await
+                    restore_one(jobs::recover(&db, &entry)).await
                 }
                 // A view is planned whenever it is read; a view that no
                 // longer plans says so then.
@@ -341,6 +349,16 @@ impl Database {
             }
         }
         Ok(targets)
+    }
+
+    /// Adds a plain table's entry to the catalog and opens its storage;
+    /// returns its id.
+    pub(crate) fn add_table(&self, entry: Entry) -> Result<u64> {
+        let desc = table_desc(&entry)?;
+        let id = entry.id();
+        self.catalog.add(entry)?;
+        self.cluster.tables.open_table(desc)?;
+        Ok(id)
     }
 
     /// Names the view of a failed job.

@@ -262,7 +262,7 @@ pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
         .into_iter()
         .filter_map(|e| match &e {
             crate::catalog::Entry::Source { connector, .. } => {
-                let (format, options) = connector_text(connector);
+                let (format, options) = crate::catalog::connector_text(connector);
                 Some(vec![
                     e.qualified().to_string(),
                     connector.connector.clone(),
@@ -274,30 +274,6 @@ pub fn show_sources(db: &Arc<Database>) -> Result<QueryResult> {
         })
         .collect();
     QueryResult::texts(&["name", "connector", "format", "options"], rows)
-}
-
-/// A connector's `FORMAT … ENCODE … (…)` and `WITH` options as text, a
-/// password masked.
-pub fn connector_text(connector: &planner::spec::ConnectorSpec) -> (String, String) {
-    let list = |options: &std::collections::BTreeMap<String, String>| {
-        options
-            .iter()
-            .map(|(k, v)| {
-                if k.contains("password") {
-                    format!("{k} = '********'")
-                } else {
-                    format!("{k} = '{v}'")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let format = match (&connector.format, &connector.encode) {
-        (Some(f), Some(e)) if connector.encode_options.is_empty() => format!("{f} {e}"),
-        (Some(f), Some(e)) => format!("{f} {e} ({})", list(&connector.encode_options)),
-        _ => String::new(),
-    };
-    (format, list(&connector.options))
 }
 
 /// `SHOW JOBS`: every view's job and where its subtasks run.

@@ -9,8 +9,9 @@ use datafusion::sql::sqlparser::ast::Query;
 use planner::spec::{ConnectorSpec, OperatorSpec};
 
 use crate::catalog::Entry;
-use crate::engine::ddl::{
-    JobOptions, already_exists, check_query, dependencies, job_graph, start_job,
+use crate::catalog::already_exists;
+use crate::engine::jobs::{
+    JobOptions, check_query, dependencies, job_graph, start, write_out_corresponding,
 };
 use crate::engine::session::Session;
 use crate::engine::{Database, QueryResult};
@@ -28,14 +29,14 @@ pub async fn create(
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let tag = QueryResult::command("CREATE SINK");
-    crate::engine::ddl::check_new_name(db, &name)?;
+    db.catalog.check_new_name(&name)?;
     if db.catalog.by_name(&name).is_some() {
         if if_not_exists {
             return Ok(tag);
         }
         return Err(already_exists(&name));
     }
-    crate::engine::ddl::write_out_corresponding(db, &mut query).await?;
+    write_out_corresponding(db, &mut query).await?;
     apply_pg_names(&mut query);
     let sql = query.to_string();
     check_query(db, &sql).await?;
@@ -79,7 +80,7 @@ pub async fn create(
     };
     // As CREATE MATERIALIZED VIEW: what the tables held is then in a
     // checkpoint, so committed to the sink.
-    start_job(db, entry, graph).await?;
+    start(db, entry, graph).await?;
     Ok(tag)
 }
 
@@ -96,7 +97,7 @@ pub fn show(db: &Arc<Database>) -> Result<QueryResult> {
                 sql,
                 ..
             } => {
-                let (format, mut options) = crate::engine::query::connector_text(&connector);
+                let (format, mut options) = crate::catalog::connector_text(&connector);
                 if !key.is_empty() {
                     let key = format!("primary_key = '{}'", key.join(","));
                     options = if options.is_empty() {
