@@ -14,6 +14,10 @@ pub enum ClusterError {
     UnknownJob(u64),
     #[error("job {job} failed: {error}")]
     JobFailed { job: u64, error: executor::Failure },
+    /// A task failed while its job was being deployed again (the job
+    /// restarts, or fails, with the task's failure, its kind kept).
+    #[error("{0}")]
+    TaskFailed(executor::Failure),
     #[error("task manager {0} is not registered")]
     UnknownTaskManager(String),
     /// A TaskManager could not register with the JobManager in time.
@@ -53,7 +57,7 @@ impl ClusterError {
     /// message as it reads.
     pub fn failure(&self) -> executor::Failure {
         let kind = match self {
-            ClusterError::JobFailed { error, .. } => error.kind,
+            ClusterError::JobFailed { error, .. } | ClusterError::TaskFailed(error) => error.kind,
             ClusterError::Exec(e) => e.failure().kind,
             ClusterError::Storage(e) => executor::classify_storage(e).kind,
             _ => executor::ErrorKind::Internal,
@@ -63,3 +67,20 @@ impl ClusterError {
 }
 
 pub type Result<T, E = ClusterError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use executor::{ErrorKind, Failure};
+
+    use super::ClusterError;
+
+    #[test]
+    fn a_task_failure_keeps_its_kind_and_words() {
+        let task = Failure::new(ErrorKind::InvalidText, "offset 1 cannot be decoded");
+        let failure = ClusterError::TaskFailed(task).failure();
+        assert_eq!(failure.kind, ErrorKind::InvalidText);
+        assert_eq!(failure.message, "offset 1 cannot be decoded");
+        let other = ClusterError::Internal("lost".into()).failure();
+        assert_eq!(other.kind, ErrorKind::Internal);
+    }
+}

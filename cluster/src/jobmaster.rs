@@ -611,7 +611,7 @@ impl JobMaster {
                     error: failure,
                 });
             }
-            return Err(ClusterError::Internal(failure.message));
+            return Err(ClusterError::TaskFailed(failure));
         }
         match inner.state {
             JobState::Created | JobState::Restarting => {
