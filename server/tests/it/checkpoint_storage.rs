@@ -3,7 +3,7 @@
 //! checkpoints detected by their checksums and skipped in favour of the
 //! previous retained one.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -17,7 +17,7 @@
 //! Detection and recovery times are printed (`--nocapture`); the figures in
 //! docs/cluster.md come from here.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Child;

@@ -1,7 +1,7 @@
 //! Consistency: a reader never sees half of one statement's effect on a
 //! view, even when the view's rows live in several parallel subtasks.
 
-mod common;
+use crate::common;
 
 use common::Server;
 

@@ -14,7 +14,7 @@
 //! rows) have no batch equivalent and are checked by `smoke.rs` instead. Numbers are compared to six
 //! decimals: PostgreSQL's `avg` and `stddev` are numeric, Weir's double.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -3,7 +3,7 @@
 //! views carry on. The data directory is a small tmpfs mounted by the test
 //! (it runs as root, as the test script does).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! The extended protocol, as drivers use it: prepared statements with typed
 //! parameters, binary results, errors that leave the connection usable.
 
-mod common;
+use crate::common;
 
 use common::Server;
 

@@ -3,7 +3,7 @@
 //! rescale in the middle of the stream. The files are read back with the file source,
 //! which skips the sink's hidden staging files.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! lines counted and kept in a dead-letter table once, however many views
 //! read them and across a SIGKILL.
 
-mod common;
+use crate::common;
 
 use common::{Server, expect_error, one, rows};
 

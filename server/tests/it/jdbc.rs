@@ -4,7 +4,7 @@
 //! PreparedStatements with parameters and reads ResultSetMetaData; its
 //! findings must be what Postgres would answer.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! the errors of a topic or broker that is not there; and the `kafka`
 //! sink, at least once and exactly once (transactions).
 
-mod common;
+use crate::common;
 
 use common::kafka::Broker;
 use common::{Server, expect_error, one, rows};

@@ -3,7 +3,7 @@
 //! user would, then queries, the table list (`SQLTables`) and a table's
 //! columns (`SQLColumns`), which the driver reads from the catalogs.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //! Weir with changes made while it is down; the errors of a definition
 //! PostgreSQL cannot serve; `DROP TABLE` dropping the slot.
 
-mod common;
+use crate::common;
 
 use common::postgres::Postgres;
 use common::{Server, expect_error, rows};

@@ -3,7 +3,7 @@
 //! checkpoint in one transaction, exactly once across a SIGKILL; and the
 //! errors of a target that does not fit.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! and `COPY … TO STDOUT` (text and CSV), cancel requests, and cursors
 //! over queries (`DECLARE`, `FETCH`, `MOVE`, `CLOSE`, `WITH HOLD`).
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::{Server, expect_error, one, rows};

@@ -1,7 +1,7 @@
 //! The user's door: Debian's `psql` (installed by `scripts/test`) against a
 //! real server: README's session as it is written there, meta-commands.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! the server and on the client, reads through a named (server-side)
 //! cursor, COPYs in and out; its findings must be what Postgres gives.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

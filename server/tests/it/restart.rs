@@ -6,7 +6,7 @@
 //! from the tables. Each round prints the time from restart to the first
 //! completed checkpoint of every job. `RESTART_SEED=n` replays a run.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -16,7 +16,7 @@
 //!   group key or an aggregate's argument) stays counted across `kill -9`
 //!   and restart, and the view heals when the row is deleted.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

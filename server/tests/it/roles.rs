@@ -3,7 +3,7 @@
 //! scram-sha-256`) with tokio-postgres and psql, and GRANT/REVOKE SELECT
 //! enforced on every path a role reads by.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! `set_config()`, startup parameters, transaction characteristics and
 //! `statement_timeout`, over pgwire.
 
-mod common;
+use crate::common;
 
 use common::{Server, expect_error, one, rows};
 

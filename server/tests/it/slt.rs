@@ -1,7 +1,7 @@
 //! Runs every `.slt` file in `sql-tests/` against a fresh `weir playground`
 //! over pgwire, with the `sqllogictest` crate.
 
-mod common;
+use crate::common;
 
 use async_trait::async_trait;
 use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType, Runner};

@@ -11,7 +11,7 @@
 //! interruptions, as are views whose query DataFusion's batch engine
 //! refuses (`differential.rs` checks those against PostgreSQL).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -8,7 +8,7 @@
 //! do a TopN partition, a window partition and a join key that alone are
 //! many times the memory.
 
-mod common;
+use crate::common;
 
 use common::{Server, expect_error, one, rows};
 

@@ -2,7 +2,7 @@
 //! with a cursor or a streamed query, and resumes after a crash of the
 //! server from the last epoch it saw whole, with no gap and no duplicate.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

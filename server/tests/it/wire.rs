@@ -3,7 +3,7 @@
 //! handshake), the connection limit, and TLS (with SCRAM) through Debian's
 //! `psql`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
