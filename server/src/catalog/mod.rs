@@ -234,7 +234,6 @@ impl Entry {
     }
 }
 
-/// How a table is stored, derived from its entry.
 /// The error for a relation whose name is taken (Postgres's words).
 pub fn already_exists(name: &impl std::fmt::Display) -> ServerError {
     ServerError::DuplicateObject(format!("relation \"{name}\" already exists"))
@@ -264,6 +263,7 @@ pub fn connector_text(connector: &planner::spec::ConnectorSpec) -> (String, Stri
     (format, list(&connector.options))
 }
 
+/// How a table is stored, derived from its entry.
 pub fn table_desc(entry: &Entry) -> Result<TableDesc> {
     let Entry::Table {
         id,
@@ -427,21 +427,24 @@ impl Catalog {
     }
 
     /// Checks that an object can be created as `name`: its schema exists
-    /// and is not one of the system's. (Whether the name is taken is the
-    /// caller's to ask: `IF NOT EXISTS` makes that no error.)
-    pub fn check_new_name(&self, name: &QualifiedName) -> Result<()> {
-        if self.has_schema(&name.schema) {
-            Ok(())
-        } else if pg_catalog::is_system_schema(&name.schema) {
-            Err(ServerError::InsufficientPrivilege(format!(
-                "permission denied to create \"{}.{}\": schema {} is the system's",
-                name.schema, name.name, name.schema
-            )))
-        } else {
-            Err(ServerError::InvalidSchemaName(format!(
-                "schema \"{}\" does not exist",
-                name.schema
-            )))
+    /// and is not one of the system's, and no object has the name.
+    /// `Ok(false)` when one has and `if_not_exists` makes that no error
+    /// (the statement then does nothing).
+    pub fn check_new_name(&self, name: &QualifiedName, if_not_exists: bool) -> Result<bool> {
+        if !self.has_schema(&name.schema) {
+            return Err(if pg_catalog::is_system_schema(&name.schema) {
+                ServerError::InsufficientPrivilege(format!(
+                    "permission denied to create \"{}.{}\": schema {} is the system's",
+                    name.schema, name.name, name.schema
+                ))
+            } else {
+                ServerError::InvalidSchemaName(format!("schema \"{}\" does not exist", name.schema))
+            });
+        }
+        match self.by_name(name) {
+            Some(_) if if_not_exists => Ok(false),
+            Some(_) => Err(already_exists(name)),
+            None => Ok(true),
         }
     }
 

@@ -49,12 +49,8 @@ pub async fn create_table(
     if ct.external || ct.temporary {
         return Err(ServerError::unsupported("EXTERNAL and TEMPORARY tables"));
     }
-    db.catalog.check_new_name(&name)?;
-    if db.catalog.by_name(&name).is_some() {
-        if ct.if_not_exists {
-            return Ok(QueryResult::command(tag));
-        }
-        return Err(crate::catalog::already_exists(&name));
+    if !db.catalog.check_new_name(&name, ct.if_not_exists)? {
+        return Ok(QueryResult::command(tag));
     }
     if ct.columns.is_empty() {
         return Err(ServerError::unsupported("tables without columns"));
@@ -491,12 +487,8 @@ pub async fn create_view(
     if cv.or_replace || cv.or_alter {
         return Err(ServerError::unsupported("CREATE OR REPLACE VIEW"));
     }
-    db.catalog.check_new_name(&name)?;
-    if db.catalog.by_name(&name).is_some() {
-        if cv.if_not_exists {
-            return Ok(QueryResult::command(tag));
-        }
-        return Err(crate::catalog::already_exists(&name));
+    if !db.catalog.check_new_name(&name, cv.if_not_exists)? {
+        return Ok(QueryResult::command(tag));
     }
     let sql = view_sql(db, &cv).await?;
     jobs::check_query(db, &sql).await?;

@@ -9,7 +9,6 @@ use datafusion::sql::sqlparser::ast::Query;
 use planner::spec::{ConnectorSpec, OperatorSpec};
 
 use crate::catalog::Entry;
-use crate::catalog::already_exists;
 use crate::engine::jobs::{
     JobOptions, check_query, dependencies, job_graph, start, write_out_corresponding,
 };
@@ -29,12 +28,8 @@ pub async fn create(
 ) -> Result<QueryResult> {
     let _ddl = db.ddl_lock.lock().await;
     let tag = QueryResult::command("CREATE SINK");
-    db.catalog.check_new_name(&name)?;
-    if db.catalog.by_name(&name).is_some() {
-        if if_not_exists {
-            return Ok(tag);
-        }
-        return Err(already_exists(&name));
+    if !db.catalog.check_new_name(&name, if_not_exists)? {
+        return Ok(tag);
     }
     write_out_corresponding(db, &mut query).await?;
     apply_pg_names(&mut query);
