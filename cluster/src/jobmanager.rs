@@ -58,6 +58,8 @@ pub struct JobManager {
     /// Local scratch space for reading checkpoints.
     scratch: std::path::PathBuf,
     config: ClusterConfig,
+    /// The database's tables, whose commits barriers follow.
+    tables: Arc<storage::table::TableStore>,
     jobs: Mutex<BTreeMap<u64, Arc<JobMaster>>>,
     /// Every complete savepoint in storage, by name.
     savepoints: Mutex<BTreeMap<String, SavepointMetadata>>,
@@ -81,6 +83,7 @@ impl JobManager {
         storage: Arc<CheckpointStorage>,
         scratch: std::path::PathBuf,
         config: ClusterConfig,
+        tables: Arc<storage::table::TableStore>,
     ) -> Arc<Self> {
         let mut lost = rm.lost_task_managers();
         let jm = Arc::new(Self {
@@ -88,6 +91,7 @@ impl JobManager {
             storage,
             scratch,
             config,
+            tables,
             jobs: Mutex::new(BTreeMap::new()),
             savepoints: Mutex::new(BTreeMap::new()),
         });
@@ -129,6 +133,7 @@ impl JobManager {
             self.storage.clone(),
             self.scratch.clone(),
             self.config.clone(),
+            self.tables.clone(),
         )?;
         jm.load_checkpoints(floor).await?;
         self.jobs

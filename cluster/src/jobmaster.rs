@@ -64,6 +64,7 @@ use crate::gateway::{
 };
 use crate::{ClusterError, Result};
 use futures::StreamExt;
+use storage::table::TableStore;
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +127,9 @@ pub(crate) struct JobMaster {
     /// Local scratch space for reading checkpoints.
     scratch: PathBuf,
     config: ClusterConfig,
+    /// The database's tables: a barrier includes the commits to several
+    /// tables made before it was triggered.
+    tables: Arc<TableStore>,
     inner: Mutex<Inner>,
     commit: RwLock<()>,
     completed: watch::Sender<CompletedCheckpoint>,
@@ -231,6 +235,7 @@ impl JobMaster {
         storage: Arc<CheckpointStorage>,
         scratch: PathBuf,
         config: ClusterConfig,
+        tables: Arc<TableStore>,
     ) -> Result<Arc<Self>> {
         let jm = Arc::new_cyclic(|me| JobMaster {
             job,
@@ -239,6 +244,7 @@ impl JobMaster {
             storage,
             scratch,
             config,
+            tables,
             inner: Mutex::new(Inner {
                 exec: None,
                 attempt: 0,
@@ -915,14 +921,21 @@ impl JobMaster {
                 .await;
             }
         });
-        tracing::debug!(job = self.job, checkpoint = id, "trigger checkpoint");
+        let commit = self.tables.last_commit();
+        tracing::debug!(
+            job = self.job,
+            checkpoint = id,
+            commit,
+            "trigger checkpoint"
+        );
         for (task, slot) in sources {
             // Not awaited here: a TaskManager that hangs must not hold up
             // the coordinator (the checkpoint then expires or fails over).
             let tm = self.rm.task_executor(&slot)?;
             let job = self.job;
             tokio::spawn(async move {
-                if let Err(e) = tm.trigger_checkpoint(task, Barrier::checkpoint(id)).await {
+                let barrier = Barrier::checkpoint(id).with_commit(commit);
+                if let Err(e) = tm.trigger_checkpoint(task, barrier).await {
                     tracing::warn!(job, checkpoint = id, error = %e, "checkpoint trigger failed");
                 }
             });

@@ -63,7 +63,7 @@ impl Cluster {
         std::fs::create_dir_all(data_dir).map_err(|e| io(data_dir, e))?;
         let meta_kv = Arc::new(KvStore::open(&data_dir.join("meta"), 32 << 20)?);
         let meta = Arc::new(MetaStore::new(meta_kv.clone()));
-        let tables = Arc::new(TableStore::new(meta_kv));
+        let tables = Arc::new(TableStore::new(meta_kv)?);
         let location = match &config.checkpoint_dir {
             Some(dir) => dir.clone(),
             None => data_dir.join("checkpoints").display().to_string(),
@@ -74,8 +74,13 @@ impl Cluster {
         fresh_dir(&scratch)?;
         let resource_manager =
             ResourceManager::start(config.slot_request_timeout, config.heartbeat_timeout);
-        let job_manager =
-            JobManager::start(resource_manager.clone(), storage, scratch, config.clone());
+        let job_manager = JobManager::start(
+            resource_manager.clone(),
+            storage,
+            scratch,
+            config.clone(),
+            tables.clone(),
+        );
         job_manager.load_savepoints().await?;
         Ok(Self {
             job_manager,

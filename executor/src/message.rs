@@ -40,6 +40,11 @@ pub struct Barrier {
     /// epoch), as Flink's barrier carries: one clock for every subtask, so
     /// decisions by time (a view's changelog retention) agree across them.
     pub timestamp_ms: u64,
+    /// The last commit to several tables at once that the checkpoint
+    /// includes (`storage::table::TableStore::last_commit` when it was
+    /// triggered): every source of a job takes the log entries of one such
+    /// commit into the same checkpoint. `u64::MAX`: every commit.
+    pub commit: u64,
 }
 
 impl Barrier {
@@ -50,7 +55,14 @@ impl Barrier {
             kind: BarrierKind::Checkpoint,
             mutation: Mutation::None,
             timestamp_ms: (crate::operator::processing_time_us() / 1000).max(0) as u64,
+            commit: u64::MAX,
         }
+    }
+
+    /// The barrier, including the commits to several tables up to
+    /// `commit` and none after.
+    pub fn with_commit(self, commit: u64) -> Self {
+        Self { commit, ..self }
     }
 }
 

@@ -18,6 +18,7 @@ use storage::checkpoint_storage::StateHandle;
 use storage::chunk::Chunk;
 use storage::keys::key_group_range;
 use storage::state::StateWrite;
+use storage::table::LogEntry;
 use tokio::sync::{mpsc, watch};
 
 use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWriter};
@@ -159,7 +160,7 @@ pub trait TableLog: Send + Sync {
         ))
     }
     /// Up to `max` log entries after sequence number `after`.
-    async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>>;
+    async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<LogEntry>>;
     /// Applies what a connector read, as writer `writer`'s commit of
     /// `checkpoint`: once, however often it is asked (see
     /// `storage::table::TableStore::ingest`).
@@ -474,15 +475,8 @@ impl StreamTask {
                         // Everything written before the trigger belongs to this
                         // checkpoint; what comes meanwhile waits for the next one,
                         // so a busy table cannot hold the barrier back for ever.
-                        let target = source.latest();
-                        while source.position() < target {
-                            let chunks = source.poll().await?;
-                            if chunks.is_empty() {
-                                break;
-                            }
-                            for chunk in chunks {
-                                self.push(0, 0, chunk).await?;
-                            }
+                        for chunk in source.before_barrier(barrier.commit).await? {
+                            self.push(0, 0, chunk).await?;
                         }
                         self.source_watermark(source.take_watermark()).await?;
                         let mut writes = Vec::new();

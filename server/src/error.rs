@@ -106,6 +106,18 @@ pub enum ServerError {
     DuplicateCursor(String),
     #[error("{0}")]
     ReadOnlyTransaction(String),
+    /// A statement in a transaction block after an error, before its end.
+    #[error("{0}")]
+    InFailedTransaction(String),
+    /// A statement that may not run inside this transaction block.
+    #[error("{0}")]
+    ActiveTransaction(String),
+    /// A statement that needs a transaction block, outside one.
+    #[error("{0}")]
+    NoActiveTransaction(String),
+    /// `ROLLBACK TO` or `RELEASE` of a savepoint the block does not have.
+    #[error("{0}")]
+    InvalidSavepoint(String),
     /// A read-only run-time parameter.
     #[error("{0}")]
     CantChangeParameter(String),
@@ -198,6 +210,10 @@ impl ServerError {
             ServerError::DuplicateCursor(_) => "42P03",
             ServerError::CantChangeParameter(_) => "55P02",
             ServerError::ReadOnlyTransaction(_) => "25006",
+            ServerError::InFailedTransaction(_) => "25P02",
+            ServerError::ActiveTransaction(_) => "25001",
+            ServerError::NoActiveTransaction(_) => "25P01",
+            ServerError::InvalidSavepoint(_) => "3B001",
             ServerError::QueryCanceled(_) => "57014",
             ServerError::InsufficientPrivilege(_) => "42501",
             ServerError::ObjectInUse(_) => "55006",
@@ -445,6 +461,7 @@ impl From<storage::StorageError> for ServerError {
             S::Corrupt(_) => ServerError::DataCorrupted(e.to_string()),
             S::CheckpointStorage(_) => ServerError::Io(e.to_string()),
             S::Unsupported(m) => ServerError::Unsupported(m),
+            S::TooLarge(m) => ServerError::ProgramLimitExceeded(m),
             other => ServerError::Internal(other.to_string()),
         }
     }

@@ -49,8 +49,8 @@ pub const WIRE_DOOR: &[&str] = &["api", "session", "QueryResult", "subscribe", "
 /// keeps both true). `dispatch.rs` calls the statements' entry points;
 /// the families call each other only as this shows (DDL starts a table's
 /// ingest job and its dead-letter table; sinks and ingest plan their jobs
-/// through `jobs`; the wire's door, `api.rs`, takes `COPY FROM STDIN`'s
-/// data to `dml`).
+/// through `jobs`; DML writes through `transaction`; the wire's door,
+/// `api.rs`, takes `COPY FROM STDIN`'s data to `dml`).
 pub const ENGINE_INTERFACES: &[(&str, &[&str])] = &[
     (
         "ddl",
@@ -133,6 +133,21 @@ pub const ENGINE_INTERFACES: &[(&str, &[&str])] = &[
         ],
     ),
     ("dead_letters", &["resolve", "undo", "flush"]),
+    (
+        "transaction",
+        &[
+            "Transaction",
+            "admit",
+            "failed",
+            "begin",
+            "commit",
+            "rollback",
+            "savepoint",
+            "release",
+            "rollback_to",
+            "write",
+        ],
+    ),
 ];
 
 /// Files of the wire layer that open a database of their own instead of

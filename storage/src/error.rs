@@ -29,6 +29,9 @@ pub enum StorageError {
     DiskFull(String),
     #[error("{0}")]
     Unsupported(String),
+    /// More than one write takes (a transaction block's changes).
+    #[error("{0}")]
+    TooLarge(String),
     #[error("{0}")]
     Internal(String),
 }

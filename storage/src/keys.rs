@@ -12,6 +12,8 @@
 //! * `S table` → the table's last log sequence number and next hidden row id
 //! * `W table job subtask` → the last checkpoint an ingesting writer applied
 //!   (before writers were named by job: `W table subtask`, read still)
+//! * `T table seq` → the commit number of a log entry written together with
+//!   other tables' (a transaction's); `T` alone → the last commit number
 //!
 //! A subtask's state backend:
 //! * `s table key-group key` → operator state
@@ -24,6 +26,7 @@ pub const TABLE_ROW: u8 = b'R';
 pub const TABLE_LOG: u8 = b'L';
 pub const TABLE_ROW_ID: u8 = b'S';
 pub const TABLE_INGEST: u8 = b'W';
+pub const TABLE_COMMIT: u8 = b'T';
 pub const STATE: u8 = b's';
 
 /// Flink's default maximum parallelism: the number of key groups.

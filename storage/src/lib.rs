@@ -25,6 +25,7 @@ pub mod keys;
 mod kv;
 pub mod memory;
 pub mod meta;
+pub mod pending;
 pub mod savepoint;
 pub mod state;
 pub mod table;

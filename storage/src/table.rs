@@ -8,6 +8,12 @@
 //! source can read it from the log. A reader of [`TableStore::snapshot`] gets
 //! the rows and the log position they correspond to, from one RocksDB
 //! snapshot — the starting point of a backfill.
+//!
+//! A write that changes several tables at once (a transaction's `COMMIT`)
+//! gets a *commit number*, recorded with each table's log entry. A
+//! checkpoint barrier carries the last commit number it includes, so that
+//! every source of a view takes the entries of one commit into the same
+//! checkpoint ([`LogEntry::commit`]): no view ever shows part of one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -19,7 +25,7 @@ use tokio::sync::watch;
 use crate::chunk::Chunk;
 use crate::chunk::Op;
 use crate::codec::RowCodec;
-use crate::keys::{self, TABLE_INGEST, TABLE_LOG, TABLE_ROW, TABLE_ROW_ID};
+use crate::keys::{self, TABLE_COMMIT, TABLE_INGEST, TABLE_LOG, TABLE_ROW, TABLE_ROW_ID};
 use crate::kv::KvWrite;
 use crate::{KvStore, Result, StorageError};
 
@@ -68,10 +74,10 @@ struct Counters {
     next_row_id: i64,
 }
 
-struct TableHandle {
-    desc: TableDesc,
+pub(crate) struct TableHandle {
+    pub(crate) desc: TableDesc,
     key_codec: RowCodec,
-    row_codec: RowCodec,
+    pub(crate) row_codec: RowCodec,
     writer: Mutex<Counters>,
     seq: watch::Sender<u64>,
     /// The last checkpoint each ingesting writer applied.
@@ -79,7 +85,7 @@ struct TableHandle {
 }
 
 impl TableHandle {
-    fn keys_of(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+    pub(crate) fn keys_of(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
         let cols: Vec<ArrayRef> = self
             .desc
             .key_columns
@@ -103,10 +109,29 @@ pub struct Ingested {
     pub null_rows: usize,
 }
 
+/// A row's key, and the encoded row a change leaves under it (`None`:
+/// none, it was deleted).
+pub(crate) type KeyedRow = (Vec<u8>, Option<Vec<u8>>);
+
+/// One entry of a table's change log.
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub seq: u64,
+    /// The commit number of a write that changed other tables too; `None`
+    /// for a write of this table alone.
+    pub commit: Option<u64>,
+    pub changes: Chunk,
+}
+
 /// All tables of the database.
 pub struct TableStore {
     kv: Arc<KvStore>,
     tables: RwLock<HashMap<u64, Arc<TableHandle>>>,
+    /// Taken by writes to several tables, so that commit numbers become
+    /// visible in their order.
+    commit_lock: Mutex<()>,
+    /// The last commit number whose entries every table's log shows.
+    last_commit: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for TableStore {
@@ -119,15 +144,35 @@ fn counters_key(table: u64) -> Vec<u8> {
     keys::with_id(TABLE_ROW_ID, table)
 }
 
+fn last_commit_key() -> Vec<u8> {
+    vec![TABLE_COMMIT]
+}
+
 impl TableStore {
-    pub fn new(kv: Arc<KvStore>) -> Self {
-        Self {
+    pub fn new(kv: Arc<KvStore>) -> Result<Self> {
+        let last_commit = match kv.get(&last_commit_key())? {
+            Some(v) => u64::from_be_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| StorageError::Corrupt("last commit number".into()))?,
+            ),
+            None => 0,
+        };
+        Ok(Self {
             kv,
             tables: RwLock::new(HashMap::new()),
-        }
+            commit_lock: Mutex::new(()),
+            last_commit: last_commit.into(),
+        })
     }
 
-    fn handle(&self, id: u64) -> Result<Arc<TableHandle>> {
+    /// The last commit number of a write to several tables: a checkpoint
+    /// triggered now includes it and every one before it.
+    pub fn last_commit(&self) -> u64 {
+        self.last_commit.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(crate) fn handle(&self, id: u64) -> Result<Arc<TableHandle>> {
         self.tables
             .read()
             .map_err(|_| StorageError::Internal("table map poisoned".into()))?
@@ -214,7 +259,7 @@ impl TableStore {
 
     /// Deletes a table's rows, log and counters.
     pub fn drop_table(&self, id: u64) -> Result<()> {
-        for tag in [TABLE_ROW, TABLE_LOG, TABLE_INGEST] {
+        for tag in [TABLE_ROW, TABLE_LOG, TABLE_INGEST, TABLE_COMMIT] {
             let (from, to) = keys::id_range(tag, id);
             self.kv.delete_range(&from, &to, false)?;
         }
@@ -259,6 +304,12 @@ impl TableStore {
             .iter()
             .map(|(id, _)| self.handle(*id))
             .collect::<Result<Vec<_>>>()?;
+        // Commit numbers are handed out and published in one order.
+        let several = changes.len() > 1;
+        let _commit = several
+            .then(|| self.commit_lock.lock())
+            .transpose()
+            .map_err(|_| StorageError::Internal("poisoned".into()))?;
         // Writers lock in table order, so that two writes never wait on
         // each other.
         let mut order: Vec<usize> = (0..changes.len()).collect();
@@ -280,10 +331,25 @@ impl TableStore {
         {
             seqs.push(self.stage(*id, h, chunk, counters, &mut writes)?);
         }
+        let commit = self.last_commit() + 1;
+        if several {
+            for ((id, _), seq) in changes.iter().zip(&seqs) {
+                writes.push((
+                    keys::with_id_and(TABLE_COMMIT, *id, &seq.to_be_bytes()),
+                    Some(commit.to_be_bytes().to_vec()),
+                ));
+            }
+            writes.push((last_commit_key(), Some(commit.to_be_bytes().to_vec())));
+        }
         self.kv.write(writes, true)?;
         for ((h, (_, counters)), seq) in handles.iter().zip(guards.iter_mut()).zip(&seqs) {
             counters.last_seq = *seq;
             h.seq.send_replace(*seq);
+        }
+        if several {
+            // After every table's log shows the entries.
+            self.last_commit
+                .store(commit, std::sync::atomic::Ordering::Release);
         }
         Ok(seqs)
     }
@@ -472,43 +538,10 @@ impl TableStore {
         counters: &mut Counters,
         writes: &mut Vec<KvWrite>,
     ) -> Result<u64> {
+        for (key, row) in self.check_changes(h, changes, &HashMap::new())? {
+            writes.push((keys::with_id_and(TABLE_ROW, id, &key), row));
+        }
         let data = changes.data();
-        for (i, field) in h.desc.schema.fields().iter().enumerate() {
-            if !field.is_nullable() && data.column(i).null_count() > 0 {
-                let col = data.column(i);
-                if (0..data.num_rows()).any(|r| col.is_null(r) && changes.op(r).sign() > 0) {
-                    return Err(StorageError::NullValue(field.name().clone()));
-                }
-            }
-        }
-        let row_keys = h.keys_of(data)?;
-        let rows = h.row_codec.encode(data.columns())?;
-        // What this statement has done so far, over what is stored: the
-        // row under each key it touched, if any.
-        let mut overlay: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
-        for (r, (key, row)) in row_keys.iter().zip(&rows).enumerate() {
-            let full_key = keys::with_id_and(TABLE_ROW, id, key);
-            let current: Option<Vec<u8>> = match overlay.get(key.as_slice()) {
-                Some(v) => v.cloned(),
-                None => self.kv.get(&full_key)?,
-            };
-            if changes.op(r).sign() > 0 {
-                if current.is_some() {
-                    return Err(self.duplicate(h, data, r));
-                }
-                overlay.insert(key, Some(row));
-                writes.push((full_key, Some(row.clone())));
-            } else {
-                // The statement read this row from a snapshot; if another
-                // statement changed or deleted it since, the change log
-                // would retract a row that is not there.
-                if current.as_ref() != Some(row) {
-                    return Err(StorageError::SerializationFailure(h.desc.name.clone()));
-                }
-                overlay.insert(key, None);
-                writes.push((full_key, None));
-            }
-        }
         let seq = counters.last_seq + 1;
         if h.desc.row_id {
             let ids = data
@@ -528,6 +561,64 @@ impl TableStore {
         c.extend_from_slice(&counters.next_row_id.to_be_bytes());
         writes.push((counters_key(id), Some(c)));
         Ok(seq)
+    }
+
+    /// Checks one statement's changes against the rows under their keys:
+    /// those of `earlier` (changes not yet written: an open transaction's)
+    /// where it has the key, else the stored ones. An insert needs no row
+    /// under its key; a retraction needs the very row it retracts (the
+    /// statement read it from a snapshot: if another statement changed or
+    /// deleted it since, the change log would retract a row that is not
+    /// there). Returns each row's key and what it leaves there, in order.
+    ///
+    /// An insert into a table keyed by its hidden row id is not looked up:
+    /// its id was allocated for it ([`TableStore::allocate_row_ids`]).
+    pub(crate) fn check_changes(
+        &self,
+        h: &TableHandle,
+        changes: &Chunk,
+        earlier: &HashMap<Vec<u8>, Option<Vec<u8>>>,
+    ) -> Result<Vec<KeyedRow>> {
+        let data = changes.data();
+        for (i, field) in h.desc.schema.fields().iter().enumerate() {
+            if !field.is_nullable() && data.column(i).null_count() > 0 {
+                let col = data.column(i);
+                if (0..data.num_rows()).any(|r| col.is_null(r) && changes.op(r).sign() > 0) {
+                    return Err(StorageError::NullValue(field.name().clone()));
+                }
+            }
+        }
+        let row_keys = h.keys_of(data)?;
+        let rows = h.row_codec.encode(data.columns())?;
+        // What this statement has done so far: the row under each key it
+        // touched, if any.
+        let mut overlay: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
+        let mut out = Vec::with_capacity(rows.len());
+        for (r, (key, row)) in row_keys.iter().zip(&rows).enumerate() {
+            let op = changes.op(r);
+            let current: Option<Vec<u8>> = match overlay.get(key.as_slice()) {
+                Some(v) => v.cloned(),
+                None => match earlier.get(key) {
+                    Some(v) => v.clone(),
+                    None if h.desc.row_id && op == Op::Insert => None,
+                    None => self.kv.get(&keys::with_id_and(TABLE_ROW, h.desc.id, key))?,
+                },
+            };
+            if op.sign() > 0 {
+                if current.is_some() {
+                    return Err(self.duplicate(h, data, r));
+                }
+                overlay.insert(key, Some(row));
+                out.push((key.clone(), Some(row.clone())));
+            } else {
+                if current.as_ref() != Some(row) {
+                    return Err(StorageError::SerializationFailure(h.desc.name.clone()));
+                }
+                overlay.insert(key, None);
+                out.push((key.clone(), None));
+            }
+        }
+        Ok(out)
     }
 
     fn duplicate(&self, h: &TableHandle, data: &RecordBatch, row: usize) -> StorageError {
@@ -612,21 +703,45 @@ impl TableStore {
     }
 
     /// Log entries after `after`, at most `max` of them.
-    pub fn read_log(&self, id: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>> {
+    pub fn read_log(&self, id: u64, after: u64, max: usize) -> Result<Vec<LogEntry>> {
+        let seq_of = |k: &[u8]| {
+            k.get(9..17)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| StorageError::Corrupt("short log key".into()))
+        };
         let from = keys::with_id_and(TABLE_LOG, id, &(after + 1).to_be_bytes());
         let (_, to) = keys::id_range(TABLE_LOG, id);
-        self.kv
+        let mut entries = self
+            .kv
             .scan(&from, &to, max)?
             .into_iter()
             .map(|(k, v)| {
-                let seq = k
-                    .get(9..17)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes)
-                    .ok_or_else(|| StorageError::Corrupt("short log key".into()))?;
-                Ok((seq, Chunk::from_ipc(&v)?))
+                Ok(LogEntry {
+                    seq: seq_of(&k)?,
+                    commit: None,
+                    changes: Chunk::from_ipc(&v)?,
+                })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        let Some(last) = entries.last().map(|e| e.seq) else {
+            return Ok(entries);
+        };
+        // Which of them were written with other tables'.
+        let from = keys::with_id_and(TABLE_COMMIT, id, &(after + 1).to_be_bytes());
+        let to = keys::with_id_and(TABLE_COMMIT, id, &(last + 1).to_be_bytes());
+        for (k, v) in self.kv.scan(&from, &to, usize::MAX)? {
+            let seq = seq_of(&k)?;
+            let commit = v
+                .as_slice()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| StorageError::Corrupt("commit number".into()))?;
+            if let Some(e) = entries.iter_mut().find(|e| e.seq == seq) {
+                e.commit = Some(commit);
+            }
+        }
+        Ok(entries)
     }
 
     /// Follows the table's last log sequence number.
@@ -657,9 +772,12 @@ impl TableStore {
     /// Deletes log entries up to and including `upto` (all consumers have
     /// checkpointed past them).
     pub fn truncate_log(&self, id: u64, upto: u64) -> Result<()> {
-        let (from, _) = keys::id_range(TABLE_LOG, id);
-        let to = keys::with_id_and(TABLE_LOG, id, &(upto + 1).to_be_bytes());
-        self.kv.delete_range(&from, &to, false)
+        for tag in [TABLE_LOG, TABLE_COMMIT] {
+            let (from, _) = keys::id_range(tag, id);
+            let to = keys::with_id_and(tag, id, &(upto + 1).to_be_bytes());
+            self.kv.delete_range(&from, &to, false)?;
+        }
+        Ok(())
     }
 }
 
@@ -677,7 +795,7 @@ mod tests {
     fn store() -> (tempfile::TempDir, TableStore) {
         let dir = tempfile::tempdir().unwrap();
         let kv = Arc::new(KvStore::open(dir.path(), 1 << 20).unwrap());
-        let s = TableStore::new(kv);
+        let s = TableStore::new(kv).unwrap();
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("v", DataType::Utf8, true),
@@ -728,7 +846,7 @@ mod tests {
         assert_eq!(v.value(0), "z");
         let log = s.read_log(1, 1, 10).unwrap();
         assert_eq!(log.len(), 1);
-        assert_eq!(log[0].1.op(1), Op::UpdateInsert);
+        assert_eq!(log[0].changes.op(1), Op::UpdateInsert);
     }
     #[test]
     fn retracting_a_row_changed_meanwhile_is_a_serialization_failure() {
@@ -777,7 +895,9 @@ mod tests {
         let done = s.ingest(1, writer(0), 5, &c).unwrap();
         assert_eq!(done.seq, Some(2));
         let log = s.read_log(1, 1, 10).unwrap();
-        let ops: Vec<Op> = (0..log[0].1.num_rows()).map(|r| log[0].1.op(r)).collect();
+        let ops: Vec<Op> = (0..log[0].changes.num_rows())
+            .map(|r| log[0].changes.op(r))
+            .collect();
         use Op::*;
         assert_eq!(
             ops,
@@ -841,7 +961,7 @@ mod tests {
     fn ingest_into_a_table_without_key_numbers_its_rows() {
         let dir = tempfile::tempdir().unwrap();
         let kv = Arc::new(KvStore::open(dir.path(), 1 << 20).unwrap());
-        let s = TableStore::new(kv.clone());
+        let s = TableStore::new(kv.clone()).unwrap();
         let user = Schema::new(vec![Field::new("v", DataType::Utf8, true)]);
         let stored = Arc::new(Schema::new(vec![
             Field::new("v", DataType::Utf8, true),
@@ -867,7 +987,7 @@ mod tests {
         assert_eq!(seq, 2);
         assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 6);
         // The counters and markers survive a reopen.
-        let again = TableStore::new(kv);
+        let again = TableStore::new(kv).unwrap();
         again.open_table(desc).unwrap();
         assert_eq!(again.allocate_row_ids(2, 1).unwrap(), 7);
         assert!(

@@ -639,7 +639,7 @@ impl TableLog for RemoteTableLog {
         table: u64,
         after: u64,
         max: usize,
-    ) -> executor::Result<Vec<(u64, Chunk)>> {
+    ) -> executor::Result<Vec<storage::table::LogEntry>> {
         let entries = self
             .client
             .clone()
@@ -654,7 +654,13 @@ impl TableLog for RemoteTableLog {
         entries
             .entries
             .into_iter()
-            .map(|e| Ok((e.seq, Chunk::from_ipc(&e.chunk)?)))
+            .map(|e| {
+                Ok(storage::table::LogEntry {
+                    seq: e.seq,
+                    commit: (e.commit > 0).then_some(e.commit),
+                    changes: Chunk::from_ipc(&e.chunk)?,
+                })
+            })
             .collect()
     }
 

@@ -206,6 +206,7 @@ impl From<Barrier> for pb::Barrier {
                 Mutation::Resume => 3,
             },
             timestamp_ms: b.timestamp_ms,
+            commit: b.commit,
         }
     }
 }
@@ -226,6 +227,7 @@ impl From<pb::Barrier> for Barrier {
                 _ => Mutation::None,
             },
             timestamp_ms: b.timestamp_ms,
+            commit: b.commit,
         }
     }
 }

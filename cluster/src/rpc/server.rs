@@ -332,10 +332,11 @@ impl TableLogService for JobManagerServices {
             .map_err(storage_status)?;
         let entries = entries
             .into_iter()
-            .map(|(seq, chunk)| {
+            .map(|e| {
                 Ok(pb::LogEntry {
-                    seq,
-                    chunk: chunk.to_ipc().map_err(storage_status)?,
+                    seq: e.seq,
+                    chunk: e.changes.to_ipc().map_err(storage_status)?,
+                    commit: e.commit.unwrap_or(0),
                 })
             })
             .collect::<Result<_, Status>>()?;

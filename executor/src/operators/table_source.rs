@@ -7,6 +7,12 @@
 //! of the job's state equally empty, so nothing is counted twice. After that
 //! the position travels with every checkpoint, so a restart resumes exactly
 //! after the last row the committed views include.
+//!
+//! A log entry written together with other tables' (one transaction's
+//! commit, numbered) is emitted only once a barrier includes its commit
+//! number, just before that barrier: every source of the job then puts the
+//! commit's entries into the same checkpoint, and no view shows half of
+//! it. The entries after it wait behind it, to keep the table's order.
 
 use std::sync::Arc;
 
@@ -47,6 +53,11 @@ pub struct TableSource {
     seq: Option<watch::Receiver<u64>>,
     /// `WATERMARK FOR`.
     event_time: EventTime,
+    /// The last commit to several tables the latest barrier included:
+    /// entries of later ones wait for a barrier.
+    released: u64,
+    /// Whether the next entry waits for a barrier.
+    held: bool,
 }
 
 impl std::fmt::Debug for TableSource {
@@ -75,6 +86,8 @@ impl TableSource {
             position: None,
             seq: None,
             event_time: EventTime::default(),
+            released: 0,
+            held: false,
         }
     }
 
@@ -166,16 +179,43 @@ impl TableSource {
         Ok(out)
     }
 
-    /// Log entries after the position, up to a batch of them; advances.
+    /// Log entries after the position, up to a batch of them, as far as
+    /// the next entry of a commit the latest barrier did not include;
+    /// advances.
     pub async fn poll(&mut self) -> Result<Vec<Chunk>> {
+        self.poll_to(self.released).await
+    }
+
+    /// The log entries a barrier that includes the commits up to `commit`
+    /// takes in before it, from those written before it was triggered.
+    pub async fn before_barrier(&mut self, commit: u64) -> Result<Vec<Chunk>> {
+        self.released = self.released.max(commit);
+        self.held = false;
+        let target = self.latest();
+        let mut out = Vec::new();
+        while self.position() < target && !self.held {
+            let chunks = self.poll_to(self.released).await?;
+            if chunks.is_empty() && !self.held {
+                break;
+            }
+            out.extend(chunks);
+        }
+        Ok(out)
+    }
+
+    async fn poll_to(&mut self, released: u64) -> Result<Vec<Chunk>> {
         let entries = self
             .log
             .read_log(self.table_id, self.position(), LOG_BATCH)
             .await?;
         let mut out = Vec::with_capacity(entries.len());
-        for (seq, chunk) in entries {
-            self.position = Some(seq);
-            out.extend(self.project(chunk)?.split(MAX_CHUNK_ROWS));
+        for entry in entries {
+            if entry.commit.is_some_and(|c| c > released) {
+                self.held = true;
+                break;
+            }
+            self.position = Some(entry.seq);
+            out.extend(self.project(entry.changes)?.split(MAX_CHUNK_ROWS));
         }
         Ok(out)
     }
@@ -185,9 +225,9 @@ impl TableSource {
         self.seq.as_ref().map(|s| *s.borrow()).unwrap_or(0)
     }
 
-    /// Whether the log has entries past the position.
+    /// Whether the log has entries past the position that may go now.
     pub fn has_more(&self) -> bool {
-        self.latest() > self.position()
+        !self.held && self.latest() > self.position()
     }
 
     /// Waits until the table's log grows.
@@ -264,7 +304,12 @@ impl TableLog for storage::table::TableStore {
         Ok((seq, rows.boxed()))
     }
 
-    async fn read_log(&self, table: u64, after: u64, max: usize) -> Result<Vec<(u64, Chunk)>> {
+    async fn read_log(
+        &self,
+        table: u64,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<storage::table::LogEntry>> {
         Ok(storage::table::TableStore::read_log(
             self, table, after, max,
         )?)
@@ -293,9 +338,12 @@ mod tests {
 
     fn table() -> (tempfile::TempDir, Arc<TableStore>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(TableStore::new(Arc::new(
-            storage::KvStore::open(dir.path(), 1 << 20).unwrap(),
-        )));
+        let store = Arc::new(
+            TableStore::new(Arc::new(
+                storage::KvStore::open(dir.path(), 1 << 20).unwrap(),
+            ))
+            .unwrap(),
+        );
         let schema = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int64, false),
             Field::new("b", DataType::Int64, true),

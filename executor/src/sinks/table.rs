@@ -148,9 +148,12 @@ mod tests {
     #[tokio::test]
     async fn an_epoch_is_applied_once_and_empty_epochs_advance_the_marker() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(TableStore::new(Arc::new(
-            storage::KvStore::open(dir.path(), 1 << 20).unwrap(),
-        )));
+        let store = Arc::new(
+            TableStore::new(Arc::new(
+                storage::KvStore::open(dir.path(), 1 << 20).unwrap(),
+            ))
+            .unwrap(),
+        );
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("v", DataType::Int64, true),

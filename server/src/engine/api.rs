@@ -77,13 +77,15 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// into.
     fn copy_width(&self, table: &QualifiedName, columns: &[String]) -> Result<usize>;
 
-    /// Writes the rows a `COPY … FROM STDIN` sent, all or none; the
-    /// number written.
+    /// Writes the rows a `COPY … FROM STDIN` sent, all or none (into the
+    /// session's transaction block, if one is open); the number written.
     async fn copy_in(
         self: Arc<Self>,
+        session: &mut Session,
         table: &QualifiedName,
         columns: &[String],
         rows: &[Vec<Option<String>>],
+        first_line: usize,
     ) -> Result<usize>;
 
     /// After a write: with `implicit_flush` on, returns once every view
@@ -186,11 +188,25 @@ impl Engine for Database {
 
     async fn copy_in(
         self: Arc<Self>,
+        session: &mut Session,
         table: &QualifiedName,
         columns: &[String],
         rows: &[Vec<Option<String>>],
+        first_line: usize,
     ) -> Result<usize> {
-        crate::engine::dml::copy_in(&self, table, columns, rows).await
+        let done = crate::engine::dml::copy_in(
+            &self,
+            session.tx.as_mut(),
+            table,
+            columns,
+            rows,
+            first_line,
+        )
+        .await;
+        if done.is_err() {
+            session.transaction_failed();
+        }
+        done
     }
 
     async fn flush_if_implicit(&self, session: &Session) -> Result<()> {

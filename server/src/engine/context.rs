@@ -26,6 +26,7 @@ use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
 use planner::context::new_context;
 use planner::source::StreamSourceTable;
+use storage::pending::PendingWrites;
 
 use crate::catalog::{Entry, table_desc, user_schema};
 use crate::engine::Database;
@@ -67,22 +68,41 @@ impl TableProvider for TableRows {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         use executor::task::TableLog;
         use futures::StreamExt;
+        let external = |e: storage::StorageError| DataFusionError::External(Box::new(e));
         // One snapshot, read a page at a time as the plan runs.
-        let (_, pages) = self
-            .db
-            .cluster
-            .tables
+        let tables = self.db.cluster.tables.clone();
+        let (_, pages) = tables
             .clone()
             .snapshot_stream(self.table)
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        // Inside a transaction block, what the block changed is laid over
+        // the stored rows (see `crate::engine::transaction`).
+        let block = state
+            .config()
+            .get_extension::<PendingWrites>()
+            .filter(|w| w.touches(self.table));
+        let (pages, block_rows) = match block {
+            Some(writes) => {
+                let added = tables.pending_rows(&writes, self.table).map_err(external)?;
+                let (table, tables) = (self.table, tables.clone());
+                let pages = pages.map(move |page| {
+                    tables
+                        .overlay_page(&writes, table, page?)
+                        .map_err(executor::ExecError::from)
+                });
+                (pages.boxed(), added)
+            }
+            None => (pages, None),
+        };
+        let pages = pages.chain(futures::stream::iter(block_rows.map(Ok)));
         let schema = self.schema.clone();
         // Without the hidden row id.
         let n = schema.fields().len();
@@ -553,6 +573,17 @@ impl SchemaProvider for CatalogSchema {
 
     fn table_exist(&self, name: &str) -> bool {
         self.scope.lookup(&self.db, &self.qualify(name)).is_some()
+    }
+}
+
+/// Lets a statement inside a transaction block read the block's own
+/// changes to tables (the scan finds them in the context's configuration).
+pub fn reading_block(ctx: &SessionContext, tx: Option<&crate::engine::transaction::Transaction>) {
+    if let Some(tx) = tx {
+        ctx.state_ref()
+            .write()
+            .config_mut()
+            .set_extension(tx.writes());
     }
 }
 

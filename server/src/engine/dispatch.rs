@@ -13,7 +13,7 @@ use datafusion::sql::sqlparser::ast::{
     TransactionMode, Value,
 };
 
-use super::{Database, QueryResult, ddl, dml, leading_words, query, savepoint};
+use super::{Database, QueryResult, ddl, dml, leading_words, query, savepoint, transaction};
 use crate::engine::cursor::Cursor;
 use crate::engine::session::Session;
 use crate::engine::subscribe::Subscription;
@@ -21,10 +21,13 @@ use crate::error::{Result, ServerError};
 use crate::sql::stmt::{Stmt, object_name};
 
 impl Database {
-    /// A write's result, once `implicit_flush` is satisfied.
+    /// A write's result, once `implicit_flush` is satisfied (inside a
+    /// transaction block, by its `COMMIT`).
     async fn written(&self, session: &Session, done: Result<QueryResult>) -> Result<QueryResult> {
         let done = done?;
-        self.flush_if_implicit(session).await?;
+        if session.tx.is_none() {
+            self.flush_if_implicit(session).await?;
+        }
         Ok(done)
     }
 
@@ -47,11 +50,26 @@ impl Database {
         path.qualify(&self.catalog, stmt)
     }
 
+    /// Runs one statement of `session`; an error inside a transaction
+    /// block fails the block (see [`transaction`]).
     pub async fn execute(
+        self: &Arc<Self>,
+        session: &mut Session,
+        stmt: Stmt,
+    ) -> Result<QueryResult> {
+        let result = self.execute_statement(session, stmt).await;
+        if result.is_err() {
+            transaction::failed(session);
+        }
+        result
+    }
+
+    async fn execute_statement(
         self: &Arc<Self>,
         session: &mut Session,
         mut stmt: Stmt,
     ) -> Result<QueryResult> {
+        transaction::admit(session, &stmt, changes_catalog(&stmt))?;
         self.qualify(session, &mut stmt)?;
         crate::engine::dcl::check(self, session, &stmt)?;
         if !stoppable(&stmt) {
@@ -252,17 +270,20 @@ impl Database {
                 }
             },
             Statement::Insert(insert) => {
-                self.written(session, dml::insert(self, insert).await).await
+                let done = dml::insert(self, session.tx.as_mut(), insert).await;
+                self.written(session, done).await
             }
             Statement::Update(update) => {
-                self.written(session, dml::update(self, update).await).await
+                let done = dml::update(self, session.tx.as_mut(), update).await;
+                self.written(session, done).await
             }
             Statement::Delete(delete) => {
-                self.written(session, dml::delete(self, delete).await).await
+                let done = dml::delete(self, session.tx.as_mut(), delete).await;
+                self.written(session, done).await
             }
             Statement::Truncate(truncate) => {
-                self.written(session, dml::truncate(self, truncate).await)
-                    .await
+                let done = dml::truncate(self, session.tx.as_mut(), truncate).await;
+                self.written(session, done).await
             }
             Statement::CreateTable(ct) => {
                 ddl::create_table(self, session, ct, Default::default()).await
@@ -363,23 +384,33 @@ impl Database {
             }
             Statement::StartTransaction { modes, .. } => {
                 set_transaction_modes(session, &modes, false)?;
+                transaction::begin(session);
                 Ok(QueryResult::command("BEGIN"))
             }
-            // Every statement is its own transaction already; what `SET
-            // TRANSACTION` chose ends with the block, as in Postgres.
+            // What `SET TRANSACTION` chose ends with the block, as in
+            // Postgres, whether the commit succeeds or not.
             Statement::Commit { .. } => {
+                let done = transaction::commit(self, session).await;
                 end_transaction(session)?;
-                Ok(QueryResult::command("COMMIT"))
+                done
             }
-            // Savepoints inside a block (psycopg's nested transactions,
-            // SQLAlchemy's) are accepted as the block is: a statement's
-            // writes are its own, and rolling back to one undoes nothing.
-            Statement::Savepoint { .. } => Ok(QueryResult::command("SAVEPOINT")),
-            Statement::ReleaseSavepoint { .. } => Ok(QueryResult::command("RELEASE")),
+            Statement::Savepoint { name } => {
+                transaction::savepoint(session, crate::sql::stmt::ident(&name))?;
+                Ok(QueryResult::command("SAVEPOINT"))
+            }
+            Statement::ReleaseSavepoint { name } => {
+                transaction::release(session, &crate::sql::stmt::ident(&name))?;
+                Ok(QueryResult::command("RELEASE"))
+            }
             Statement::Rollback {
-                savepoint: Some(_), ..
-            } => Ok(QueryResult::command("ROLLBACK")),
+                savepoint: Some(name),
+                ..
+            } => {
+                transaction::rollback_to(self, session, &crate::sql::stmt::ident(&name))?;
+                Ok(QueryResult::command("ROLLBACK"))
+            }
             Statement::Rollback { .. } => {
+                transaction::rollback(session);
                 end_transaction(session)?;
                 Ok(QueryResult::command("ROLLBACK"))
             }
@@ -509,6 +540,27 @@ fn writes(stmt: &Stmt) -> Option<&'static str> {
         },
         _ => return None,
     })
+}
+
+/// The catalog change `stmt` is, if it is one: what a transaction block
+/// that has written refuses (see [`transaction`]).
+fn changes_catalog(stmt: &Stmt) -> Option<&'static str> {
+    match stmt {
+        Stmt::Sql(s) => match s.as_ref() {
+            Statement::Insert(_)
+            | Statement::Copy { .. }
+            | Statement::Update(_)
+            | Statement::Delete(_)
+            | Statement::Truncate(_) => None,
+            Statement::CreateSchema { .. } => Some("CREATE SCHEMA"),
+            Statement::CreateRole(_) => Some("CREATE ROLE"),
+            Statement::AlterRole { .. } => Some("ALTER ROLE"),
+            Statement::Grant(_) => Some("GRANT"),
+            Statement::Revoke(_) => Some("REVOKE"),
+            _ => writes(stmt),
+        },
+        other => writes(other),
+    }
 }
 
 /// `BEGIN ISOLATION LEVEL …`, `SET [SESSION CHARACTERISTICS AS]

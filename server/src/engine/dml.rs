@@ -20,7 +20,8 @@ use storage::chunk::{Chunk, Op};
 use storage::table::TableDesc;
 
 use crate::catalog::{Entry, table_desc};
-use crate::engine::context::{Mode, context, plan_statement};
+use crate::engine::context::{Mode, context, plan_statement, reading_block};
+use crate::engine::transaction::Transaction;
 use crate::engine::{Database, QueryResult};
 use crate::error::{Result, ServerError};
 use crate::sql::stmt::{QualifiedName, ident, object_name};
@@ -46,17 +47,14 @@ fn target(db: &Database, name: &QualifiedName, verb: &str) -> Result<TableDesc> 
     }
 }
 
-async fn apply(db: &Database, table: u64, chunk: Chunk) -> Result<usize> {
+async fn apply(
+    db: &Database,
+    tx: Option<&mut Transaction>,
+    table: u64,
+    chunk: Chunk,
+) -> Result<usize> {
     let n = chunk.num_rows();
-    if n == 0 {
-        return Ok(0);
-    }
-    // From here the write happens, whoever cancels the statement.
-    crate::engine::control::commit_point()?;
-    let tables = db.cluster.tables.clone();
-    tokio::task::spawn_blocking(move || tables.apply(table, &chunk))
-        .await
-        .map_err(|e| ServerError::Internal(e.to_string()))??;
+    crate::engine::transaction::write(db, tx, vec![(table, chunk)]).await?;
     Ok(n)
 }
 
@@ -169,8 +167,12 @@ fn stored_batch(db: &Database, desc: &TableDesc, columns: Vec<ArrayRef>) -> Resu
 }
 
 /// `INSERT INTO t [(cols)] VALUES … | SELECT …`.
-pub async fn insert(db: &Arc<Database>, insert: Insert) -> Result<QueryResult> {
-    insert_with(db, insert, None).await
+pub async fn insert(
+    db: &Arc<Database>,
+    tx: Option<&mut Transaction>,
+    insert: Insert,
+) -> Result<QueryResult> {
+    insert_with(db, tx, insert, None).await
 }
 
 /// The name under which `COPY … FROM STDIN`'s rows are read by the
@@ -182,11 +184,16 @@ const COPY_ROWS: &str = "weir_copy.rows";
 /// inserted as `INSERT INTO t (columns) SELECT …` would insert them: cast
 /// to the column types, defaults for the columns not named, NOT NULL
 /// checked, in one durable write.
+///
+/// A value that does not fit its column fails the whole `COPY`, with the
+/// line it is on (`first_line` is the line of `rows[0]`) and its column.
 pub async fn copy_in(
     db: &Arc<Database>,
+    tx: Option<&mut Transaction>,
     table: &QualifiedName,
     columns: &[String],
     rows: &[Vec<Option<String>>],
+    first_line: usize,
 ) -> Result<usize> {
     let desc = target(db, table, "copy to")?;
     let names: Vec<String> = if columns.is_empty() {
@@ -224,10 +231,94 @@ pub async fn copy_in(
     let Statement::Insert(insert) = *stmt else {
         return Err(ServerError::Internal(format!("not an INSERT: {sql}")));
     };
-    match insert_with(db, insert, Some(batch)).await? {
-        QueryResult::Command { rows, .. } => Ok(rows.unwrap_or(0)),
-        _ => Err(ServerError::Internal("INSERT returned rows".into())),
+    match insert_with(db, tx, insert.clone(), Some(batch.clone())).await {
+        Ok(QueryResult::Command { rows, .. }) => Ok(rows.unwrap_or(0)),
+        Ok(_) => Err(ServerError::Internal("INSERT returned rows".into())),
+        Err(e) if is_data_error(&e) => {
+            let Some(row) = failing_row(db, &desc, &insert, &batch).await else {
+                return Err(e);
+            };
+            let message = e.to_string();
+            // The column whose text the message quotes, if one does.
+            use datafusion::arrow::array::Array;
+            let column = (0..batch.num_columns()).find_map(|c| {
+                let text = batch.column(c).as_any().downcast_ref::<StringArray>()?;
+                let v = text.is_valid(row).then(|| text.value(row))?;
+                (message.contains(&format!("'{v}'")) || message.contains(&format!("\"{v}\"")))
+                    .then(|| format!(", column {}: \"{v}\"", names[c]))
+            });
+            let context = format!(
+                "COPY {}, line {}{}",
+                table.name,
+                first_line + row,
+                column.unwrap_or_default()
+            );
+            Err(with_context(e, &context))
+        }
+        Err(e) => Err(e),
     }
+}
+
+/// Whether `e` is about a value (its text, range, length or NULL): one
+/// row of a `COPY` is to blame, and can be found.
+fn is_data_error(e: &ServerError) -> bool {
+    matches!(
+        e,
+        ServerError::InvalidText(_)
+            | ServerError::NumericOutOfRange(_)
+            | ServerError::NotNullViolation(_)
+            | ServerError::StringDataRightTruncation(_)
+    )
+}
+
+fn with_context(e: ServerError, context: &str) -> ServerError {
+    match e {
+        ServerError::InvalidText(m) => ServerError::InvalidText(format!("{m} ({context})")),
+        ServerError::NumericOutOfRange(m) => {
+            ServerError::NumericOutOfRange(format!("{m} ({context})"))
+        }
+        ServerError::NotNullViolation(m) => {
+            ServerError::NotNullViolation(format!("{m} ({context})"))
+        }
+        ServerError::StringDataRightTruncation(m) => {
+            ServerError::StringDataRightTruncation(format!("{m} ({context})"))
+        }
+        other => other,
+    }
+}
+
+/// The first row of `rows` that the `INSERT` of a `COPY` cannot store,
+/// found by halving: the rows before it store, it does not.
+async fn failing_row(
+    db: &Arc<Database>,
+    desc: &TableDesc,
+    insert: &Insert,
+    rows: &RecordBatch,
+) -> Option<usize> {
+    let stores = |from: usize, len: usize| {
+        let slice = rows.slice(from, len);
+        async move {
+            let mut columns = planned_rows(db, None, desc, insert.clone(), Some(slice)).await?;
+            if desc.row_id {
+                columns.push(Arc::new(Int64Array::from(vec![0; len])));
+            }
+            stored_batch(db, desc, columns).map(|_| ())
+        }
+    };
+    let (mut from, mut to) = (0, rows.num_rows());
+    if stores(from, to).await.is_ok() {
+        return None;
+    }
+    // rows[from..to] fail; rows[..from] store.
+    while to - from > 1 {
+        let mid = from + (to - from) / 2;
+        if stores(from, mid - from).await.is_ok() {
+            from = mid;
+        } else {
+            to = mid;
+        }
+    }
+    Some(from)
 }
 
 /// Whether `COPY table FROM STDIN` may write into `table`.
@@ -238,6 +329,7 @@ pub fn copy_target(db: &Database, table: &QualifiedName) -> Result<()> {
 /// An `INSERT`; with `rows`, the statement reads them as `weir_copy.rows`.
 async fn insert_with(
     db: &Arc<Database>,
+    tx: Option<&mut Transaction>,
     insert: Insert,
     rows: Option<RecordBatch>,
 ) -> Result<QueryResult> {
@@ -250,19 +342,69 @@ async fn insert_with(
         return Err(ServerError::unsupported("INSERT INTO a table function"));
     };
     let desc = target(db, &object_name(name)?, "insert into")?;
+    let fast = match rows {
+        None => literal_values(db, &desc, &insert),
+        Some(_) => None,
+    };
+    let mut columns = match fast {
+        Some(columns) => columns,
+        None => planned_rows(db, tx.as_deref(), &desc, insert, rows).await?,
+    };
+    let n = columns.first().map_or(0, |c| c.len());
+    if desc.row_id {
+        let first = db.cluster.tables.allocate_row_ids(desc.id, n)?;
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            first..first + n as i64,
+        )));
+    }
+    let batch = stored_batch(db, &desc, columns)?;
+    let n = match db.catalog.get(desc.id) {
+        Some(Entry::Table {
+            late_rows: Some(_),
+            watermark: Some(_),
+            ..
+        }) if tx.is_some() => {
+            // Which rows are late depends on the stream's watermark when
+            // they are written, which a block's writes are not yet.
+            return Err(ServerError::unsupported(
+                "INSERT into a stream WITH (late_rows = …) inside a transaction block",
+            ));
+        }
+        Some(Entry::Table {
+            late_rows: Some(late),
+            watermark: Some(w),
+            ..
+        }) => insert_behind_watermark(db, &desc, late, &w, batch).await?,
+        _ => apply(db, tx, desc.id, Chunk::inserts(batch)).await?,
+    };
+    Ok(QueryResult::Command {
+        tag: "INSERT".into(),
+        rows: Some(n),
+    })
+}
+
+/// The rows an `INSERT` writes, each of the table's user columns, as
+/// DataFusion computes them: its `SELECT` or `VALUES` planned and run.
+async fn planned_rows(
+    db: &Arc<Database>,
+    tx: Option<&Transaction>,
+    desc: &TableDesc,
+    insert: Insert,
+    rows: Option<RecordBatch>,
+) -> Result<Vec<ArrayRef>> {
     let mut insert = insert;
     if let Some(source) = insert.source.as_mut() {
         // `INSERT … SELECT g FROM generate_series(1, 3) g` and the other
         // Postgres spellings a query may use.
         crate::sql::rewrite::rewrite(source)?;
-        replace_default_keywords(db, &desc, &insert.columns, source)?;
+        replace_default_keywords(db, desc, &insert.columns, source)?;
         name_source_columns(source);
         // As in Postgres, `VALUES` shorter than the table fills the
         // leading columns; the rest get NULL.
         if insert.columns.is_empty()
             && let datafusion::sql::sqlparser::ast::SetExpr::Values(values) = source.body.as_ref()
             && let Some(width) = values.rows.first().map(|r| r.len())
-            && width < crate::catalog::user_schema(&desc).fields().len()
+            && width < crate::catalog::user_schema(desc).fields().len()
         {
             insert.columns = desc.schema.fields()[..width]
                 .iter()
@@ -275,6 +417,7 @@ async fn insert_with(
         }
     }
     let ctx = context(db, Mode::Batch);
+    reading_block(&ctx, tx);
     if let Some(rows) = rows {
         if let Some(catalog) = ctx.catalog("weir") {
             catalog.register_schema(
@@ -288,7 +431,7 @@ async fn insert_with(
     // in each slice, and the statement can be stopped between slices.
     let mut schema = None;
     let mut batches = Vec::new();
-    let user_names: Vec<String> = crate::catalog::user_schema(&desc)
+    let user_names: Vec<String> = crate::catalog::user_schema(desc)
         .fields()
         .iter()
         .map(|f| f.name().clone())
@@ -309,7 +452,7 @@ async fn insert_with(
         };
         let produced = collect(&ctx, dml.input.as_ref().clone())
             .await
-            .map_err(|e| name_not_null_column(e, &input_schema, &targets, &desc))?;
+            .map_err(|e| name_not_null_column(e, &input_schema, &targets, desc))?;
         for b in produced {
             let first = schema.get_or_insert_with(|| input_schema.clone());
             batches.push(
@@ -319,31 +462,81 @@ async fn insert_with(
         }
         schema.get_or_insert(input_schema);
     }
-    let user = crate::catalog::user_schema(&desc);
+    let user = crate::catalog::user_schema(desc);
     let schema = schema.ok_or_else(|| ServerError::Internal("INSERT planned nothing".into()))?;
     let rows =
         concat_batches(&schema, &batches).map_err(|e| ServerError::Internal(e.to_string()))?;
-    let n = rows.num_rows();
-    let mut columns: Vec<ArrayRef> = rows.columns()[..user.fields().len()].to_vec();
-    if desc.row_id {
-        let first = db.cluster.tables.allocate_row_ids(desc.id, n)?;
-        columns.push(Arc::new(Int64Array::from_iter_values(
-            first..first + n as i64,
-        )));
-    }
-    let batch = stored_batch(db, &desc, columns)?;
-    let n = match db.catalog.get(desc.id) {
-        Some(Entry::Table {
-            late_rows: Some(late),
-            watermark: Some(w),
-            ..
-        }) => insert_behind_watermark(db, &desc, late, &w, batch).await?,
-        _ => apply(db, desc.id, Chunk::inserts(batch)).await?,
+    Ok(rows.columns()[..user.fields().len()].to_vec())
+}
+
+/// An `INSERT … VALUES` of plain literals into the table's columns, as
+/// arrays without planning (see [`crate::sql::values`]); `None` when the
+/// statement needs the planner.
+fn literal_values(db: &Database, desc: &TableDesc, insert: &Insert) -> Option<Vec<ArrayRef>> {
+    use datafusion::sql::sqlparser::ast::SetExpr;
+    let source = insert.source.as_ref()?;
+    let SetExpr::Values(values) = source.body.as_ref() else {
+        return None;
     };
-    Ok(QueryResult::Command {
-        tag: "INSERT".into(),
-        rows: Some(n),
-    })
+    if source.with.is_some()
+        || source.order_by.is_some()
+        || source.limit_clause.is_some()
+        || source.fetch.is_some()
+    {
+        return None;
+    }
+    let user = crate::catalog::user_schema(desc);
+    let Some(Entry::Table {
+        columns: declared, ..
+    }) = db.catalog.get(desc.id)
+    else {
+        return None;
+    };
+    // Where each named (or leading) column's values go.
+    let width = values.rows.first()?.len();
+    let positions: Vec<usize> = if insert.columns.is_empty() {
+        (0..width.min(user.fields().len())).collect()
+    } else {
+        insert
+            .columns
+            .iter()
+            .map(|c| {
+                let name = object_name(c).ok()?.name;
+                user.fields().iter().position(|f| *f.name() == name)
+            })
+            .collect::<Option<_>>()?
+    };
+    let mut seen = vec![false; user.fields().len()];
+    for p in &positions {
+        if std::mem::replace(&mut seen[*p], true) {
+            return None;
+        }
+    }
+    // A column left out gets its default, which needs the planner.
+    if seen
+        .iter()
+        .zip(declared.iter())
+        .any(|(named, c)| !named && c.default.is_some())
+    {
+        return None;
+    }
+    let types: Vec<DataType> = positions
+        .iter()
+        .map(|p| user.field(*p).data_type().clone())
+        .collect();
+    let rows: Vec<&[datafusion::sql::sqlparser::ast::Expr]> =
+        values.rows.iter().map(|r| r.as_slice()).collect();
+    let given = crate::sql::values::literal_columns(&rows, &types)?;
+    let n = values.rows.len();
+    let mut columns: Vec<ArrayRef> = user
+        .fields()
+        .iter()
+        .map(|f| datafusion::arrow::array::new_null_array(f.data_type(), n))
+        .collect();
+    for (p, c) in positions.into_iter().zip(given) {
+        columns[p] = c;
+    }
+    Some(columns)
 }
 
 /// DataFusion's NOT NULL check names the column of the rows inserted
@@ -501,14 +694,7 @@ async fn insert_behind_watermark(
         writes.push((late, Chunk::inserts(stored_batch(db, &late_desc, columns)?)));
     }
     let n = batch.num_rows();
-    crate::engine::control::commit_point()?;
-    let tables = db.cluster.tables.clone();
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<(u64, &Chunk)> = writes.iter().map(|(id, c)| (*id, c)).collect();
-        tables.apply_many(&refs)
-    })
-    .await
-    .map_err(|e| ServerError::Internal(e.to_string()))??;
+    crate::engine::transaction::write(db, None, writes).await?;
     if let Some(wm) = advanced {
         watermarks.insert(desc.id, wm);
     }
@@ -615,6 +801,7 @@ fn quote(name: &str) -> String {
 /// Runs `SELECT <stored columns>[, extra] FROM <relation> [WHERE …]`.
 async fn select_rows(
     db: &Arc<Database>,
+    tx: Option<&Transaction>,
     desc: &TableDesc,
     relation: &TableWithJoins,
     extra: &[String],
@@ -632,6 +819,7 @@ async fn select_rows(
         sql.push_str(&format!(" WHERE {sel}"));
     }
     let ctx = context(db, Mode::Dml(desc.id));
+    reading_block(&ctx, tx);
     let Some(crate::sql::stmt::Stmt::Sql(s)) = crate::sql::stmt::parse(&sql)?.pop() else {
         return Err(ServerError::Internal(format!("cannot re-parse {sql}")));
     };
@@ -642,7 +830,11 @@ async fn select_rows(
 }
 
 /// `UPDATE t SET c = e, … [WHERE …]`.
-pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
+pub async fn update(
+    db: &Arc<Database>,
+    tx: Option<&mut Transaction>,
+    update: Update,
+) -> Result<QueryResult> {
     if update.from.is_some() || update.returning.is_some() || update.limit.is_some() {
         return Err(ServerError::unsupported(
             "UPDATE … FROM / RETURNING / LIMIT",
@@ -712,7 +904,15 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
             .unwrap_or_else(|| value.to_string());
         extra.push(format!("{cast_to} AS {}", quote(&format!("__new_{k}"))));
     }
-    let rows = select_rows(db, &desc, &update.table, &extra, update.selection.as_ref()).await?;
+    let rows = select_rows(
+        db,
+        tx.as_deref(),
+        &desc,
+        &update.table,
+        &extra,
+        update.selection.as_ref(),
+    )
+    .await?;
     let n_stored = desc.schema.fields().len();
     let old = rows
         .project(&(0..n_stored).collect::<Vec<_>>())
@@ -730,7 +930,7 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
     let ops: Vec<Op> = std::iter::repeat_n(Op::UpdateDelete, n)
         .chain(std::iter::repeat_n(Op::UpdateInsert, n))
         .collect();
-    apply(db, desc.id, Chunk::with_ops(&ops, both)).await?;
+    apply(db, tx, desc.id, Chunk::with_ops(&ops, both)).await?;
     Ok(QueryResult::Command {
         tag: "UPDATE".into(),
         rows: Some(n),
@@ -744,6 +944,7 @@ pub async fn update(db: &Arc<Database>, update: Update) -> Result<QueryResult> {
 /// change nothing more.
 pub async fn truncate(
     db: &Arc<Database>,
+    mut tx: Option<&mut Transaction>,
     truncate: datafusion::sql::sqlparser::ast::Truncate,
 ) -> Result<QueryResult> {
     if truncate.partitions.is_some() || truncate.on_cluster.is_some() {
@@ -768,12 +969,16 @@ pub async fn truncate(
         let Statement::Delete(d) = *stmt else {
             return Err(ServerError::Internal(format!("not a DELETE: {sql}")));
         };
-        delete(db, d).await?;
+        delete(db, tx.as_deref_mut(), d).await?;
     }
     Ok(QueryResult::command("TRUNCATE TABLE"))
 }
 
-pub async fn delete(db: &Arc<Database>, delete: Delete) -> Result<QueryResult> {
+pub async fn delete(
+    db: &Arc<Database>,
+    tx: Option<&mut Transaction>,
+    delete: Delete,
+) -> Result<QueryResult> {
     if !delete.tables.is_empty()
         || delete.using.is_some()
         || delete.returning.is_some()
@@ -789,10 +994,18 @@ pub async fn delete(db: &Arc<Database>, delete: Delete) -> Result<QueryResult> {
     };
     let name = single_table(relation, "DELETE")?;
     let desc = target(db, &name, "delete from")?;
-    let rows = select_rows(db, &desc, relation, &[], delete.selection.as_ref()).await?;
+    let rows = select_rows(
+        db,
+        tx.as_deref(),
+        &desc,
+        relation,
+        &[],
+        delete.selection.as_ref(),
+    )
+    .await?;
     let n = rows.num_rows();
     let ops = vec![Op::Delete; n];
-    apply(db, desc.id, Chunk::with_ops(&ops, rows)).await?;
+    apply(db, tx, desc.id, Chunk::with_ops(&ops, rows)).await?;
     Ok(QueryResult::Command {
         tag: "DELETE".into(),
         rows: Some(n),

@@ -10,7 +10,7 @@
 //! Each family of statements is a module with a small interface, listed
 //! in `crate::layers::ENGINE_INTERFACES` (a test keeps each module to its
 //! list): `ddl`, `dml`, `ingest`, `jobs`, `sinks`, `savepoint`,
-//! `subscribe`, `cursor`, `query`, `dcl`, `dead_letters`. What they share
+//! `subscribe`, `cursor`, `query`, `dcl`, `dead_letters`, `transaction`. What they share
 //! is here and in `context` (the catalog as DataFusion sees it),
 //! `session` and `control` (a running statement's stop).
 
@@ -30,6 +30,7 @@ pub mod savepoint;
 pub mod session;
 pub mod sinks;
 pub mod subscribe;
+pub mod transaction;
 
 use std::path::Path;
 use std::sync::Arc;

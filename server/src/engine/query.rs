@@ -24,6 +24,7 @@ pub async fn select(
     let set_by_query = info.set_by_query.clone();
     let ctx = context(db, Mode::Batch);
     crate::catalog::pg_catalog::register(&ctx, db.clone(), info);
+    crate::engine::context::reading_block(&ctx, session.tx.as_ref());
     let names = prepare(&ctx, &mut q).await?;
     let plan = plan_statement(&ctx, Statement::Query(Box::new(q))).await?;
     let schema = renamed(plan.schema().inner(), names.as_deref());
@@ -99,6 +100,7 @@ pub fn renamed(schema: &SchemaRef, names: Option<&[String]>) -> SchemaRef {
 pub fn query_context(db: &Arc<Database>, session: &Session) -> SessionContext {
     let ctx = context(db, Mode::Batch);
     crate::catalog::pg_catalog::register(&ctx, db.clone(), session.catalog_info());
+    crate::engine::context::reading_block(&ctx, session.tx.as_ref());
     ctx
 }
 

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::engine::cursor::Cursor;
+use crate::engine::transaction::Transaction;
 use crate::error::{Result, ServerError};
 use crate::sql::settings::{WEIR_SETTINGS, parse_bool, parse_duration_us};
 
@@ -31,6 +32,8 @@ pub struct Session {
     pub user: String,
     /// The number `pg_backend_pid()` answers, unique per connection.
     pub backend_pid: i32,
+    /// The open transaction block, between `BEGIN` and its end.
+    pub tx: Option<Transaction>,
 }
 
 /// Backend ids, one per connection since the server started.
@@ -66,6 +69,7 @@ impl Session {
             cursors: HashMap::new(),
             user: crate::SUPERUSER.to_string(),
             backend_pid: NEXT_BACKEND_PID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            tx: None,
         }
     }
 
@@ -109,6 +113,17 @@ impl Session {
         self.state_ttl_us = fresh.state_ttl_us;
         self.state_backend = fresh.state_backend;
         self.vars = fresh.vars;
+    }
+
+    /// Whether a transaction block is open.
+    pub fn in_transaction_block(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// The client saw an error inside the open transaction block (one the
+    /// front end reported, before the statement reached the engine).
+    pub fn transaction_failed(&mut self) {
+        crate::engine::transaction::failed(self);
     }
 
     /// `statement_timeout`, if one is set.

@@ -19,4 +19,5 @@ pub mod rewrite;
 pub mod settings;
 pub mod stmt;
 pub mod types;
+pub mod values;
 pub mod window_tvf;

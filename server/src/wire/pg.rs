@@ -562,6 +562,17 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// An error the front end reported itself (a statement that did not
+    /// parse or bind) fails the open transaction block as the engine's
+    /// own errors do: pgwire's transaction status has seen it.
+    async fn follow_client_state<C: ClientInfo>(&self, client: &C) {
+        if client.transaction_status() == TransactionStatus::Error {
+            self.session.lock().await.transaction_failed();
+        }
+    }
+}
+
 /// Parses `sql`; a long text is parsed with the worker thread handed over
 /// to the runtime's other tasks meanwhile, so that other clients, the
 /// dataflow and the heartbeats do not wait for it.
@@ -1132,6 +1143,7 @@ impl SimpleQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        self.follow_client_state(client).await;
         let stmts = match parse_off_the_runtime(query) {
             Ok(s) => s,
             Err(e) => return Ok(vec![Response::Error(Box::new(e.into_error_info()))]),
@@ -1251,6 +1263,7 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        self.follow_client_state(client).await;
         let prepared = &portal.statement.statement;
         let mut stmt = prepared.stmt.clone();
         if let Stmt::Sql(s) = &mut stmt {
@@ -1320,17 +1333,31 @@ impl CopyHandler for Connection {
         let Some(copy) = pending else {
             return Err(ServerError::Protocol("CopyDone outside a COPY FROM STDIN".into()).into());
         };
-        let timeout = self.session.lock().await.statement_timeout();
+        let session = self.session.clone().lock_owned().await;
+        let timeout = session.statement_timeout();
         let engine = self.engine.clone();
         let n = self
             .supervise(timeout, async move {
-                let rows = crate::sql::copy::decode(&copy.data, &copy.options, copy.width)?;
-                engine.copy_in(&copy.table, &copy.columns, &rows).await
+                let mut session = session;
+                let rows = crate::sql::copy::decode(&copy.data, &copy.options, copy.width);
+                let rows = match rows {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        session.transaction_failed();
+                        return Err(e);
+                    }
+                };
+                // Lines are counted from 1, after the header line if any.
+                let first_line = 1 + usize::from(copy.options.header);
+                engine
+                    .copy_in(&mut session, &copy.table, &copy.columns, &rows, first_line)
+                    .await
             })
             .await?;
-        self.engine
-            .flush_if_implicit(&*self.session.lock().await)
-            .await?;
+        let session = self.session.lock().await;
+        if !session.in_transaction_block() {
+            self.engine.flush_if_implicit(&session).await?;
+        }
         client
             .send(PgWireBackendMessage::CommandComplete(
                 Tag::new("COPY").with_rows(n).into(),

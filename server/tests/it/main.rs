@@ -34,4 +34,5 @@ mod slt;
 mod smoke;
 mod state_backend;
 mod subscribe;
+mod transactions;
 mod wire;

@@ -89,7 +89,14 @@ async fn copy_in_and_out_in_text_and_csv() {
         .await
         .expect("send");
     let e = sink.finish().await.expect_err("a bad number");
-    assert!(e.as_db_error().is_some(), "{e}");
+    let db = e.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "22P02", "{e}");
+    // Where it is, as Postgres's context says.
+    assert!(
+        db.message()
+            .contains("COPY people, line 2, column score: \"not-a-number\""),
+        "{e}"
+    );
     let sink = c.copy_in("COPY people FROM STDIN").await.expect("copy");
     futures::pin_mut!(sink);
     sink.send(Bytes::from_static(b"7\tgus\n"))

@@ -53,6 +53,7 @@ copy rows: [('4', None), ('5', '7.25')]
 server-side cursor: [1, 2, 3, 4, 5]
 error: 42P01
 after error: (1,)
+transactions: [(12, 'kept')]
 types, text results: ok
 types, binary results: ok
 prepared, DDL, DEALLOCATE ALL, DISCARD ALL: (0,)

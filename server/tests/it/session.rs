@@ -176,6 +176,16 @@ async fn transaction_characteristics_are_kept_and_read_only_is_enforced() {
         "read-only transaction",
     )
     .await;
+    // The error failed the block, as in Postgres.
+    expect_error(
+        &c,
+        "SELECT count(*) FROM t",
+        "25P02",
+        "current transaction is aborted",
+    )
+    .await;
+    rows(&c, "ROLLBACK").await;
+    rows(&c, "BEGIN READ ONLY").await;
     expect_error(
         &c,
         "CREATE TABLE u (a int)",
@@ -183,6 +193,8 @@ async fn transaction_characteristics_are_kept_and_read_only_is_enforced() {
         "read-only transaction",
     )
     .await;
+    rows(&c, "ROLLBACK").await;
+    rows(&c, "BEGIN READ ONLY").await;
     assert_eq!(one(&c, "SELECT count(*) FROM t").await, "0");
     rows(&c, "ROLLBACK").await;
     rows(&c, "INSERT INTO t VALUES (1)").await;

@@ -171,6 +171,10 @@ async fn replay(first: usize) {
         };
         let mut views: BTreeMap<String, String> = BTreeMap::new();
         let crash_at = statements.len() / 2;
+        // The crash waits for the end of an open transaction block: the
+        // block dies with its connection, and the file's next statements
+        // assume it.
+        let (mut in_block, mut crashed) = (false, false);
         for (i, sql) in statements.iter().enumerate() {
             if let Some(pause) = common::sleep_of(sql) {
                 tokio::time::sleep(pause).await;
@@ -211,7 +215,15 @@ async fn replay(first: usize) {
             if i % 3 == 2 {
                 client.simple_query("CHECKPOINT").await.expect("checkpoint");
             }
-            if i == crash_at {
+            if lower.starts_with("begin") || lower.starts_with("start transaction") {
+                in_block = true;
+            } else if (lower.starts_with("commit") || lower.starts_with("rollback"))
+                && !lower.starts_with("rollback to")
+            {
+                in_block = false;
+            }
+            if i >= crash_at && !crashed && !in_block {
+                crashed = true;
                 server.crash_and_restart();
                 client = connect(&server, &settings).await;
                 for (n, name) in views.keys().enumerate() {

@@ -61,6 +61,26 @@ with psycopg.connect(conninfo) as conn:
         conn.rollback()
     print("after error:", conn.execute("SELECT 1").fetchone())
 
+with psycopg.connect(conninfo) as conn:
+    # Without autocommit psycopg opens a block at the first statement and
+    # ends it with commit() or rollback(); conn.transaction() inside a
+    # block is a savepoint.
+    conn.execute("INSERT INTO py VALUES (10, 'dropped', 1)")
+    conn.execute("INSERT INTO py VALUES (11, 'dropped', 1)")
+    conn.rollback()
+    conn.execute("INSERT INTO py VALUES (12, 'kept', 1)")
+    try:
+        with conn.transaction():
+            conn.execute("INSERT INTO py VALUES (13, 'undone', 1)")
+            raise RuntimeError("roll back to the savepoint")
+    except RuntimeError:
+        pass
+    conn.commit()
+    print(
+        "transactions:",
+        conn.execute("SELECT id, name FROM py WHERE id >= 10 ORDER BY id").fetchall(),
+    )
+
 # Every column type, and arrays, both ways in both formats: parameters
 # sent as text (%t) and as binary (%b), results read as text and binary.
 values = [
