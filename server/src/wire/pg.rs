@@ -631,6 +631,26 @@ impl Connection {
     }
 }
 
+/// Whether `s` only reads or writes rows: what one query string's
+/// implicit transaction holds.
+fn reads_or_writes_rows(s: &Stmt) -> bool {
+    matches!(s, Stmt::Sql(s) if matches!(
+        s.as_ref(),
+        Statement::Query(_)
+            | Statement::Insert(_)
+            | Statement::Update(_)
+            | Statement::Delete(_)
+            | Statement::Truncate(_)
+    ))
+}
+
+/// `BEGIN`, `COMMIT` or `ROLLBACK`, as the engine runs them.
+fn transaction_statement(sql: &str) -> PgWireResult<Stmt> {
+    stmt::parse(sql)?
+        .pop()
+        .ok_or_else(|| ServerError::Internal(format!("{sql} did not parse")).into())
+}
+
 /// The command tag of a statement whose rows are not a `SELECT`'s.
 fn command_tag(stmt: &Stmt) -> Option<&'static str> {
     matches!(stmt, Stmt::Fetch { skip: false, .. }).then_some("FETCH")
@@ -1163,7 +1183,19 @@ impl SimpleQueryHandler for Connection {
             ));
             return Ok(vec![Response::Error(Box::new(e.into_error_info()))]);
         }
+        // As in Postgres, the statements of one query string are one
+        // transaction: a failing one undoes the writes before it. Here
+        // only strings that do nothing but read and write rows are, as
+        // catalog changes are not transactional (see
+        // `engine::transaction`), and `FLUSH` waits for what is committed.
+        let implicit = stmts.len() > 1
+            && stmts.iter().all(reads_or_writes_rows)
+            && !self.session.lock().await.in_transaction_block();
+        if implicit {
+            self.run(transaction_statement("BEGIN")?, query).await?;
+        }
         let mut out = Vec::with_capacity(stmts.len());
+        let mut failed = false;
         for s in stmts {
             let tag = command_tag(&s);
             let result = match self.connection_statement(client, &s).await {
@@ -1180,8 +1212,15 @@ impl SimpleQueryHandler for Connection {
                 Err(e) => {
                     // Postgres stops at the first failing statement.
                     out.push(Response::Error(Box::new(e.into_error_info())));
+                    failed = true;
                     break;
                 }
+            }
+        }
+        if implicit {
+            let end = if failed { "ROLLBACK" } else { "COMMIT" };
+            if let Err(e) = self.run(transaction_statement(end)?, query).await {
+                out.push(Response::Error(Box::new(e.into_error_info())));
             }
         }
         self.report_parameters(client).await?;
