@@ -331,8 +331,8 @@ impl TableStore {
         {
             seqs.push(self.stage(*id, h, chunk, counters, &mut writes)?);
         }
-        let commit = self.last_commit() + 1;
-        if several {
+        let commit = several.then(|| self.last_commit() + 1);
+        if let Some(commit) = commit {
             for ((id, _), seq) in changes.iter().zip(&seqs) {
                 writes.push((
                     keys::with_id_and(TABLE_COMMIT, *id, &seq.to_be_bytes()),
@@ -346,7 +346,7 @@ impl TableStore {
             counters.last_seq = *seq;
             h.seq.send_replace(*seq);
         }
-        if several {
+        if let Some(commit) = commit {
             // After every table's log shows the entries.
             self.last_commit
                 .store(commit, std::sync::atomic::Ordering::Release);

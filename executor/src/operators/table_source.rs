@@ -183,7 +183,20 @@ impl TableSource {
     /// the next entry of a commit the latest barrier did not include;
     /// advances.
     pub async fn poll(&mut self) -> Result<Vec<Chunk>> {
-        self.poll_to(self.released).await
+        let entries = self
+            .log
+            .read_log(self.table_id, self.position(), LOG_BATCH)
+            .await?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            if entry.commit.is_some_and(|c| c > self.released) {
+                self.held = true;
+                break;
+            }
+            self.position = Some(entry.seq);
+            out.extend(self.project(entry.changes)?.split(MAX_CHUNK_ROWS));
+        }
+        Ok(out)
     }
 
     /// The log entries a barrier that includes the commits up to `commit`
@@ -194,28 +207,11 @@ impl TableSource {
         let target = self.latest();
         let mut out = Vec::new();
         while self.position() < target && !self.held {
-            let chunks = self.poll_to(self.released).await?;
+            let chunks = self.poll().await?;
             if chunks.is_empty() && !self.held {
                 break;
             }
             out.extend(chunks);
-        }
-        Ok(out)
-    }
-
-    async fn poll_to(&mut self, released: u64) -> Result<Vec<Chunk>> {
-        let entries = self
-            .log
-            .read_log(self.table_id, self.position(), LOG_BATCH)
-            .await?;
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            if entry.commit.is_some_and(|c| c > released) {
-                self.held = true;
-                break;
-            }
-            self.position = Some(entry.seq);
-            out.extend(self.project(entry.changes)?.split(MAX_CHUNK_ROWS));
         }
         Ok(out)
     }

@@ -342,6 +342,21 @@ async fn insert_with(
         return Err(ServerError::unsupported("INSERT INTO a table function"));
     };
     let desc = target(db, &object_name(name)?, "insert into")?;
+    let late = match db.catalog.get(desc.id) {
+        Some(Entry::Table {
+            late_rows: Some(late),
+            watermark: Some(w),
+            ..
+        }) => Some((late, w)),
+        _ => None,
+    };
+    if late.is_some() && tx.is_some() {
+        // Which rows are late depends on the stream's watermark when they
+        // are written, which a block's writes are not yet.
+        return Err(ServerError::unsupported(
+            "INSERT into a stream WITH (late_rows = …) inside a transaction block",
+        ));
+    }
     let fast = match rows {
         None => literal_values(db, &desc, &insert),
         Some(_) => None,
@@ -358,24 +373,9 @@ async fn insert_with(
         )));
     }
     let batch = stored_batch(db, &desc, columns)?;
-    let n = match db.catalog.get(desc.id) {
-        Some(Entry::Table {
-            late_rows: Some(_),
-            watermark: Some(_),
-            ..
-        }) if tx.is_some() => {
-            // Which rows are late depends on the stream's watermark when
-            // they are written, which a block's writes are not yet.
-            return Err(ServerError::unsupported(
-                "INSERT into a stream WITH (late_rows = …) inside a transaction block",
-            ));
-        }
-        Some(Entry::Table {
-            late_rows: Some(late),
-            watermark: Some(w),
-            ..
-        }) => insert_behind_watermark(db, &desc, late, &w, batch).await?,
-        _ => apply(db, tx, desc.id, Chunk::inserts(batch)).await?,
+    let n = match late {
+        Some((late, w)) => insert_behind_watermark(db, &desc, late, &w, batch).await?,
+        None => apply(db, tx, desc.id, Chunk::inserts(batch)).await?,
     };
     Ok(QueryResult::Command {
         tag: "INSERT".into(),

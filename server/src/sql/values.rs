@@ -173,50 +173,39 @@ fn column(values: &[Literal<'_>], t: &DataType) -> Option<ArrayRef> {
     if values.iter().all(|v| matches!(v, Literal::Null)) {
         return Some(new_null_array(t, values.len()));
     }
-    macro_rules! integers {
-        ($builder:ty, $native:ty) => {{
-            let mut b = <$builder>::with_capacity(values.len());
+    // One array from `builder`, each value by the arm it matches; a value
+    // no arm takes leaves the list to the planner.
+    macro_rules! build {
+        ($builder:ident, $($value:pat => $append:expr),+) => {{
+            let mut b = $builder::with_capacity(values.len());
             for v in values {
                 match v {
                     Literal::Null => b.append_null(),
-                    Literal::Integer(i) => b.append_value(<$native>::try_from(*i).ok()?),
+                    $($value => b.append_value($append),)+
                     _ => return None,
                 }
             }
             Some(Arc::new(b.finish()) as ArrayRef)
         }};
     }
+    let n = values.len();
     match t {
-        DataType::Int16 => integers!(Int16Builder, i16),
-        DataType::Int32 => integers!(Int32Builder, i32),
-        DataType::Int64 => integers!(Int64Builder, i64),
-        DataType::Float64 => {
-            let mut b = Float64Builder::with_capacity(values.len());
-            for v in values {
-                match v {
-                    Literal::Null => b.append_null(),
-                    Literal::Integer(i) => b.append_value(*i as f64),
-                    Literal::Fraction(s) => b.append_value(float(s)?),
-                    _ => return None,
-                }
-            }
-            Some(Arc::new(b.finish()))
-        }
-        DataType::Float32 => {
-            let mut b = Float32Builder::with_capacity(values.len());
-            for v in values {
-                match v {
-                    Literal::Null => b.append_null(),
-                    // Read from the digits, as float4in reads them.
-                    Literal::Integer(i) => b.append_value(i.to_string().parse().ok()?),
-                    Literal::Fraction(s) => b.append_value(float(s)?),
-                    _ => return None,
-                }
-            }
-            Some(Arc::new(b.finish()))
-        }
+        DataType::Int16 => build!(Int16Builder, Literal::Integer(i) => i16::try_from(*i).ok()?),
+        DataType::Int32 => build!(Int32Builder, Literal::Integer(i) => i32::try_from(*i).ok()?),
+        DataType::Int64 => build!(Int64Builder, Literal::Integer(i) => *i),
+        // An integer rounds to the nearest float, as reading its digits does.
+        DataType::Float64 => build!(
+            Float64Builder,
+            Literal::Integer(i) => *i as f64,
+            Literal::Fraction(s) => float(s)?
+        ),
+        DataType::Float32 => build!(
+            Float32Builder,
+            Literal::Integer(i) => *i as f32,
+            Literal::Fraction(s) => float(s)?
+        ),
         DataType::Utf8 => {
-            let mut b = StringBuilder::with_capacity(values.len(), 0);
+            let mut b = StringBuilder::with_capacity(n, 0);
             for v in values {
                 match v {
                     Literal::Null => b.append_null(),
@@ -226,17 +215,7 @@ fn column(values: &[Literal<'_>], t: &DataType) -> Option<ArrayRef> {
             }
             Some(Arc::new(b.finish()))
         }
-        DataType::Boolean => {
-            let mut b = BooleanBuilder::with_capacity(values.len());
-            for v in values {
-                match v {
-                    Literal::Null => b.append_null(),
-                    Literal::Bool(x) => b.append_value(*x),
-                    _ => return None,
-                }
-            }
-            Some(Arc::new(b.finish()))
-        }
+        DataType::Boolean => build!(BooleanBuilder, Literal::Bool(x) => *x),
         _ => None,
     }
 }
