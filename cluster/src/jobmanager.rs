@@ -3,7 +3,7 @@
 //! answers questions about all of them (`FLUSH`, EXPLAIN's slot preview,
 //! job listings, view scans). It owns the checkpoint storage.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use datafusion::arrow::array::RecordBatch;
@@ -44,6 +44,14 @@ pub struct JobSources {
     pub positions: Option<HashMap<u64, u64>>,
 }
 
+/// A job that reads views (see [`JobManager::view_sources`]).
+pub(crate) struct ViewReader {
+    pub(crate) job: u64,
+    pub(crate) views: Vec<u64>,
+    /// The epochs of its oldest retained checkpoint, by view.
+    pub(crate) positions: Option<HashMap<u64, u64>>,
+}
+
 /// How long a `FLUSH` waits, after a checkpoint at which a source was
 /// behind, before it triggers the next. Longer than a connector's read
 /// waits at the end of a split (a Kafka fetch waits 100 ms), so that the
@@ -61,6 +69,8 @@ pub struct JobManager {
     /// The database's tables, whose commits barriers follow.
     tables: Arc<storage::table::TableStore>,
     jobs: Mutex<BTreeMap<u64, Arc<JobMaster>>>,
+    /// The epochs of views' changelogs that jobs reading them need.
+    pub(crate) holds: Arc<crate::view_log::ChangelogHolds>,
     /// Every complete savepoint in storage, by name.
     savepoints: Mutex<BTreeMap<String, SavepointMetadata>>,
 }
@@ -93,6 +103,7 @@ impl JobManager {
             config,
             tables,
             jobs: Mutex::new(BTreeMap::new()),
+            holds: Default::default(),
             savepoints: Mutex::new(BTreeMap::new()),
         });
         let weak: Weak<Self> = Arc::downgrade(&jm);
@@ -133,7 +144,10 @@ impl JobManager {
             self.storage.clone(),
             self.scratch.clone(),
             self.config.clone(),
-            self.tables.clone(),
+            crate::jobmaster::BarrierStamps {
+                tables: self.tables.clone(),
+                holds: self.holds.clone(),
+            },
         )?;
         jm.load_checkpoints(floor).await?;
         self.jobs
@@ -248,7 +262,7 @@ impl JobManager {
         Ok(self.master(job)?.completed())
     }
 
-    fn master(&self, job: u64) -> Result<Arc<JobMaster>> {
+    pub(crate) fn master(&self, job: u64) -> Result<Arc<JobMaster>> {
         self.jobs
             .lock()
             .map_err(|_| poisoned())?
@@ -434,10 +448,65 @@ impl JobManager {
                 .filter(|p| self.job_master(p.job).is_some())
                 .collect(),
         };
-        for part in &parts {
+        // A view read by other views' jobs goes back in time; what they
+        // read of it after the savepoint would be replayed to them a second
+        // time. They (and the views over them) start again from the
+        // restored view's rows instead.
+        let restored: BTreeSet<u64> = parts.iter().map(|p| p.job).collect();
+        let readers = self.readers_of(&restored);
+        for part in parts.iter().filter(|p| !readers.contains(&p.job)) {
             self.restore_job(part).await?;
         }
+        for job in &readers {
+            self.restart_fresh(*job).await?;
+        }
         Ok(parts.iter().map(|p| p.job).collect())
+    }
+
+    /// The jobs that read one of `views`, directly or through other views,
+    /// in id order (a view is older than the views over it).
+    fn readers_of(&self, views: &BTreeSet<u64>) -> BTreeSet<u64> {
+        let reads: Vec<(u64, Vec<u64>)> = match self.jobs.lock() {
+            Ok(jobs) => jobs.values().map(|j| (j.job, j.source_views())).collect(),
+            Err(_) => return BTreeSet::new(),
+        };
+        let mut readers = BTreeSet::new();
+        loop {
+            let before = readers.len();
+            for (job, read) in &reads {
+                if read
+                    .iter()
+                    .any(|v| views.contains(v) || readers.contains(v))
+                {
+                    readers.insert(*job);
+                }
+            }
+            if readers.len() == before {
+                return readers;
+            }
+        }
+    }
+
+    /// Stops `job` and starts it again with no state — a fresh backfill —
+    /// its checkpoint ids going on after every one it used.
+    async fn restart_fresh(&self, job: u64) -> Result<()> {
+        let old = self.job_master(job).ok_or(ClusterError::UnknownJob(job))?;
+        old.stop(false).await?;
+        let dirs = self.storage.checkpoint_dirs(job).await?;
+        // Every checkpoint is before the floor, so none is kept.
+        let floor = dirs
+            .last()
+            .map_or(1, |(id, _)| id + 1)
+            .max(old.next_checkpoint_id());
+        let attempt = old.attempts().0 + 1;
+        let jm = self.register(job, old.job_graph().clone(), floor).await?;
+        jm.start_at_attempt(attempt);
+        jm.launch().await?;
+        tracing::info!(
+            job,
+            "job started again from nothing: a view it reads was restored"
+        );
+        self.checkpoint_now(job).await
     }
 
     /// Stops `part.job`, makes `part` its newest checkpoint (the others go)
@@ -472,6 +541,9 @@ impl JobManager {
     /// Stops a job; with `drop_state` its state is deleted too.
     pub async fn cancel_job(&self, job: u64, drop_state: bool) -> Result<()> {
         let jm = self.jobs.lock().map_err(|_| poisoned())?.remove(&job);
+        if drop_state {
+            self.holds.release(job);
+        }
         match jm {
             Some(jm) => jm.stop(drop_state).await,
             None => {
@@ -508,6 +580,10 @@ impl JobManager {
     /// checkpoint past the given log position, and every job reading a
     /// connector one (triggered after this call) where no source had more
     /// to read (`FLUSH`).
+    ///
+    /// A job reading a view waits, in a later round, for the epoch that
+    /// view's job completed once the round before it was done: one round
+    /// per level of the longest chain of views over views.
     pub async fn flush(&self, targets: &HashMap<u64, u64>) -> Result<()> {
         let jobs: Vec<Arc<JobMaster>> = self
             .jobs
@@ -516,17 +592,31 @@ impl JobManager {
             .values()
             .cloned()
             .collect();
-        let waits = jobs.into_iter().filter_map(|jm| {
-            let needed: HashMap<u64, u64> = jm
-                .source_tables()
-                .into_iter()
-                .filter_map(|t| targets.get(&t).filter(|seq| **seq > 0).map(|seq| (t, *seq)))
-                .collect();
-            let connectors = jm.reads_connectors();
-            (!needed.is_empty() || connectors).then(|| Self::wait_for(jm, needed, connectors))
-        });
-        for r in futures::future::join_all(waits).await {
-            r?;
+        let mut targets = targets.clone();
+        for round in 0..=chain_depth(&jobs) {
+            if round > 0 {
+                for jm in &jobs {
+                    for view in jm.source_views() {
+                        if let Ok(upstream) = self.master(view) {
+                            targets.insert(view, upstream.completed().borrow().id);
+                        }
+                    }
+                }
+            }
+            let waits = jobs.iter().filter_map(|jm| {
+                let needed: HashMap<u64, u64> = jm
+                    .source_tables()
+                    .into_iter()
+                    .chain(jm.source_views())
+                    .filter_map(|t| targets.get(&t).filter(|seq| **seq > 0).map(|seq| (t, *seq)))
+                    .collect();
+                let connectors = round == 0 && jm.reads_connectors();
+                (!needed.is_empty() || connectors)
+                    .then(|| Self::wait_for(jm.clone(), needed, connectors))
+            });
+            for r in futures::future::join_all(waits).await {
+                r?;
+            }
         }
         Ok(())
     }
@@ -632,24 +722,45 @@ impl JobManager {
             return Vec::new();
         };
         jobs.values()
-            .map(|jm| {
-                let mut positions = jm.truncation_positions();
-                // A savepoint may take the job back to where it was.
-                if let (Some(p), Ok(savepoints)) = (&mut positions, self.savepoints.lock()) {
-                    for part in savepoints.values().flat_map(|s| &s.jobs) {
-                        if part.job == jm.job {
-                            for (t, seq) in &part.positions {
-                                p.entry(*t).and_modify(|s| *s = (*s).min(*seq));
-                            }
-                        }
-                    }
-                }
-                JobSources {
-                    tables: jm.source_tables(),
-                    positions,
-                }
+            .map(|jm| JobSources {
+                tables: jm.source_tables(),
+                positions: self.oldest_positions(jm),
             })
             .collect()
+    }
+
+    /// Every job that reads views: its id, the views, and the epochs of
+    /// its oldest retained checkpoint (as [`JobManager::source_positions`]).
+    pub(crate) fn view_sources(&self) -> Vec<ViewReader> {
+        let Ok(jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        jobs.values()
+            .map(|jm| (jm.job, jm.source_views(), jm))
+            .filter(|(_, views, _)| !views.is_empty())
+            .map(|(job, views, jm)| ViewReader {
+                job,
+                views,
+                positions: self.oldest_positions(jm),
+            })
+            .collect()
+    }
+
+    /// Where `jm`'s oldest retained checkpoint left its sources, or a
+    /// savepoint, if it left one further back.
+    fn oldest_positions(&self, jm: &JobMaster) -> Option<HashMap<u64, u64>> {
+        let mut positions = jm.truncation_positions();
+        // A savepoint may take the job back to where it was.
+        if let (Some(p), Ok(savepoints)) = (&mut positions, self.savepoints.lock()) {
+            for part in savepoints.values().flat_map(|s| &s.jobs) {
+                if part.job == jm.job {
+                    for (t, seq) in &part.positions {
+                        p.entry(*t).and_modify(|s| *s = (*s).min(*seq));
+                    }
+                }
+            }
+        }
+        positions
     }
 
     /// Recent checkpoints of every job: `(job, checkpoint)`.
@@ -738,4 +849,28 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
+}
+
+/// The most views over views in one chain among `jobs`: 0 when no job
+/// reads a view.
+fn chain_depth(jobs: &[Arc<JobMaster>]) -> usize {
+    let reads: HashMap<u64, Vec<u64>> = jobs.iter().map(|j| (j.job, j.source_views())).collect();
+    fn depth(job: u64, reads: &HashMap<u64, Vec<u64>>, seen: usize) -> usize {
+        match reads.get(&job) {
+            // (A chain is never longer than the jobs there are.)
+            Some(views) if !views.is_empty() && seen < reads.len() => {
+                1 + views
+                    .iter()
+                    .map(|v| depth(*v, reads, seen + 1))
+                    .max()
+                    .unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+    reads
+        .keys()
+        .map(|j| depth(*j, &reads, 0))
+        .max()
+        .unwrap_or(0)
 }

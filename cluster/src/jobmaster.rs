@@ -127,9 +127,8 @@ pub(crate) struct JobMaster {
     /// Local scratch space for reading checkpoints.
     scratch: PathBuf,
     config: ClusterConfig,
-    /// The database's tables: a barrier includes the commits to several
-    /// tables made before it was triggered.
-    tables: Arc<TableStore>,
+    /// What the job's barriers carry from outside the job.
+    stamps: BarrierStamps,
     inner: Mutex<Inner>,
     commit: RwLock<()>,
     completed: watch::Sender<CompletedCheckpoint>,
@@ -197,6 +196,16 @@ impl Inner {
     }
 }
 
+/// What a JobMaster stamps on each barrier from outside its job.
+#[derive(Clone)]
+pub(crate) struct BarrierStamps {
+    /// The database's tables: a barrier includes the commits to several
+    /// tables made before it was triggered.
+    pub(crate) tables: Arc<TableStore>,
+    /// What jobs reading this one's view need of its changelog.
+    pub(crate) holds: Arc<crate::view_log::ChangelogHolds>,
+}
+
 /// State tables of a vertex's operators.
 pub(crate) fn vertex_tables(graph: &JobGraph, vertex: usize) -> Vec<u64> {
     graph.vertices.get(vertex).map_or_else(Vec::new, |v| {
@@ -235,7 +244,7 @@ impl JobMaster {
         storage: Arc<CheckpointStorage>,
         scratch: PathBuf,
         config: ClusterConfig,
-        tables: Arc<TableStore>,
+        stamps: BarrierStamps,
     ) -> Result<Arc<Self>> {
         let jm = Arc::new_cyclic(|me| JobMaster {
             job,
@@ -244,7 +253,7 @@ impl JobMaster {
             storage,
             scratch,
             config,
-            tables,
+            stamps,
             inner: Mutex::new(Inner {
                 exec: None,
                 attempt: 0,
@@ -781,6 +790,19 @@ impl JobMaster {
             .collect()
     }
 
+    /// Materialized views the job's sources read.
+    pub(crate) fn source_views(&self) -> Vec<u64> {
+        self.graph
+            .stream
+            .nodes
+            .iter()
+            .filter_map(|n| match n.spec {
+                OperatorSpec::ViewSource { view_id, .. } => Some(view_id),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub(crate) fn completed(&self) -> watch::Receiver<CompletedCheckpoint> {
         self.completed.subscribe()
     }
@@ -921,7 +943,8 @@ impl JobMaster {
                 .await;
             }
         });
-        let commit = self.tables.last_commit();
+        let commit = self.stamps.tables.last_commit();
+        let keep_after = self.stamps.holds.keep_after(self.job);
         tracing::debug!(
             job = self.job,
             checkpoint = id,
@@ -934,7 +957,9 @@ impl JobMaster {
             let tm = self.rm.task_executor(&slot)?;
             let job = self.job;
             tokio::spawn(async move {
-                let barrier = Barrier::checkpoint(id).with_commit(commit);
+                let barrier = Barrier::checkpoint(id)
+                    .with_commit(commit)
+                    .keeping_after(keep_after);
                 if let Err(e) = tm.trigger_checkpoint(task, barrier).await {
                     tracing::warn!(job, checkpoint = id, error = %e, "checkpoint trigger failed");
                 }

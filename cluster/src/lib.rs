@@ -22,6 +22,7 @@ mod resource_manager;
 mod rpc;
 mod task_runtime;
 mod taskmanager;
+mod view_log;
 
 pub use checkpoint::{CheckpointStats, CheckpointStatus, CompletedCheckpoint};
 pub use config::{ClusterConfig, RestartStrategy};

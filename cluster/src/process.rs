@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::config::ClusterConfig;
 use crate::gateway::ResourceManagerGateway;
-use crate::rpc::client::{RemoteJobMaster, RemoteResourceManager, RemoteTableLog};
+use crate::rpc::client::{RemoteJobMaster, RemoteResourceManager, RemoteTableLog, RemoteViewLog};
 use crate::rpc::server::{JobManagerServices, TaskManagerServices, bind};
 use crate::rpc::shuffle::NetworkChannels;
 use crate::taskmanager::TaskExecutorServices;
@@ -105,6 +105,7 @@ impl Cluster {
                 state_dir,
                 slot_memory: slot_memory(&config),
                 tables: cluster.tables.clone(),
+                views: cluster.job_manager.clone(),
                 remote: Arc::new(NoRemoteChannels),
             },
             &config,
@@ -197,6 +198,7 @@ pub async fn run_task_manager(opts: TaskManagerOptions) -> Result<()> {
             state_dir,
             slot_memory: slot_memory(&opts.config),
             tables: Arc::new(RemoteTableLog::new(&opts.job_manager)?),
+            views: Arc::new(RemoteViewLog::new(&opts.job_manager)?),
             remote: Arc::new(NetworkChannels),
         },
         &opts.config,

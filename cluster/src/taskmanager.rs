@@ -39,7 +39,7 @@ use executor::operators::changelog;
 use executor::state::StateStore;
 use executor::task::{
     CheckpointAck, RemoteChannels, TableLog, TaskCommand, TaskDeployment, TaskEnvironment, TaskId,
-    TaskReporter, build_task,
+    TaskReporter, ViewLog, build_task,
 };
 use futures::FutureExt;
 use planner::execution_graph::{ExecutionState, SlotId};
@@ -178,6 +178,8 @@ pub struct TaskExecutorServices {
     /// Each slot's share of managed memory.
     pub slot_memory: Vec<SlotMemory>,
     pub tables: Arc<dyn TableLog>,
+    /// Materialized views, as views over them read them.
+    pub views: Arc<dyn ViewLog>,
     pub remote: Arc<dyn RemoteChannels>,
 }
 
@@ -188,6 +190,7 @@ pub struct TaskExecutor {
     state_dir: std::path::PathBuf,
     slot_memory: Vec<SlotMemory>,
     tables: Arc<dyn TableLog>,
+    views: Arc<dyn ViewLog>,
     remote: Arc<dyn RemoteChannels>,
     shuffle: Arc<LocalShuffle>,
     slots: Mutex<Vec<BTreeSet<u64>>>,
@@ -223,6 +226,7 @@ impl TaskExecutor {
             state_dir: services.state_dir,
             slot_memory: services.slot_memory,
             tables: services.tables,
+            views: services.views,
             remote: services.remote,
             shuffle: Arc::new(LocalShuffle::default()),
             slots: Mutex::new(vec![BTreeSet::new(); slots]),
@@ -693,6 +697,7 @@ impl TaskExecutorGateway for TaskExecutor {
         let memory = self.slot_memory(deployment.slot)?.operators().clone();
         let env = TaskEnvironment {
             tables: self.tables.clone(),
+            views: self.views.clone(),
             state: Arc::new(BackendReader(backend)),
             memory,
             shuffle: self.shuffle.clone(),

@@ -45,6 +45,10 @@ pub struct Barrier {
     /// triggered): every source of a job takes the log entries of one such
     /// commit into the same checkpoint. `u64::MAX`: every commit.
     pub commit: u64,
+    /// A view's changelog keeps every epoch after this one, whatever its
+    /// retention: a job reading the view through it still needs them
+    /// (`u64::MAX`: no reader needs any).
+    pub keep_after: u64,
 }
 
 impl Barrier {
@@ -56,6 +60,7 @@ impl Barrier {
             mutation: Mutation::None,
             timestamp_ms: (crate::operator::processing_time_us() / 1000).max(0) as u64,
             commit: u64::MAX,
+            keep_after: u64::MAX,
         }
     }
 
@@ -63,6 +68,11 @@ impl Barrier {
     /// `commit` and none after.
     pub fn with_commit(self, commit: u64) -> Self {
         Self { commit, ..self }
+    }
+
+    /// The barrier, keeping a view's changes after epoch `keep_after`.
+    pub fn keeping_after(self, keep_after: u64) -> Self {
+        Self { keep_after, ..self }
     }
 }
 

@@ -25,7 +25,8 @@ use crate::exchange::{ChannelId, GateEvent, InputGate, LocalShuffle, OutputWrite
 use crate::message::{Barrier, Message, Watermark};
 use crate::operator::{Operator, OperatorContext};
 use crate::operators::{
-    self, connector_source::ConnectorSource, table_source::TableSource, values_source::ValuesSource,
+    self, connector_source::ConnectorSource, table_source::TableSource,
+    values_source::ValuesSource, view_source::ViewSource,
 };
 use crate::sinks::CommittingSink;
 use crate::state::StateStore;
@@ -173,6 +174,45 @@ pub trait TableLog: Send + Sync {
     ) -> Result<storage::table::Ingested>;
 }
 
+/// A materialized view's committed output, as a [`ViewSource`] reads it
+/// (implemented by the JobManager, in-process or over gRPC): only what its
+/// job's completed checkpoints hold.
+#[async_trait]
+pub trait ViewLog: Send + Sync {
+    /// The view's rows at its job's latest completed checkpoint, a page at a
+    /// time, and that checkpoint's id (0 before the first). From then on
+    /// the view keeps its changes after that epoch for job `reader`.
+    async fn snapshot(
+        &self,
+        view: u64,
+        schema: datafusion::arrow::datatypes::SchemaRef,
+        reader: u64,
+    ) -> Result<(u64, RowStream)>;
+    /// The changes of the epochs after `since`, up to the latest completed
+    /// checkpoint.
+    async fn changes(
+        &self,
+        view: u64,
+        schema: datafusion::arrow::datatypes::SchemaRef,
+        since: u64,
+    ) -> Result<ViewChanges>;
+    /// The id of the view's latest completed checkpoint, once it is after
+    /// `after` or a second has passed.
+    async fn completed_after(&self, view: u64, after: u64) -> Result<u64>;
+}
+
+/// What [`ViewLog::changes`] reads.
+pub struct ViewChanges {
+    /// The checkpoint read: the changes go up to its epoch.
+    pub at: u64,
+    /// Every epoch after this one is whole; a `since` before it has lost
+    /// changes (and `pages` is empty).
+    pub horizon: u64,
+    /// `epoch bigint, diff bigint, <the view's columns>`, in epoch order,
+    /// an epoch's deletes before its inserts, one kind per page.
+    pub pages: RowStream,
+}
+
 /// Opens the consuming end of a channel whose producer runs in another
 /// TaskManager (implemented by the cluster's network shuffle).
 pub trait RemoteChannels: Send + Sync {
@@ -184,6 +224,7 @@ pub trait RemoteChannels: Send + Sync {
 #[derive(Clone)]
 pub struct TaskEnvironment {
     pub tables: Arc<dyn TableLog>,
+    pub views: Arc<dyn ViewLog>,
     /// The task's keyed state store.
     pub state: Arc<dyn StateStore>,
     /// The operator share of the task's slot's managed memory.
@@ -215,6 +256,7 @@ pub struct TaskDeployment {
 
 enum Head {
     Source(TableSource),
+    View(Box<ViewSource>),
     Connector(Box<ConnectorSource>),
     Values(ValuesSource),
     Gate(InputGate),
@@ -278,6 +320,25 @@ pub fn build_task(
             }
             (Head::Source(source), &vertex.nodes[1..])
         }
+        OperatorSpec::ViewSource {
+            view_id,
+            view_name,
+            view_schema,
+            projection,
+            state_table,
+        } => (
+            Head::View(Box::new(ViewSource::new(
+                *view_id,
+                view_name.clone(),
+                dep.id.job,
+                projection.clone(),
+                *state_table,
+                view_schema,
+                &head_node.schema,
+                env.views.clone(),
+            ))),
+            &vertex.nodes[1..],
+        ),
         OperatorSpec::Values {
             rows,
             cells,
@@ -446,6 +507,7 @@ impl StreamTask {
         let mut head = std::mem::replace(&mut self.head, Head::Gate(InputGate::new(vec![])));
         let result = match &mut head {
             Head::Source(source) => self.run_source(source).await,
+            Head::View(source) => self.run_view(source).await,
             Head::Connector(source) => self.run_connector(source).await,
             Head::Values(source) => self.run_values(source).await,
             Head::Gate(gate) => self.run_gate(gate).await,
@@ -494,6 +556,47 @@ impl StreamTask {
                     self.source_watermark(source.take_watermark()).await?;
                 }
                 _ = source.changed(), if !has_more => {}
+            }
+        }
+    }
+
+    /// Another view's output: its rows at one of its checkpoints, then
+    /// each run of its completed epochs, read whole between two barriers.
+    async fn run_view(&mut self, source: &mut ViewSource) -> Result<Exit> {
+        use futures::StreamExt;
+        source.restore(&self.ctx)?;
+        if let Some(mut rows) = source.backfill_stream().await? {
+            while let Some(page) = rows.next().await {
+                for chunk in source.backfill_chunks(page?)? {
+                    self.push(0, 0, chunk).await?;
+                }
+            }
+        }
+        loop {
+            let has_more = source.has_more();
+            tokio::select! {
+                biased;
+                cmd = self.commands.recv() => match cmd {
+                    Some(TaskCommand::TriggerCheckpoint(barrier)) => {
+                        let mut writes = Vec::new();
+                        source.snapshot(&mut writes);
+                        let position = SourcePosition { table: source.view_id(), seq: source.position() };
+                        self.checkpoint(barrier, writes, vec![position], Default::default(), SourceReport::default()).await?;
+                    }
+                    Some(TaskCommand::NotifyCheckpointComplete(id)) => self.commit(id).await?,
+                    Some(TaskCommand::Cancel) | None => return Ok(Exit::Cancelled),
+                },
+                _ = std::future::ready(()), if has_more => {
+                    if let Some(mut read) = source.read().await? {
+                        while let Some(page) = read.pages.next().await {
+                            for chunk in source.change_chunks(page?)? {
+                                self.push(0, 0, chunk).await?;
+                            }
+                        }
+                        source.advance(read.at);
+                    }
+                }
+                changed = source.changed(), if !has_more => changed?,
             }
         }
     }

@@ -558,6 +558,22 @@ impl Lowering<'_> {
                         scan.projected_schema.clone(),
                     ));
                 }
+                if source.view {
+                    // The view's committed output, followed as it changes.
+                    return Ok(self.graph.add_node(
+                        OperatorSpec::ViewSource {
+                            view_id: source.table_id,
+                            view_name: source.name.clone(),
+                            view_schema: Arc::new(DFSchema::try_from(
+                                source.schema.as_ref().clone(),
+                            )?),
+                            projection,
+                            state_table: self.state_table(id),
+                        },
+                        1,
+                        scan.projected_schema.clone(),
+                    ));
+                }
                 Ok(self.graph.add_node(
                     OperatorSpec::TableSource {
                         table_id: source.table_id,
@@ -1313,6 +1329,11 @@ impl Lowering<'_> {
                     "EMIT ON WINDOW CLOSE needs a watermark on every input; VALUES (or a query without a table) has none".into(),
                 ));
             }
+            OperatorSpec::ViewSource { view_name, .. } => {
+                return Err(PlanError::InvalidDefinition(format!(
+                    "EMIT ON WINDOW CLOSE needs a watermark on every input; materialized view \"{view_name}\", read through its changelog, has none"
+                )));
+            }
             _ => None,
         };
         if let Some(name) = source
@@ -1427,6 +1448,7 @@ mod tests {
             watermark: None,
             versioned: false,
             connector: None,
+            view: false,
         });
         LogicalPlanBuilder::scan(name, provider_as_source(table), None).unwrap()
     }

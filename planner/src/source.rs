@@ -1,5 +1,5 @@
-//! The table provider that stands for a user table while a streaming query is
-//! planned. It only carries the table's identity and schema; the lowering
+//! The table provider that stands for a user table (or a materialized view
+//! read through its changelog) while a streaming query is planned. It only carries the table's identity and schema; the lowering
 //! finds it behind each `TableScan` and turns it into a source operator.
 
 use std::any::Any;
@@ -30,6 +30,9 @@ pub struct StreamSourceTable {
     /// A source (`CREATE SOURCE`) read through this connector rather than a
     /// stored table.
     pub connector: Option<crate::spec::ConnectorSpec>,
+    /// A materialized view read through its changelog (`table_id` is the
+    /// view's id, `schema` its columns).
+    pub view: bool,
 }
 
 #[async_trait]

@@ -33,6 +33,21 @@ pub enum OperatorSpec {
         #[serde(default)]
         versioned: bool,
     },
+    /// Reads another materialized view's committed output: its rows at one
+    /// of its completed checkpoints (backfill), then its changelog, epoch
+    /// by epoch, from that checkpoint on. A view over a view costs what its
+    /// own layer costs, not the layers below it again.
+    ViewSource {
+        view_id: u64,
+        view_name: String,
+        /// Every column of the view, as it stores them.
+        #[serde(with = "crate::wire::schema")]
+        view_schema: DFSchemaRef,
+        /// Indices into the view's columns that the query reads.
+        projection: Vec<usize>,
+        /// Where the source keeps the last epoch of the view it emitted.
+        state_table: u64,
+    },
     /// Reads an external system through a connector (`CREATE SOURCE … WITH
     /// (connector = '…')`): its splits are spread over the subtasks, each
     /// split's position is state.
@@ -274,6 +289,7 @@ impl OperatorSpec {
     pub fn name(&self) -> &'static str {
         match self {
             OperatorSpec::TableSource { .. } => "TableSource",
+            OperatorSpec::ViewSource { .. } => "ViewSource",
             OperatorSpec::ConnectorSource { .. } => "ConnectorSource",
             OperatorSpec::Values { .. } => "Values",
             OperatorSpec::Filter { .. } => "Filter",
@@ -295,6 +311,7 @@ impl OperatorSpec {
     pub fn inputs(&self) -> usize {
         match self {
             OperatorSpec::TableSource { .. }
+            | OperatorSpec::ViewSource { .. }
             | OperatorSpec::ConnectorSource { .. }
             | OperatorSpec::Values { .. } => 0,
             OperatorSpec::HashJoin { .. } => 2,
@@ -336,6 +353,7 @@ impl OperatorSpec {
                 ..
             } => std::iter::once(*state_table).chain(*errors).collect(),
             OperatorSpec::TableSource { state_table, .. }
+            | OperatorSpec::ViewSource { state_table, .. }
             | OperatorSpec::ConnectorSource { state_table, .. }
             | OperatorSpec::Values { state_table, .. }
             | OperatorSpec::TopN { state_table, .. }
@@ -454,6 +472,9 @@ impl fmt::Display for OperatorSpec {
                     write!(f, " watermark=({})", w.sql)?;
                 }
                 Ok(())
+            }
+            OperatorSpec::ViewSource { view_name, .. } => {
+                write!(f, "ViewSource: {view_name} (its changelog)")
             }
             OperatorSpec::ConnectorSource {
                 source_name,

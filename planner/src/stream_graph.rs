@@ -124,7 +124,10 @@ impl StreamGraph {
                 S::Materialize { .. } if inputs_bounded => true,
                 S::Materialize { .. } => return false,
                 S::Filter { .. } | S::Project { .. } | S::Union { .. } => inputs_bounded,
-                S::TableSource { .. } | S::ConnectorSource { .. } | S::Values { .. } => false,
+                S::TableSource { .. }
+                | S::ViewSource { .. }
+                | S::ConnectorSource { .. }
+                | S::Values { .. } => false,
                 S::Expand { .. } | S::Unnest { .. } => false,
                 S::HashJoin { .. }
                 | S::Sink { .. }

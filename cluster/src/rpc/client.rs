@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use executor::message::Barrier;
-use executor::task::{CheckpointAck, TableLog, TaskDeployment, TaskId};
+use executor::task::{CheckpointAck, TableLog, TaskDeployment, TaskId, ViewChanges, ViewLog};
 use planner::execution_graph::{ExecutionState, SlotId};
 use storage::chunk::Chunk;
 use tokio::sync::{mpsc, watch};
@@ -22,6 +22,7 @@ use super::pb::job_master_client::JobMasterClient;
 use super::pb::resource_manager_client::ResourceManagerClient;
 use super::pb::table_log_client::TableLogClient;
 use super::pb::task_executor_client::TaskExecutorClient;
+use super::pb::view_log_client::ViewLogClient;
 use super::{CALL_TIMEOUT, CONNECT_TIMEOUT, MAX_MESSAGE, from_status, uri};
 use crate::gateway::{
     ChangeStream, JobMasterGateway, ResourceId, ResourceManagerGateway, SlotReport,
@@ -689,5 +690,117 @@ impl TableLog for RemoteTableLog {
             duplicate: r.duplicate,
             null_rows: r.null_rows as usize,
         })
+    }
+}
+
+/// The JobManager's materialized views, as view sources in another
+/// process read them.
+pub(crate) struct RemoteViewLog {
+    client: ViewLogClient<Channel>,
+}
+
+impl RemoteViewLog {
+    pub(crate) fn new(address: &str) -> Result<Self> {
+        let client = ViewLogClient::new(lazy_channel(address)?)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(Self { client })
+    }
+
+    fn exec(e: tonic::Status) -> executor::ExecError {
+        executor::ExecError::Service(rpc(e).to_string())
+    }
+
+    fn request(view: u64, schema: SchemaRef) -> executor::Result<pb::ViewRequest> {
+        Ok(pb::ViewRequest {
+            view,
+            schema: super::batch_to_ipc(RecordBatch::new_empty(schema))
+                .map_err(|e| executor::ExecError::Service(e.to_string()))?,
+            ..Default::default()
+        })
+    }
+
+    /// The first part's (at, horizon), then the pages.
+    async fn parts(
+        mut parts: tonic::Streaming<pb::ViewPart>,
+    ) -> executor::Result<(u64, u64, executor::task::RowStream)> {
+        use futures::StreamExt;
+        let first = parts
+            .message()
+            .await
+            .map_err(Self::exec)?
+            .unwrap_or_default();
+        let pages = parts.filter_map(|part| async move {
+            match part {
+                Err(e) => Some(Err(Self::exec(e))),
+                Ok(part) if part.batch.is_empty() => None,
+                Ok(part) => Some(
+                    super::batch_from_ipc(&part.batch)
+                        .map_err(|e| executor::ExecError::Service(e.to_string())),
+                ),
+            }
+        });
+        Ok((first.at, first.horizon, pages.boxed()))
+    }
+}
+
+#[async_trait]
+impl ViewLog for RemoteViewLog {
+    async fn snapshot(
+        &self,
+        view: u64,
+        schema: SchemaRef,
+        reader: u64,
+    ) -> executor::Result<(u64, executor::task::RowStream)> {
+        let request = pb::ViewRequest {
+            reader,
+            ..Self::request(view, schema)?
+        };
+        let parts = self
+            .client
+            .clone()
+            .snapshot(request)
+            .await
+            .map_err(Self::exec)?
+            .into_inner();
+        let (at, _, pages) = Self::parts(parts).await?;
+        Ok((at, pages))
+    }
+
+    async fn changes(
+        &self,
+        view: u64,
+        schema: SchemaRef,
+        since: u64,
+    ) -> executor::Result<ViewChanges> {
+        let request = pb::ViewRequest {
+            since,
+            ..Self::request(view, schema)?
+        };
+        let parts = self
+            .client
+            .clone()
+            .changes(request)
+            .await
+            .map_err(Self::exec)?
+            .into_inner();
+        let (at, horizon, pages) = Self::parts(parts).await?;
+        Ok(ViewChanges { at, horizon, pages })
+    }
+
+    async fn completed_after(&self, view: u64, after: u64) -> executor::Result<u64> {
+        let request = pb::ViewRequest {
+            view,
+            since: after,
+            ..Default::default()
+        };
+        Ok(self
+            .client
+            .clone()
+            .completed_after(request)
+            .await
+            .map_err(Self::exec)?
+            .into_inner()
+            .epoch)
     }
 }

@@ -207,6 +207,7 @@ impl From<Barrier> for pb::Barrier {
             },
             timestamp_ms: b.timestamp_ms,
             commit: b.commit,
+            keep_after: b.keep_after,
         }
     }
 }
@@ -228,6 +229,7 @@ impl From<pb::Barrier> for Barrier {
             },
             timestamp_ms: b.timestamp_ms,
             commit: b.commit,
+            keep_after: b.keep_after,
         }
     }
 }

@@ -23,6 +23,7 @@ use super::pb::resource_manager_server::{
 use super::pb::shuffle_server::ShuffleServer;
 use super::pb::table_log_server::{TableLog as TableLogService, TableLogServer};
 use super::pb::task_executor_server::{TaskExecutor as TaskExecutorService, TaskExecutorServer};
+use super::pb::view_log_server::{ViewLog as ViewLogService, ViewLogServer};
 use super::{MAX_MESSAGE, missing, status};
 use crate::gateway::{
     HardwareDescription, JobMasterGateway, ResourceManagerGateway, SlotReport, SlotStatus,
@@ -81,7 +82,12 @@ impl JobManagerServices {
                     .max_encoding_message_size(MAX_MESSAGE),
             )
             .add_service(
-                TableLogServer::new(self)
+                TableLogServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .add_service(
+                ViewLogServer::new(self)
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
             );
@@ -252,6 +258,93 @@ fn storage_status(e: storage::StorageError) -> Status {
     match e {
         storage::StorageError::UnknownTable(id) => Status::not_found(format!("table {id}")),
         other => Status::internal(other.to_string()),
+    }
+}
+
+/// Sends `first` (no batch), then `pages` as parts, from a task of its own.
+fn view_parts(
+    first: pb::ViewPart,
+    mut pages: executor::task::RowStream,
+) -> RpcStream<pb::ViewPart> {
+    use futures::StreamExt;
+    let (tx, rx) = mpsc::channel(2);
+    tokio::spawn(async move {
+        if tx.send(Ok(first)).await.is_err() {
+            return;
+        }
+        while let Some(b) = pages.next().await {
+            let part = b
+                .map_err(exec_status)
+                .and_then(|b| super::batch_to_ipc(b).map_err(status))
+                .map(|batch| pb::ViewPart {
+                    batch,
+                    ..Default::default()
+                });
+            if tx.send(part).await.is_err() {
+                return;
+            }
+        }
+    });
+    stream_of(rx)
+}
+
+#[tonic::async_trait]
+impl ViewLogService for JobManagerServices {
+    type SnapshotStream = RpcStream<pb::ViewPart>;
+
+    async fn snapshot(
+        &self,
+        request: Request<pb::ViewRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        use executor::task::ViewLog;
+        let r = request.into_inner();
+        let schema = super::batch_from_ipc(&r.schema).map_err(status)?.schema();
+        let (at, pages) = self
+            .jm
+            .snapshot(r.view, schema, r.reader)
+            .await
+            .map_err(exec_status)?;
+        let first = pb::ViewPart {
+            at,
+            ..Default::default()
+        };
+        Ok(Response::new(view_parts(first, pages)))
+    }
+
+    type ChangesStream = RpcStream<pb::ViewPart>;
+
+    async fn changes(
+        &self,
+        request: Request<pb::ViewRequest>,
+    ) -> Result<Response<Self::ChangesStream>, Status> {
+        use executor::task::ViewLog;
+        let r = request.into_inner();
+        let schema = super::batch_from_ipc(&r.schema).map_err(status)?.schema();
+        let changes = self
+            .jm
+            .changes(r.view, schema, r.since)
+            .await
+            .map_err(exec_status)?;
+        let first = pb::ViewPart {
+            batch: Vec::new(),
+            at: changes.at,
+            horizon: changes.horizon,
+        };
+        Ok(Response::new(view_parts(first, changes.pages)))
+    }
+
+    async fn completed_after(
+        &self,
+        request: Request<pb::ViewRequest>,
+    ) -> Result<Response<pb::Epoch>, Status> {
+        use executor::task::ViewLog;
+        let r = request.into_inner();
+        let epoch = self
+            .jm
+            .completed_after(r.view, r.since)
+            .await
+            .map_err(exec_status)?;
+        Ok(Response::new(pb::Epoch { epoch }))
     }
 }
 

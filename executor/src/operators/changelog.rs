@@ -95,17 +95,19 @@ impl Changelog {
         }
     }
 
-    /// Deletes the epochs older than the retention, at the barrier.
+    /// Deletes the epochs older than the retention, at the barrier, but
+    /// none after the barrier's `keep_after` (a reading view needs them).
     pub fn checkpoint(&mut self, barrier: &Barrier, writes: &mut Vec<StateWrite>) -> Result<()> {
         let cutoff = barrier.timestamp_ms.saturating_sub(self.retain_ms);
+        let keep_after = barrier.keep_after;
         let aged = self
             .epochs
             .first_key_value()
-            .is_some_and(|(_, t)| *t < cutoff);
+            .is_some_and(|(e, t)| *t < cutoff && *e <= keep_after);
         if self.restored || aged {
-            self.trim(cutoff, writes)?;
+            self.trim(cutoff, keep_after, writes)?;
             self.restored = false;
-            self.epochs.retain(|_, t| *t >= cutoff);
+            self.epochs.retain(|e, t| *t >= cutoff || *e > keep_after);
         }
         Ok(())
     }
@@ -131,13 +133,13 @@ impl Changelog {
     }
 
     /// Deletes, in each key group, the entries written before `cutoff`
-    /// and moves the key group's horizon to the last epoch deleted. The
+    /// (of epochs up to `keep_after`) and moves the key group's horizon to the last epoch deleted. The
     /// aged epochs are the key group's first ones (keys start with the
     /// epoch, and epochs go by time): the first entry of each epoch is
     /// read to find where they end, and they go as one range, so a trim
     /// costs a read per epoch, not per change (after a restart, or with a
     /// long retention, an epoch can hold millions of changes).
-    fn trim(&self, cutoff: u64, writes: &mut Vec<StateWrite>) -> Result<()> {
+    fn trim(&self, cutoff: u64, keep_after: u64, writes: &mut Vec<StateWrite>) -> Result<()> {
         let Some(state) = &self.state else {
             return Ok(());
         };
@@ -149,7 +151,7 @@ impl Changelog {
                     break;
                 }
                 let (epoch, time, _) = decode(&e.key, &e.value)?;
-                if time >= cutoff {
+                if time >= cutoff || epoch > keep_after {
                     break;
                 }
                 last_trimmed = Some(epoch);
@@ -549,6 +551,32 @@ mod tests {
         assert!(read_all(&kv, &view, 6, 100).1.is_empty());
         // From before the horizon: refused by the reader, so nothing read.
         assert_eq!(read_all(&kv, &view, 0, 100), (1, vec![]));
+    }
+
+    #[test]
+    fn a_reader_keeps_the_epochs_after_its_position_past_the_retention() {
+        let state = Arc::new(MemState::default());
+        let mut log = Changelog::new(5, 1_000);
+        log.start(&ctx(state.clone()));
+        let mut w = vec![];
+        for (epoch, at) in [(1, 1_000), (2, 2_000), (3, 3_000)] {
+            log.record(&barrier(epoch, at), vec![change(0, &row(epoch as i64), 1)])
+                .unwrap();
+            log.checkpoint(&barrier(epoch, at), &mut w).unwrap();
+        }
+        w.clear();
+        let at = |epoch: u64| [epoch.to_be_bytes().as_slice(), &row(epoch as i64)].concat();
+        // Every epoch has aged out, but a reader is at epoch 1.
+        log.checkpoint(&barrier(4, 60_000).keeping_after(1), &mut w)
+            .unwrap();
+        assert_eq!(state.get(5, 0, &at(1)).unwrap(), None, "epoch 1 went");
+        assert!(state.get(5, 0, &at(2)).unwrap().is_some(), "epoch 2 kept");
+        assert!(state.get(5, 0, &at(3)).unwrap().is_some(), "epoch 3 kept");
+        // The reader moved on.
+        log.checkpoint(&barrier(5, 61_000).keeping_after(2), &mut w)
+            .unwrap();
+        assert_eq!(state.get(5, 0, &at(2)).unwrap(), None, "epoch 2 went");
+        assert!(state.get(5, 0, &at(3)).unwrap().is_some(), "epoch 3 kept");
     }
 
     /// A reader's horizon and pages, each as (epoch, diff, a) rows.

@@ -21,6 +21,7 @@ mod union;
 mod unnest;
 mod value_sets;
 pub mod values_source;
+pub mod view_source;
 mod window_passes;
 mod window_run;
 
@@ -110,6 +111,7 @@ pub fn build(node: &StreamNode) -> Result<Box<dyn Operator>> {
                 .map(|c| changelog::Changelog::new(c.table, c.retain_ms)),
         )?),
         OperatorSpec::TableSource { .. }
+        | OperatorSpec::ViewSource { .. }
         | OperatorSpec::ConnectorSource { .. }
         | OperatorSpec::Values { .. } => {
             return Err(ExecError::Protocol(

@@ -139,6 +139,11 @@ pub enum Entry {
         /// changes for `SUBSCRIBE` (milliseconds; 0: none).
         #[serde(default = "default_retain_history_ms")]
         retain_history_ms: u64,
+        /// Its job reads the materialized views it names through their
+        /// changelogs (false for views created before Weir could: they
+        /// keep inlining them, which their state was built by).
+        #[serde(default)]
+        reads_changelogs: bool,
         depends_on: Vec<u64>,
     },
     /// `CREATE SINK`: a job like a materialized view's, whose changes go
@@ -162,6 +167,9 @@ pub enum Entry {
         state_ttl_us: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state_backend: Option<planner::spec::StateBackend>,
+        /// As a materialized view's.
+        #[serde(default)]
+        reads_changelogs: bool,
         depends_on: Vec<u64>,
     },
 }

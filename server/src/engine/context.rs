@@ -4,9 +4,10 @@
 //! catalog in one of three ways:
 //! * **batch** (`SELECT`): tables read their current rows; materialized
 //!   views read their state at the latest committed checkpoint;
-//! * **stream** (`CREATE MATERIALIZED VIEW`): tables are stream sources and
-//!   views and materialized views are inlined as their queries, so the new
-//!   job computes from the tables' changelogs;
+//! * **stream** (`CREATE MATERIALIZED VIEW`): tables are stream sources,
+//!   views are inlined as their queries, and a materialized view is read
+//!   through its changelog (its committed output), unless it keeps none
+//!   or the job predates that: then it is inlined too;
 //! * **dml**: like batch, but the target table shows its hidden row id.
 
 use std::collections::HashMap;
@@ -37,7 +38,13 @@ use crate::sql::stmt::{self, QualifiedName, Stmt};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Batch,
-    Stream,
+    /// A job's sources. `changelogs`: a materialized view that keeps a
+    /// changelog is read through it (its committed output); otherwise,
+    /// and always for jobs created before that was possible, it is
+    /// inlined as its query.
+    Stream {
+        changelogs: bool,
+    },
     /// Batch, with the hidden row id of this table visible.
     Dml(u64),
 }
@@ -301,7 +308,7 @@ pub fn table_provider(
     };
     let desc = table_desc(entry)?;
     Ok(match mode {
-        Mode::Stream => {
+        Mode::Stream { .. } => {
             let schema = user_schema(&desc);
             Arc::new(StreamSourceTable {
                 table_id: *id,
@@ -311,6 +318,7 @@ pub fn table_provider(
                 append_only: *append_only,
                 versioned: false,
                 connector: None,
+                view: false,
             })
         }
         Mode::Dml(t) if t == *id => Arc::new(TableRows {
@@ -363,7 +371,7 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
     };
     let schema = crate::catalog::source_schema(columns)?;
     Ok(match mode {
-        Mode::Stream => Arc::new(StreamSourceTable {
+        Mode::Stream { .. } => Arc::new(StreamSourceTable {
             table_id: *id,
             name: name.clone(),
             watermark: source_watermark(watermark.as_ref(), &schema)?,
@@ -371,6 +379,7 @@ pub fn source_provider(entry: &Entry, mode: Mode) -> Result<Arc<dyn TableProvide
             append_only: connector.format.as_deref().is_none_or(|f| f == "PLAIN"),
             versioned: false,
             connector: Some(connector.clone()),
+            view: false,
         }),
         Mode::Batch | Mode::Dml(_) => {
             let source = executor::connectors::source(connector, &schema)?;
@@ -512,8 +521,25 @@ impl CatalogSchema {
                     "\"{name}\" is a sink: it writes rows elsewhere and cannot be read"
                 )));
             }
-            Entry::MaterializedView { id, sql, .. } => {
-                if self.mode == Mode::Stream {
+            Entry::MaterializedView {
+                id,
+                sql,
+                retain_history_ms,
+                name,
+                ..
+            } => {
+                if self.mode == (Mode::Stream { changelogs: true }) && *retain_history_ms > 0 {
+                    Arc::new(StreamSourceTable {
+                        table_id: *id,
+                        name: name.clone(),
+                        schema: Box::pin(view_schema(db, *id, sql)).await?,
+                        append_only: false,
+                        watermark: None,
+                        versioned: false,
+                        connector: None,
+                        view: true,
+                    })
+                } else if matches!(self.mode, Mode::Stream { .. }) {
                     let plan =
                         Box::pin(plan_query(&context_of_view(db, self.mode, *id), sql)).await?;
                     Arc::new(ViewTable::new(plan, Some(sql.clone())))
@@ -600,7 +626,7 @@ pub fn context_of_view(db: &Arc<Database>, mode: Mode, id: u64) -> SessionContex
 
 fn context_in(db: &Arc<Database>, mode: Mode, scope: Scope) -> SessionContext {
     let ctx = new_context();
-    if mode != Mode::Stream {
+    if !matches!(mode, Mode::Stream { .. }) {
         for rule in planner::functions::batch_analyzer_rules() {
             ctx.add_analyzer_rule(rule);
         }

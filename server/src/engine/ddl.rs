@@ -532,6 +532,7 @@ pub async fn create_view(
         state_ttl_us: options.state_ttl_us,
         state_backend: options.state_backend,
         retain_history_ms: options.retain_history_ms,
+        reads_changelogs: options.reads_changelogs,
         depends_on,
     };
     jobs::start(db, entry, graph).await?;

@@ -141,6 +141,7 @@ async fn job_graph(entry: &Entry) -> Result<JobGraph> {
         watermark: None,
         versioned: false,
         connector: Some(connector.clone()),
+        view: false,
     };
     let plan = LogicalPlanBuilder::scan(
         TableReference::bare(name.as_str()),

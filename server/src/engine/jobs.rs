@@ -40,6 +40,9 @@ pub(crate) struct JobOptions {
     pub(crate) sink: Option<planner::SinkTarget>,
     /// A view's changelog retention (ms; 0: none).
     pub(crate) retain_history_ms: u64,
+    /// Materialized views the query names are read through their
+    /// changelogs (see `Mode::Stream`).
+    pub(crate) reads_changelogs: bool,
 }
 
 impl JobOptions {
@@ -54,6 +57,7 @@ impl JobOptions {
             state_backend: None,
             sink: None,
             retain_history_ms: 0,
+            reads_changelogs: false,
         }
     }
 
@@ -67,6 +71,9 @@ impl JobOptions {
             state_backend: session.state_backend,
             sink: None,
             retain_history_ms: crate::catalog::DEFAULT_RETAIN_HISTORY_MS,
+            // A view over a view's changelog has no watermark to close
+            // windows by: EMIT ON WINDOW CLOSE inlines the views it reads.
+            reads_changelogs: !emit_on_window_close,
         }
     }
 
@@ -83,6 +90,7 @@ impl JobOptions {
                 state_ttl_us,
                 state_backend,
                 retain_history_ms,
+                reads_changelogs,
                 ..
             } => Ok((
                 *id,
@@ -96,6 +104,7 @@ impl JobOptions {
                     state_backend: *state_backend,
                     sink: None,
                     retain_history_ms: *retain_history_ms,
+                    reads_changelogs: *reads_changelogs,
                 },
             )),
             Entry::Sink {
@@ -109,6 +118,7 @@ impl JobOptions {
                 checkpoint_mode,
                 state_ttl_us,
                 state_backend,
+                reads_changelogs,
                 ..
             } => Ok((
                 *id,
@@ -126,6 +136,7 @@ impl JobOptions {
                         key: key.clone(),
                     }),
                     retain_history_ms: 0,
+                    reads_changelogs: *reads_changelogs,
                 },
             )),
             _ => Err(ServerError::WrongObjectType(format!(
@@ -144,7 +155,8 @@ pub(crate) async fn job_graph(
     id: u64,
     o: &JobOptions,
 ) -> Result<JobGraph> {
-    let ctx = context_of_view(db, Mode::Stream, id);
+    let changelogs = o.reads_changelogs;
+    let ctx = context_of_view(db, Mode::Stream { changelogs }, id);
     let plan = planner::temporal::mark_now(plan_query(&ctx, sql).await?)?;
     plan_job(plan, id, o)
 }
@@ -177,6 +189,42 @@ pub(crate) fn plan_job(
         }
     }
     Ok(JobGraph::from_stream_graph(stream))
+}
+
+/// The materialized views `entry`'s job reads through their changelogs:
+/// those its query names, directly or through plain views, that keep one.
+pub(crate) fn changelogs_read(db: &Database, entry: &Entry) -> Vec<u64> {
+    let reads = match entry {
+        Entry::MaterializedView {
+            reads_changelogs, ..
+        }
+        | Entry::Sink {
+            reads_changelogs, ..
+        } => *reads_changelogs,
+        _ => false,
+    };
+    let mut out = BTreeSet::new();
+    let mut todo: Vec<u64> = if reads {
+        entry.depends_on().to_vec()
+    } else {
+        Vec::new()
+    };
+    let mut seen = BTreeSet::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        match db.catalog.get(id) {
+            Some(Entry::MaterializedView {
+                retain_history_ms, ..
+            }) if retain_history_ms > 0 => {
+                out.insert(id);
+            }
+            Some(e @ Entry::View { .. }) => todo.extend(e.depends_on()),
+            _ => {}
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Restarts the job of a materialized view or a sink from its latest completed

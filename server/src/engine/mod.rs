@@ -222,6 +222,14 @@ impl Database {
         for (id, error) in unreadable {
             db.restore_errors.record(id, None, "object", error);
         }
+        // Before any job runs: the views that jobs read through their
+        // changelogs keep every epoch until the readers' checkpoints say
+        // which they still need (`cluster::JobManager::update_changelog_holds`).
+        for entry in db.catalog.all() {
+            for view in crate::engine::jobs::changelogs_read(&db, &entry) {
+                db.cluster.job_manager.hold_changelog(view, entry.id(), 0);
+            }
+        }
         // An object that cannot be restored is set aside — logged, listed in
         // weir_catalog.restore_errors — and the server starts without it,
         // so that it can be dropped.
@@ -259,6 +267,7 @@ impl Database {
             loop {
                 tokio::time::sleep(LOG_TRUNCATION_INTERVAL).await;
                 let Some(db) = weak.upgrade() else { break };
+                db.cluster.job_manager.update_changelog_holds();
                 if let Err(e) = db.truncate_logs().await {
                     tracing::warn!(error = %e, "table log truncation failed");
                 }

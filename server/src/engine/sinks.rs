@@ -71,6 +71,7 @@ pub async fn create(
         checkpoint_mode: options.checkpoint_mode,
         state_ttl_us: options.state_ttl_us,
         state_backend: options.state_backend,
+        reads_changelogs: options.reads_changelogs,
         depends_on,
     };
     // As CREATE MATERIALIZED VIEW: what the tables held is then in a

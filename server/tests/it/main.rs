@@ -35,4 +35,5 @@ mod smoke;
 mod state_backend;
 mod subscribe;
 mod transactions;
+mod view_chains;
 mod wire;
