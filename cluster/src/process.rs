@@ -105,7 +105,9 @@ impl Cluster {
                 state_dir,
                 slot_memory: slot_memory(&config),
                 tables: cluster.tables.clone(),
-                views: cluster.job_manager.clone(),
+                views: Arc::new(crate::view_log::LocalViewLog(Arc::downgrade(
+                    &cluster.job_manager,
+                ))),
                 remote: Arc::new(NoRemoteChannels),
             },
             &config,

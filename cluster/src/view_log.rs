@@ -14,7 +14,7 @@
 //! and go with the reader.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -99,6 +99,45 @@ impl JobManager {
                 }
             }
         }
+    }
+}
+
+/// The JobManager as the playground's own TaskManager reads views from
+/// it: weakly, as the JobManager holds that TaskManager (through the
+/// ResourceManager), and a cycle would keep both, and the stores they
+/// hold, alive after the database closes.
+pub(crate) struct LocalViewLog(pub(crate) Weak<JobManager>);
+
+impl LocalViewLog {
+    fn jm(&self) -> executor::Result<Arc<JobManager>> {
+        self.0
+            .upgrade()
+            .ok_or_else(|| executor::ExecError::Service("the job manager has stopped".into()))
+    }
+}
+
+#[async_trait]
+impl ViewLog for LocalViewLog {
+    async fn snapshot(
+        &self,
+        view: u64,
+        schema: SchemaRef,
+        reader: u64,
+    ) -> executor::Result<(u64, RowStream)> {
+        self.jm()?.snapshot(view, schema, reader).await
+    }
+
+    async fn changes(
+        &self,
+        view: u64,
+        schema: SchemaRef,
+        since: u64,
+    ) -> executor::Result<ViewChanges> {
+        self.jm()?.changes(view, schema, since).await
+    }
+
+    async fn completed_after(&self, view: u64, after: u64) -> executor::Result<u64> {
+        self.jm()?.completed_after(view, after).await
     }
 }
 

@@ -94,6 +94,7 @@ pub const ENGINE_INTERFACES: &[(&str, &[&str])] = &[
             "write_out_corresponding",
             "check_query",
             "dependencies",
+            "changelogs_read",
             "job_graph",
             "plan_job",
             "start",
